@@ -1,0 +1,104 @@
+package icebergidempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// LifetimeField is the top-level GET /v1/config field whose presence tells
+// clients the server supports Idempotency-Key.
+const LifetimeField = "idempotency-key-lifetime"
+
+// maxConfigSize bounds the /v1/config response the handler will rewrite;
+// larger ones pass through untouched.
+const maxConfigSize = 1 << 20
+
+// advertise adds the lifetime to a successful GET /v1/config response.
+func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	cw := newCaptureWriter(w, maxConfigSize)
+	if err := next.ServeHTTP(cw, r); err != nil {
+		return err
+	}
+	if cw.overflowed {
+		return nil
+	}
+	hdr := w.Header()
+	mediaType, _, _ := mime.ParseMediaType(hdr.Get("Content-Type"))
+	if cw.finalStatus() != http.StatusOK || mediaType != "application/json" || hdr.Get("Content-Encoding") != "" {
+		cw.deliver()
+		return nil
+	}
+	body, err := setTopLevelField(cw.buf.Bytes(), LifetimeField, isoDuration(time.Duration(h.Lifetime)))
+	if err != nil {
+		h.debug("config response is not a JSON object: passing it through", zap.Error(err))
+		cw.deliver()
+		return nil
+	}
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	hdr.Del("ETag") // the body changed
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(body)
+	return nil
+}
+
+// setTopLevelField sets name to the JSON string value in the object doc,
+// replacing an existing value in place or appending the member, so that every
+// other byte of the document is kept as the catalog wrote it.
+func setTopLevelField(doc []byte, name, value string) ([]byte, error) {
+	encoded, err := json.Marshal(value)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("not a JSON object")
+	}
+	members := 0
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, err
+		}
+		keyEnd := dec.InputOffset()
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, err
+		}
+		valEnd := dec.InputOffset()
+		members++
+		if tok != name {
+			continue
+		}
+		valStart := valEnd - int64(len(raw))
+		if valStart < keyEnd || !bytes.Equal(doc[valStart:valEnd], raw) {
+			return nil, fmt.Errorf("cannot locate the value of %q", name)
+		}
+		out := append([]byte(nil), doc[:valStart]...)
+		out = append(out, encoded...)
+		return append(out, doc[valEnd:]...), nil
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
+		return nil, errors.New("malformed JSON object")
+	}
+	end := dec.InputOffset() - 1 // the closing brace
+	if _, err := dec.Token(); err == nil {
+		return nil, errors.New("trailing data after the JSON object")
+	}
+	member, _ := json.Marshal(name)
+	member = append(append(member, ':'), encoded...)
+	if members > 0 {
+		member = append([]byte{','}, member...)
+	}
+	out := append([]byte(nil), doc[:end]...)
+	out = append(out, member...)
+	return append(out, doc[end:]...), nil
+}

@@ -1,0 +1,150 @@
+package icebergidempotency
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// Defaults of the app's options.
+const (
+	DefaultCleanupInterval = 5 * time.Minute
+	DefaultCleanupBatch    = 1000
+)
+
+// App is the iceberg_idempotency Caddy app. It purges expired records from
+// every store the handlers of its config use. Caddy creates it automatically
+// when a handler needs it; configure it with the global option of the same
+// name.
+type App struct {
+	// How often expired records are purged; each run is jittered by ±10%
+	// so that nodes sharing a database spread out. Default: 5m.
+	CleanupInterval caddy.Duration `json:"cleanup_interval,omitempty"`
+
+	// Most records deleted by one purge statement; a run repeats it until
+	// fewer remain, so no statement holds long locks. Default: 1000.
+	CleanupBatch int `json:"cleanup_batch,omitempty"`
+
+	mu     sync.Mutex
+	stores map[string]stores.Store
+	logger *zap.Logger
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+var (
+	_ caddy.App         = (*App)(nil)
+	_ caddy.Provisioner = (*App)(nil)
+	_ caddy.Validator   = (*App)(nil)
+)
+
+// CaddyModule returns the Caddy module information.
+func (*App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "iceberg_idempotency",
+		New: func() caddy.Module { return new(App) },
+	}
+}
+
+// Provision sets defaults.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	a.stores = make(map[string]stores.Store)
+	if a.CleanupInterval == 0 {
+		a.CleanupInterval = caddy.Duration(DefaultCleanupInterval)
+	}
+	if a.CleanupBatch == 0 {
+		a.CleanupBatch = DefaultCleanupBatch
+	}
+	return nil
+}
+
+// Validate checks the configuration.
+func (a *App) Validate() error {
+	if a.CleanupInterval < 0 {
+		return fmt.Errorf("cleanup_interval must be positive, got %v", time.Duration(a.CleanupInterval))
+	}
+	if a.CleanupBatch < 0 {
+		return fmt.Errorf("cleanup_batch must be positive, got %d", a.CleanupBatch)
+	}
+	return nil
+}
+
+// track adds a store to the purge rounds of this config.
+func (a *App) track(key string, s stores.Store) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stores[key] = s
+}
+
+// Start starts the purge loop.
+func (a *App) Start() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	a.done = make(chan struct{})
+	go a.purgeLoop(ctx)
+	return nil
+}
+
+// Stop ends the purge loop and waits for a running purge statement to end.
+func (a *App) Stop() error {
+	if a.cancel != nil {
+		a.cancel()
+		<-a.done
+	}
+	return nil
+}
+
+func (a *App) purgeLoop(ctx context.Context) {
+	defer close(a.done)
+	for {
+		interval := time.Duration(a.CleanupInterval)
+		jittered := interval + time.Duration((rand.Float64()*0.2-0.1)*float64(interval))
+		timer := time.NewTimer(jittered)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		}
+		a.PurgeOnce(ctx)
+	}
+}
+
+// PurgeOnce purges every tracked store until no expired record remains, or
+// ctx ends.
+func (a *App) PurgeOnce(ctx context.Context) {
+	a.mu.Lock()
+	tracked := make(map[string]stores.Store, len(a.stores))
+	for k, s := range a.stores {
+		tracked[k] = s
+	}
+	a.mu.Unlock()
+
+	for key, s := range tracked {
+		total := 0
+		for ctx.Err() == nil {
+			n, err := s.PurgeExpired(ctx, a.CleanupBatch)
+			total += n
+			if err != nil {
+				if ctx.Err() == nil {
+					a.logger.Error("purging expired records", zap.String("store", key), zap.Error(err))
+				}
+				break
+			}
+			if n < a.CleanupBatch {
+				break
+			}
+		}
+		if total > 0 {
+			a.logger.Info("purged expired records", zap.String("store", key), zap.Int("records", total))
+		}
+	}
+}

@@ -1,0 +1,251 @@
+package icebergidempotency
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("iceberg_idempotency", parseHandler)
+	// Keys must be checked before the request reaches the catalog, so no
+	// `order` line is needed in the Caddyfile.
+	httpcaddyfile.RegisterDirectiveOrder("iceberg_idempotency", httpcaddyfile.Before, "reverse_proxy")
+	httpcaddyfile.RegisterGlobalOption("iceberg_idempotency", parseApp)
+}
+
+var _ caddyfile.Unmarshaler = (*Handler)(nil)
+
+func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	handler := new(Handler)
+	err := handler.UnmarshalCaddyfile(h.Dispenser)
+	return handler, err
+}
+
+// UnmarshalCaddyfile parses the iceberg_idempotency directive:
+//
+//	iceberg_idempotency {
+//	    store memory|postgres|mysql [{ ... }]
+//	    lifetime           <duration>
+//	    grace              <duration>
+//	    in_flight_wait     <duration>
+//	    in_flight_status   503|409
+//	    retry_after        <duration>
+//	    execution_timeout  <duration>
+//	    lease              <duration>
+//	    abandoned          unknown|reexecute
+//	    max_request_size   <size>
+//	    max_response_size  <size>
+//	    require_key
+//	    base_path          <path>
+//	    principal          <placeholder expression>
+//	    finalize_statuses  <status|class...>
+//	    release_statuses   <status|class...>
+//	    replay_headers     <header...>
+//	    fail_open
+//	}
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		switch opt {
+		case "store":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			unm, err := caddyfile.UnmarshalModule(d, "iceberg_idempotency.stores."+name)
+			if err != nil {
+				return d.Errf("store %q: %v", name, err)
+			}
+			h.StoreRaw = caddyconfig.JSONModuleObject(unm, "backend", name, nil)
+		case "lifetime":
+			if err := parseDuration(d, &h.Lifetime); err != nil {
+				return err
+			}
+		case "grace":
+			if err := parseDuration(d, &h.Grace); err != nil {
+				return err
+			}
+		case "in_flight_wait":
+			if err := parseDuration(d, &h.InFlightWait); err != nil {
+				return err
+			}
+		case "retry_after":
+			if err := parseDuration(d, &h.RetryAfter); err != nil {
+				return err
+			}
+		case "execution_timeout":
+			if err := parseDuration(d, &h.ExecutionTimeout); err != nil {
+				return err
+			}
+		case "lease":
+			if err := parseDuration(d, &h.Lease); err != nil {
+				return err
+			}
+		case "in_flight_status":
+			arg, err := singleArg(d)
+			if err != nil {
+				return err
+			}
+			code, err := strconv.Atoi(arg)
+			if err != nil || (code != http.StatusServiceUnavailable && code != http.StatusConflict) {
+				return d.Errf("in_flight_status must be 503 or 409, got %q", arg)
+			}
+			h.InFlightStatus = code
+		case "abandoned":
+			arg, err := singleArg(d)
+			if err != nil {
+				return err
+			}
+			if arg != abandonedUnknown && arg != abandonedReexecute {
+				return d.Errf("abandoned must be %q or %q, got %q", abandonedUnknown, abandonedReexecute, arg)
+			}
+			h.Abandoned = arg
+		case "max_request_size":
+			if err := parseSize(d, &h.MaxRequestSize); err != nil {
+				return err
+			}
+		case "max_response_size":
+			if err := parseSize(d, &h.MaxResponseSize); err != nil {
+				return err
+			}
+		case "require_key":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.RequireKey = true
+		case "fail_open":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.FailOpen = true
+		case "base_path":
+			arg, err := singleArg(d)
+			if err != nil {
+				return err
+			}
+			if len(arg) < 2 || arg[0] != '/' || arg[len(arg)-1] == '/' {
+				return d.Errf("base_path must start with / and not end with /, got %q", arg)
+			}
+			h.BasePath = arg
+		case "principal":
+			arg, err := singleArg(d)
+			if err != nil {
+				return err
+			}
+			h.Principal = arg
+		case "finalize_statuses", "release_statuses":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			if _, err := parseStatusSet(args); err != nil {
+				return d.Errf("%s: %v", opt, err)
+			}
+			if opt == "finalize_statuses" {
+				h.FinalizeStatuses = args
+			} else {
+				h.ReleaseStatuses = args
+			}
+		case "replay_headers":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			h.ReplayHeaders = args
+		default:
+			return d.Errf("unknown iceberg_idempotency option %q", opt)
+		}
+	}
+	return nil
+}
+
+func singleArg(d *caddyfile.Dispenser) (string, error) {
+	opt := d.Val()
+	if !d.NextArg() {
+		return "", d.Errf("%s needs a value", opt)
+	}
+	arg := d.Val()
+	if d.NextArg() {
+		return "", d.Errf("%s takes a single value", opt)
+	}
+	return arg, nil
+}
+
+func parseDuration(d *caddyfile.Dispenser, into *caddy.Duration) error {
+	opt := d.Val()
+	arg, err := singleArg(d)
+	if err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(arg)
+	if err != nil || dur <= 0 {
+		return d.Errf("%s must be a positive duration like 30s or 10m, got %q", opt, arg)
+	}
+	*into = caddy.Duration(dur)
+	return nil
+}
+
+func parseSize(d *caddyfile.Dispenser, into *int64) error {
+	opt := d.Val()
+	arg, err := singleArg(d)
+	if err != nil {
+		return err
+	}
+	n, err := humanize.ParseBytes(arg)
+	if err != nil || n == 0 || n > 1<<40 {
+		return d.Errf("%s must be a positive size like 16MiB, got %q", opt, arg)
+	}
+	*into = int64(n)
+	return nil
+}
+
+// parseApp parses the global option block:
+//
+//	{
+//	    iceberg_idempotency {
+//	        cleanup_interval <duration>
+//	        cleanup_batch    <n>
+//	    }
+//	}
+func parseApp(d *caddyfile.Dispenser, _ any) (any, error) {
+	app := new(App)
+	d.Next() // option name
+	if d.NextArg() {
+		return nil, d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		switch d.Val() {
+		case "cleanup_interval":
+			if err := parseDuration(d, &app.CleanupInterval); err != nil {
+				return nil, err
+			}
+		case "cleanup_batch":
+			arg, err := singleArg(d)
+			if err != nil {
+				return nil, err
+			}
+			n, err := strconv.Atoi(arg)
+			if err != nil || n <= 0 {
+				return nil, d.Errf("cleanup_batch must be a positive integer, got %q", arg)
+			}
+			app.CleanupBatch = n
+		default:
+			return nil, d.Errf("unknown iceberg_idempotency global option %q", d.Val())
+		}
+	}
+	return httpcaddyfile.App{
+		Name:  "iceberg_idempotency",
+		Value: caddyconfig.JSON(app, nil),
+	}, nil
+}

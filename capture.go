@@ -1,0 +1,96 @@
+package icebergidempotency
+
+import (
+	"bytes"
+	"net/http"
+)
+
+// captureWriter buffers a response so it can be stored before the client
+// sees it: a retry that arrives right after the client got its answer must
+// find the record final. Past limit bytes it gives up capturing and streams
+// the rest straight through, so an oversize response is delivered untouched
+// and is never stored truncated.
+//
+// The header map is the real writer's, like caddyhttp.ResponseRecorder's:
+// headers set by earlier handlers stay visible and are sent as usual.
+type captureWriter struct {
+	w           http.ResponseWriter
+	limit       int64
+	status      int
+	wroteHeader bool
+	buf         bytes.Buffer
+	overflowed  bool
+}
+
+func newCaptureWriter(w http.ResponseWriter, limit int64) *captureWriter {
+	return &captureWriter{w: w, limit: limit}
+}
+
+func (c *captureWriter) Header() http.Header { return c.w.Header() }
+
+func (c *captureWriter) WriteHeader(status int) {
+	if c.wroteHeader {
+		return
+	}
+	// Informational responses (e.g. 103 Early Hints) are not final: pass
+	// them on and keep waiting for the real status.
+	if status >= 100 && status <= 199 && status != http.StatusSwitchingProtocols {
+		c.w.WriteHeader(status)
+		return
+	}
+	c.status = status
+	c.wroteHeader = true
+}
+
+func (c *captureWriter) Write(p []byte) (int, error) {
+	if !c.wroteHeader {
+		c.WriteHeader(http.StatusOK)
+	}
+	if c.overflowed {
+		return c.w.Write(p)
+	}
+	if int64(c.buf.Len()+len(p)) > c.limit {
+		c.overflowed = true
+		c.w.WriteHeader(c.status)
+		if _, err := c.w.Write(c.buf.Bytes()); err != nil {
+			return 0, err
+		}
+		c.buf = bytes.Buffer{}
+		return c.w.Write(p)
+	}
+	return c.buf.Write(p)
+}
+
+// FlushError keeps reverse_proxy's periodic flushes from sending headers
+// early while the response is still being captured; ResponseController
+// finds it before it looks at Unwrap.
+func (c *captureWriter) FlushError() error {
+	if c.overflowed {
+		return http.NewResponseController(c.w).Flush()
+	}
+	return nil
+}
+
+// Unwrap lets http.ResponseController reach the real writer for everything
+// else (deadlines).
+func (c *captureWriter) Unwrap() http.ResponseWriter { return c.w }
+
+// finalStatus is the status of the captured response; a handler that wrote
+// nothing produced an empty 200, as net/http would send.
+func (c *captureWriter) finalStatus() int {
+	if !c.wroteHeader {
+		return http.StatusOK
+	}
+	return c.status
+}
+
+// deliver sends the captured response to the client. A client that went away
+// makes these writes fail; nothing more can be done for it then, and its
+// retry will be answered from the store.
+func (c *captureWriter) deliver() {
+	if c.overflowed {
+		return
+	}
+	c.w.WriteHeader(c.finalStatus())
+	_, _ = c.w.Write(c.buf.Bytes())
+}

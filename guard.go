@@ -1,0 +1,345 @@
+package icebergidempotency
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// IdempotencyKeyHeader is the request header defined by the Iceberg REST spec.
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// ReplayedHeader marks a response served from the store.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// storeOpTimeout bounds store calls made after the client may have left
+// (finalize, release): they must not hang forever on a dead database.
+const storeOpTimeout = 10 * time.Second
+
+// guard runs one mutation under its Idempotency-Key.
+func (h *Handler) guard(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, op string) error {
+	values := r.Header.Values(IdempotencyKeyHeader)
+	if len(values) == 0 {
+		if h.RequireKey {
+			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header is required for "+op, 0)
+			return nil
+		}
+		h.debug("no key: passing through", zap.String("operation", op))
+		return next.ServeHTTP(w, r)
+	}
+	for _, v := range values[1:] {
+		if v != values[0] {
+			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header must have a single value", 0)
+			return nil
+		}
+	}
+	key, err := parseKey(values[0])
+	if err != nil {
+		writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+err.Error(), 0)
+		return nil
+	}
+
+	body, err := io.ReadAll(io.LimitReader(r.Body, h.MaxRequestSize+1))
+	if err != nil {
+		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
+	}
+	if int64(len(body)) > h.MaxRequestSize {
+		writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge,
+			fmt.Sprintf("request body exceeds %d bytes, the largest accepted with an Idempotency-Key", h.MaxRequestSize), 0)
+		return nil
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	g := &guarded{
+		h: h, w: w, r: r, next: next, key: key,
+		binding: stores.Binding{
+			Operation:   op,
+			Path:        r.URL.EscapedPath(),
+			Principal:   sha256Hex([]byte(repl.ReplaceAll(h.Principal, ""))),
+			Fingerprint: requestFingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, body),
+		},
+	}
+	return g.run()
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// requestFingerprint hashes what makes two requests "the same request".
+// Lengths prefix every part so no two different requests share an input.
+func requestFingerprint(method, path, query string, body []byte) string {
+	hash := sha256.New()
+	for _, part := range [][]byte{[]byte(method), []byte(path), []byte(query), body} {
+		_, _ = fmt.Fprintf(hash, "%d:", len(part))
+		hash.Write(part)
+	}
+	return hex.EncodeToString(hash.Sum(nil))
+}
+
+// guarded is one keyed mutation on its way through the handler.
+type guarded struct {
+	h       *Handler
+	w       http.ResponseWriter
+	r       *http.Request
+	next    caddyhttp.Handler
+	key     string
+	binding stores.Binding
+	owner   string
+}
+
+// maxAttempts bounds how often a request goes round reserve → wait when the
+// owner keeps releasing; each round waits, so the bound is rarely reached.
+const maxAttempts = 5
+
+func (g *guarded) run() error {
+	h := g.h
+	g.owner = uuid.NewString()
+	waitCtx, cancel := context.WithTimeout(g.r.Context(), time.Duration(h.InFlightWait))
+	defer cancel()
+
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		res, err := h.store.Reserve(g.r.Context(), stores.Reservation{
+			Key:     g.key,
+			Binding: g.binding,
+			Owner:   g.owner,
+			Lease:   time.Duration(h.Lease),
+			TTL:     time.Duration(h.Lifetime + h.Grace),
+		})
+		if err != nil {
+			return g.storeFailed("reserve", err)
+		}
+		if res.Reserved {
+			return g.execute()
+		}
+		rec := res.Existing
+		if msg := mismatch(rec.Binding, g.binding); msg != "" {
+			g.log(zapcore.DebugLevel, "key reused for another request", zap.String("outcome", "mismatch"))
+			writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
+			return nil
+		}
+		if rec.State == stores.StateInFlight && !rec.Abandoned {
+			g.log(zapcore.DebugLevel, "key in flight: waiting for its owner", zap.String("outcome", "wait"))
+			rec, err = h.store.Await(waitCtx, g.key)
+			switch {
+			case g.r.Context().Err() != nil:
+				return nil // the client left while waiting; nothing to answer
+			case errors.Is(err, context.DeadlineExceeded):
+				return g.stillInFlight()
+			case err != nil:
+				return g.storeFailed("await", err)
+			case rec == nil:
+				continue // the owner released the key: try to reserve it
+			}
+		}
+		switch {
+		case rec.State == stores.StateFinal:
+			return g.replay(rec)
+		case h.Abandoned == abandonedReexecute:
+			ok, err := h.store.TakeOver(g.r.Context(), g.key, rec.Owner, g.owner, time.Duration(h.Lease))
+			if err != nil {
+				return g.storeFailed("take over", err)
+			}
+			if ok {
+				g.log(zapcore.WarnLevel, "abandoned key taken over: executing again", zap.String("outcome", "takeover"))
+				return g.execute()
+			}
+			// Somebody else took it over first; see what they made of it.
+		default:
+			g.log(zapcore.WarnLevel, "abandoned key: outcome unknown", zap.String("outcome", "abandoned"))
+			writeError(g.w, http.StatusInternalServerError, typeCommitStateUnknown,
+				"The original request with this Idempotency-Key was interrupted before it finished; its outcome is unknown. Check the catalog's state before retrying with a new key.", 0)
+			return nil
+		}
+	}
+	return g.stillInFlight()
+}
+
+// mismatch explains why a request may not use a record's key, or returns "".
+// A different principal is checked first and told nothing about the record.
+func mismatch(stored, req stores.Binding) string {
+	switch {
+	case stored.Principal != req.Principal:
+		return "Idempotency-Key is already in use by another principal; use a new key"
+	case stored.Operation != req.Operation:
+		return fmt.Sprintf("Idempotency-Key was first used for operation %s, not %s; use a new key for a different operation", stored.Operation, req.Operation)
+	case stored.Path != req.Path:
+		return fmt.Sprintf("Idempotency-Key was first used for path %s, not %s; use a new key for a different request", stored.Path, req.Path)
+	case stored.Fingerprint != req.Fingerprint:
+		return "Idempotency-Key was first used with a different request body or query; use a new key for a different request"
+	}
+	return ""
+}
+
+func (g *guarded) retryAfterSeconds() int {
+	return int(math.Ceil(time.Duration(g.h.RetryAfter).Seconds()))
+}
+
+func (g *guarded) stillInFlight() error {
+	g.log(zapcore.DebugLevel, "key still in flight after waiting", zap.String("outcome", "in_flight"))
+	msg := "A request with this Idempotency-Key is still being processed; retry with the same key"
+	if g.h.InFlightStatus == http.StatusConflict {
+		writeError(g.w, http.StatusConflict, typeConflict, msg, 0)
+		return nil
+	}
+	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable, msg, g.retryAfterSeconds())
+	return nil
+}
+
+// storeFailed fails closed (503 + Retry-After) unless fail_open is set.
+func (g *guarded) storeFailed(step string, err error) error {
+	if g.h.FailOpen {
+		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
+		return g.next.ServeHTTP(g.w, g.r)
+	}
+	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.Error(err))
+	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable,
+		"Idempotency store is unavailable; retry with the same Idempotency-Key", g.retryAfterSeconds())
+	return nil
+}
+
+// replay answers with a stored final response.
+func (g *guarded) replay(rec *stores.Record) error {
+	g.log(zapcore.DebugLevel, "replaying stored response", zap.String("outcome", "replay"), zap.Int("status", rec.Response.Status))
+	hdr := g.w.Header()
+	for name, vals := range rec.Response.Header {
+		hdr[name] = append([]string(nil), vals...)
+	}
+	hdr.Set(ReplayedHeader, "true")
+	hdr.Set("Content-Length", strconv.Itoa(len(rec.Response.Body)))
+	g.w.WriteHeader(rec.Response.Status)
+	_, _ = g.w.Write(rec.Response.Body)
+	return nil
+}
+
+// execute runs the request as the key's owner, then finalizes or releases.
+func (g *guarded) execute() error {
+	h := g.h
+	g.log(zapcore.DebugLevel, "key reserved: executing", zap.String("outcome", "execute"))
+
+	// Detached from the client: a commit must not be cut off half-way
+	// because the client gave up. The replacer and vars travel along.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.r.Context()), time.Duration(h.ExecutionTimeout))
+	defer cancel()
+	stopHeartbeat := g.heartbeat(ctx)
+
+	cw := newCaptureWriter(g.w, h.MaxResponseSize)
+	err := g.next.ServeHTTP(cw, g.r.WithContext(ctx))
+	stopHeartbeat()
+
+	storeCtx, storeCancel := context.WithTimeout(context.WithoutCancel(g.r.Context()), storeOpTimeout)
+	defer storeCancel()
+
+	if err != nil {
+		// Nothing was written (reverse_proxy could not reach the upstream):
+		// no final response exists, so a retry must be able to execute.
+		g.release(storeCtx, "handler error")
+		return err
+	}
+	status := cw.finalStatus()
+	switch {
+	case cw.overflowed:
+		g.log(zapcore.WarnLevel, "response larger than max_response_size: delivered, not stored, key released",
+			zap.Int("status", status), zap.Int64("max_response_size", h.MaxResponseSize))
+		g.release(storeCtx, "oversize")
+		return nil
+	case h.releaseSet.has(status) || !h.finalizeSet.has(status):
+		g.release(storeCtx, "status "+strconv.Itoa(status))
+	default:
+		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}
+		if err := h.store.Finalize(storeCtx, g.key, g.owner, resp); err != nil {
+			// Never release here: the upstream did execute. The record stays
+			// in flight until its lease lapses and a retry hears "unknown".
+			g.log(zapcore.ErrorLevel, "finalize failed: response delivered but not stored", zap.Int("status", status), zap.Error(err))
+		} else {
+			g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", status))
+		}
+	}
+	cw.deliver()
+	return nil
+}
+
+func (g *guarded) release(ctx context.Context, why string) {
+	if err := g.h.store.Release(ctx, g.key, g.owner); err != nil {
+		g.log(zapcore.ErrorLevel, "release failed", zap.String("reason", why), zap.Error(err))
+		return
+	}
+	g.log(zapcore.DebugLevel, "key released", zap.String("outcome", "release"), zap.String("reason", why))
+}
+
+// replayHeaders picks the headers worth replaying from the response.
+func (g *guarded) replayHeaders() http.Header {
+	src := g.w.Header()
+	out := make(http.Header, len(g.h.replayHdrs)+1)
+	for _, name := range g.h.replayHdrs {
+		if vals, ok := src[name]; ok {
+			out[name] = append([]string(nil), vals...)
+		}
+	}
+	return out
+}
+
+// heartbeat renews the lease every third of it until stopped, so that other
+// nodes can tell a long upstream call from a dead owner.
+func (g *guarded) heartbeat(ctx context.Context) (stop func()) {
+	lease := time.Duration(g.h.Lease)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		ticker := time.NewTicker(lease / 3)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+				err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease)
+				if errors.Is(err, stores.ErrNotOwner) {
+					g.log(zapcore.WarnLevel, "lost ownership of key while executing", zap.Error(err))
+					return
+				}
+				if err != nil {
+					g.log(zapcore.ErrorLevel, "lease renewal failed", zap.Error(err))
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+func (g *guarded) log(level zapcore.Level, msg string, fields ...zap.Field) {
+	if c := g.h.logger.Check(level, msg); c != nil {
+		c.Write(append(fields, zap.String("key", g.key), zap.String("operation", g.binding.Operation))...)
+	}
+}
+
+func (h *Handler) debug(msg string, fields ...zap.Field) {
+	if c := h.logger.Check(zapcore.DebugLevel, msg); c != nil {
+		c.Write(fields...)
+	}
+}

@@ -1,0 +1,290 @@
+package icebergidempotency
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// Defaults of the handler's options.
+const (
+	DefaultLifetime         = 30 * time.Minute
+	DefaultGrace            = 5 * time.Minute
+	DefaultInFlightWait     = 10 * time.Second
+	DefaultExecutionTimeout = 60 * time.Second
+	DefaultLease            = 30 * time.Second
+	DefaultRetryAfter       = 1 * time.Second
+	DefaultMaxRequestSize   = 16 << 20
+	DefaultMaxResponseSize  = 16 << 20
+	DefaultPrincipal        = "{http.request.header.Authorization}"
+)
+
+var (
+	defaultFinalizeStatuses = []string{"2xx", "4xx"}
+	defaultReleaseStatuses  = []string{"5xx", "401", "403", "408", "419", "425", "429", "499"}
+	defaultReplayHeaders    = []string{"Content-Type", "ETag", "Location", "Cache-Control"}
+)
+
+// Handler gives the Iceberg REST catalog behind it the spec's
+// Idempotency-Key semantics: the first request with a key executes, and every
+// retry with that key gets the stored final response instead of executing
+// again. Place it before reverse_proxy.
+type Handler struct {
+	// The store that keeps idempotency records. Default: the in-memory store
+	// (`{"backend": "memory"}`), which is right for a single Caddy node.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=iceberg_idempotency.stores inline_key=backend"`
+
+	// How long clients may retry with a key; advertised in GET /v1/config as
+	// the top-level "idempotency-key-lifetime". Default: 30m.
+	Lifetime caddy.Duration `json:"lifetime,omitempty"`
+
+	// Extra time a record is kept past Lifetime, for clock skew and slow
+	// retries. Default: 5m.
+	Grace caddy.Duration `json:"grace,omitempty"`
+
+	// How long a duplicate of a request that is still executing waits for
+	// its result before it is answered with InFlightStatus. Default: 10s.
+	InFlightWait caddy.Duration `json:"in_flight_wait,omitempty"`
+
+	// Status for a duplicate still in flight after InFlightWait: 503 (with
+	// Retry-After, which the Iceberg Java client retries with the same key)
+	// or 409 (the IETF draft's choice; Iceberg clients read 409 as a
+	// conflict). Default: 503.
+	InFlightStatus int `json:"in_flight_status,omitempty"`
+
+	// Retry-After sent with 503 answers, rounded up to whole seconds.
+	// Default: 1s.
+	RetryAfter caddy.Duration `json:"retry_after,omitempty"`
+
+	// Upper bound of the upstream call once a key is reserved. The call is
+	// detached from the client's connection, so a client that disconnects
+	// does not cancel a commit half-way; this bounds it instead. Default: 60s.
+	ExecutionTimeout caddy.Duration `json:"execution_timeout,omitempty"`
+
+	// How long a reservation holds without a heartbeat. The owner renews it
+	// every third of it while the upstream call runs; a record whose lease
+	// lapsed was abandoned (its node died). Default: 30s.
+	Lease caddy.Duration `json:"lease,omitempty"`
+
+	// What to do with a duplicate of an abandoned request: "unknown" answers
+	// 500 saying the outcome is unknown (Iceberg clients then neither retry
+	// nor delete files); "reexecute" takes the reservation over and executes
+	// again. Default: unknown.
+	Abandoned string `json:"abandoned,omitempty"`
+
+	// Largest request body accepted on a keyed mutation, in bytes; larger
+	// ones get 413. Default: 16 MiB.
+	MaxRequestSize int64 `json:"max_request_size,omitempty"`
+
+	// Largest response stored, in bytes. A larger response is delivered
+	// untouched, not stored, and its key released (logged as a warning).
+	// Default: 16 MiB.
+	MaxResponseSize int64 `json:"max_response_size,omitempty"`
+
+	// Reject mutations without an Idempotency-Key (400). Default: false.
+	RequireKey bool `json:"require_key,omitempty"`
+
+	// Path the catalog is mounted under, e.g. "/api/catalog" for
+	// "/api/catalog/v1/...". Default: none.
+	BasePath string `json:"base_path,omitempty"`
+
+	// Placeholder expression naming who sends a request; keys are bound to
+	// its SHA-256, so one principal can never replay another's response. Use
+	// "{http.auth.user.id}" when Caddy authenticates. Default:
+	// "{http.request.header.Authorization}".
+	Principal string `json:"principal,omitempty"`
+
+	// Statuses whose responses are stored and replayed, as codes or classes.
+	// Default: ["2xx", "4xx"].
+	FinalizeStatuses []string `json:"finalize_statuses,omitempty"`
+
+	// Statuses whose key is released so a retry executes again; they win
+	// over FinalizeStatuses. Statuses in neither list are released too.
+	// Default: ["5xx", "401", "403", "408", "419", "425", "429", "499"].
+	ReleaseStatuses []string `json:"release_statuses,omitempty"`
+
+	// Response headers stored and replayed besides the body. Content-Encoding
+	// is always kept when present, since the body cannot be read without it.
+	// Default: ["Content-Type", "ETag", "Location", "Cache-Control"].
+	ReplayHeaders []string `json:"replay_headers,omitempty"`
+
+	// When the store fails, pass requests through unguarded (logged) instead
+	// of answering 503. Default: false (fail closed).
+	FailOpen bool `json:"fail_open,omitempty"`
+
+	store       stores.Store
+	storeKey    string
+	finalizeSet statusSet
+	releaseSet  statusSet
+	replayHdrs  []string
+	logger      *zap.Logger
+}
+
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.iceberg_idempotency",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets defaults and acquires the shared store.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	h.setDefaults()
+
+	var err error
+	if h.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {
+		return fmt.Errorf("finalize_statuses: %w", err)
+	}
+	if h.releaseSet, err = parseStatusSet(h.ReleaseStatuses); err != nil {
+		return fmt.Errorf("release_statuses: %w", err)
+	}
+	// Content-Encoding is always kept: the stored body is unreadable without it.
+	h.replayHdrs = []string{"Content-Encoding"}
+	for _, name := range h.ReplayHeaders {
+		if name = http.CanonicalHeaderKey(name); !slices.Contains(h.replayHdrs, name) {
+			h.replayHdrs = append(h.replayHdrs, name)
+		}
+	}
+
+	var provider StoreProvider = &MemoryStore{}
+	if h.StoreRaw != nil {
+		mod, err := ctx.LoadModule(h, "StoreRaw")
+		if err != nil {
+			return fmt.Errorf("loading store: %w", err)
+		}
+		provider = mod.(StoreProvider)
+	} else if err := provider.(caddy.Provisioner).Provision(ctx); err != nil {
+		return err
+	}
+
+	appIface, err := ctx.App("iceberg_idempotency")
+	if err != nil {
+		return fmt.Errorf("loading iceberg_idempotency app: %w", err)
+	}
+	app := appIface.(*App)
+
+	h.store, err = acquireStore(ctx, provider)
+	if err != nil {
+		return err
+	}
+	h.storeKey = provider.StoreKey()
+	app.track(h.storeKey, h.store)
+	return nil
+}
+
+func (h *Handler) setDefaults() {
+	setDuration(&h.Lifetime, DefaultLifetime)
+	setDuration(&h.Grace, DefaultGrace)
+	setDuration(&h.InFlightWait, DefaultInFlightWait)
+	setDuration(&h.RetryAfter, DefaultRetryAfter)
+	setDuration(&h.ExecutionTimeout, DefaultExecutionTimeout)
+	setDuration(&h.Lease, DefaultLease)
+	if h.InFlightStatus == 0 {
+		h.InFlightStatus = http.StatusServiceUnavailable
+	}
+	if h.Abandoned == "" {
+		h.Abandoned = abandonedUnknown
+	}
+	if h.MaxRequestSize == 0 {
+		h.MaxRequestSize = DefaultMaxRequestSize
+	}
+	if h.MaxResponseSize == 0 {
+		h.MaxResponseSize = DefaultMaxResponseSize
+	}
+	if h.Principal == "" {
+		h.Principal = DefaultPrincipal
+	}
+	if h.FinalizeStatuses == nil {
+		h.FinalizeStatuses = defaultFinalizeStatuses
+	}
+	if h.ReleaseStatuses == nil {
+		h.ReleaseStatuses = defaultReleaseStatuses
+	}
+	if h.ReplayHeaders == nil {
+		h.ReplayHeaders = defaultReplayHeaders
+	}
+}
+
+func setDuration(d *caddy.Duration, def time.Duration) {
+	if *d == 0 {
+		*d = caddy.Duration(def)
+	}
+}
+
+// Abandoned policies.
+const (
+	abandonedUnknown   = "unknown"
+	abandonedReexecute = "reexecute"
+)
+
+// Validate checks the configuration.
+func (h *Handler) Validate() error {
+	for name, d := range map[string]caddy.Duration{
+		"lifetime": h.Lifetime, "grace": h.Grace, "in_flight_wait": h.InFlightWait,
+		"retry_after": h.RetryAfter, "execution_timeout": h.ExecutionTimeout, "lease": h.Lease,
+	} {
+		if d < 0 {
+			return fmt.Errorf("%s must not be negative, got %v", name, time.Duration(d))
+		}
+	}
+	if time.Duration(h.Lease) < 3*time.Millisecond {
+		return fmt.Errorf("lease must be at least 3ms, got %v", time.Duration(h.Lease))
+	}
+	if h.InFlightStatus != http.StatusServiceUnavailable && h.InFlightStatus != http.StatusConflict {
+		return fmt.Errorf("in_flight_status must be 503 or 409, got %d", h.InFlightStatus)
+	}
+	if h.Abandoned != abandonedUnknown && h.Abandoned != abandonedReexecute {
+		return fmt.Errorf("abandoned must be %q or %q, got %q", abandonedUnknown, abandonedReexecute, h.Abandoned)
+	}
+	if h.MaxRequestSize < 0 || h.MaxResponseSize < 0 {
+		return fmt.Errorf("max_request_size and max_response_size must be positive")
+	}
+	if h.BasePath != "" && (!strings.HasPrefix(h.BasePath, "/") || strings.HasSuffix(h.BasePath, "/")) {
+		return fmt.Errorf("base_path must start with / and not end with /, got %q", h.BasePath)
+	}
+	return nil
+}
+
+// Cleanup gives the store back to the pool; the last user closes it. It
+// copes with a Provision that failed before the store was acquired.
+func (h *Handler) Cleanup() error {
+	if h.storeKey == "" {
+		return nil
+	}
+	_, err := storePool.Delete(h.storeKey)
+	return err
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	rel, ok := strings.CutPrefix(r.URL.EscapedPath(), h.BasePath)
+	if !ok || !strings.HasPrefix(rel, "/v1/") {
+		return next.ServeHTTP(w, r)
+	}
+	if r.Method == http.MethodGet && rel == "/v1/config" {
+		return h.advertise(w, r, next)
+	}
+	op := classify(r.Method, rel)
+	if op == "" {
+		return next.ServeHTTP(w, r)
+	}
+	return h.guard(w, r, next, op)
+}

@@ -1,0 +1,67 @@
+// Package mysql is a stores.Store in MySQL or MariaDB (go-sql-driver/mysql),
+// shared by every Caddy node that points at the same database. All lease
+// and expiry decisions use the database clock (UTC_TIMESTAMP(6)), so the
+// nodes' clocks may drift. Tested on MariaDB 10.11; MySQL 8 should work.
+package mysql
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// Config configures a Store.
+type Config struct {
+	// DSN is a go-sql-driver/mysql DSN: user:password@tcp(host:3306)/db.
+	// The store sets parseTime, loc=UTC and clientFoundRows=false itself
+	// (Reserve tells inserted, overwritten and untouched rows apart by the
+	// number of changed rows).
+	DSN string
+	// Table is the records table; its schema version table is
+	// <Table>_schema. Default iceberg_idempotency_records.
+	Table string
+	// MaxConns bounds the connection pool (0: 10).
+	MaxConns int
+	// AutoMigrate applies missing schema versions at Open (under GET_LOCK,
+	// so nodes may start together). Without it Open only checks the schema
+	// version and names the file to apply.
+	AutoMigrate bool
+	// StatementTimeout bounds each database call, connecting included.
+	// Default 5s.
+	StatementTimeout time.Duration
+	// PollMin and PollMax bound Await's polling backoff, which doubles from
+	// PollMin to PollMax. Defaults 10ms and 200ms.
+	PollMin, PollMax time.Duration
+}
+
+func (c *Config) setDefaults() error {
+	if c.DSN == "" {
+		return fmt.Errorf("mysql: dsn is required")
+	}
+	if c.Table == "" {
+		c.Table = sqlstore.DefaultTable
+	}
+	if err := sqlstore.ValidateTable(c.Table); err != nil {
+		return fmt.Errorf("mysql: %w", err)
+	}
+	if c.MaxConns < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 {
+		return fmt.Errorf("mysql: negative max_conns, timeout or interval")
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 10
+	}
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = 5 * time.Second
+	}
+	if c.PollMin == 0 {
+		c.PollMin = sqlstore.DefaultPollMin
+	}
+	if c.PollMax == 0 {
+		c.PollMax = sqlstore.DefaultPollMax
+	}
+	if c.PollMax < c.PollMin {
+		c.PollMax = c.PollMin
+	}
+	return nil
+}

@@ -1,0 +1,77 @@
+package mysql
+
+import "fmt"
+
+// queries holds the statements, with the validated table name written in.
+// Times are DATETIME(6) in UTC; durations arrive as microseconds and are
+// added to UTC_TIMESTAMP(6), which is constant within a statement, so
+// every comparison in one statement uses one database-clock instant.
+type queries struct {
+	reserve, load, owned, finalize, release, extend, takeOver, purge string
+}
+
+// recordCols selects a record the way sqlstore.Row scans it. `key` is a
+// reserved word in MySQL, hence the backquotes.
+const recordCols = "`key`" + `, operation, path, principal, fingerprint, state,
+	COALESCE(owner, ''),
+	COALESCE(state = 'in_flight' AND lease_until <= UTC_TIMESTAMP(6), FALSE),
+	COALESCE(status, 0), headers, body, created_at, expires_at,
+	COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until), 0)`
+
+// ifExpired rewrites a column only when the existing row has expired.
+func ifExpired(col string) string {
+	return fmt.Sprintf("%[1]s = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(%[1]s), %[1]s)", col)
+}
+
+func newQueries(table string) queries {
+	return queries{
+		// MySQL has no RETURNING on an upsert, so Reserve is this INSERT
+		// and, only when it did not reserve, a SELECT of the blocking row.
+		// The INSERT creates the row, or overwrites it only when it has
+		// expired (InnoDB locks the duplicate row first, so of concurrent
+		// reservers of an expired key only one sees it expired). Without
+		// CLIENT_FOUND_ROWS the driver reports 1 for an insert, 2 for an
+		// overwrite and 0 for an untouched live row.
+		//
+		// MySQL evaluates ON DUPLICATE KEY UPDATE assignments left to
+		// right, each seeing the columns already assigned, so expires_at,
+		// the column every condition reads, must be assigned last.
+		// (VALUES() is deprecated in MySQL 8.0.20+ but works there;
+		// MariaDB lacks the row-alias replacement.)
+		reserve: fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)\n"+
+			`VALUES (?, ?, ?, ?, ?, 'in_flight', ?,
+	UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6),
+	UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)
+ON DUPLICATE KEY UPDATE
+	%s, %s, %s, %s,
+	%s, %s, %s, %s,
+	status = IF(expires_at <= UTC_TIMESTAMP(6), NULL, status),
+	headers = IF(expires_at <= UTC_TIMESTAMP(6), NULL, headers),
+	body = IF(expires_at <= UTC_TIMESTAMP(6), NULL, body),
+	%s`, table,
+			ifExpired("operation"), ifExpired("path"), ifExpired("principal"), ifExpired("fingerprint"),
+			ifExpired("state"), ifExpired("owner"), ifExpired("lease_until"), ifExpired("created_at"),
+			ifExpired("expires_at")),
+
+		load: fmt.Sprintf("SELECT %s FROM %s WHERE `key` = ? AND expires_at > UTC_TIMESTAMP(6)", recordCols, table),
+
+		// owned confirms ownership when ExtendLease changed no row: see there.
+		owned: fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
+
+		finalize: fmt.Sprintf("UPDATE %s SET state = 'final', owner = NULL, lease_until = NULL, status = ?, headers = ?, body = ?\n"+
+			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
+
+		release: fmt.Sprintf("DELETE FROM %s WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
+
+		extend: fmt.Sprintf("UPDATE %s SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND\n"+
+			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
+
+		// Compare and swap on the owner and the lapsed lease; the UPDATE
+		// reads the newest committed row under its lock, so of concurrent
+		// takeovers only the first matches.
+		takeOver: fmt.Sprintf("UPDATE %s SET owner = ?, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND\n"+
+			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6) AND lease_until <= UTC_TIMESTAMP(6)", table),
+
+		purge: fmt.Sprintf("DELETE FROM %s WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?", table),
+	}
+}

@@ -1,0 +1,77 @@
+// Package postgres is a stores.Store in PostgreSQL (pgx), shared by every
+// Caddy node that points at the same database. All lease and expiry
+// decisions use the database clock (now()), so the nodes' clocks may drift.
+package postgres
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// Config configures a Store.
+type Config struct {
+	// DSN is a libpq/pgx connection string, URL or key=value form.
+	DSN string
+	// Table is the records table; its schema version table is
+	// <Table>_schema. Default iceberg_idempotency_records.
+	Table string
+	// MaxConns bounds the connection pool (0: pgx's default, the greater of
+	// 4 and the number of CPUs). ListenNotify uses one more connection.
+	MaxConns int
+	// AutoMigrate applies missing schema versions at Open (under an advisory
+	// lock, so nodes may start together). Without it Open only checks the
+	// schema version and names the file to apply.
+	AutoMigrate bool
+	// StatementTimeout bounds each database call, connecting included, and
+	// is also set as the server-side statement_timeout. Default 5s.
+	StatementTimeout time.Duration
+	// PollMin and PollMax bound Await's polling backoff, which doubles from
+	// PollMin to PollMax. Defaults 10ms and 200ms.
+	PollMin, PollMax time.Duration
+	// ListenNotify makes Finalize, Release and TakeOver send a NOTIFY in
+	// the same statement, and Await wake on it through one dedicated
+	// LISTEN connection per Store. Await then polls only every
+	// NotifyFallback, in case a notification was lost.
+	ListenNotify bool
+	// NotifyFallback is Await's polling interval with ListenNotify.
+	// Default 1s.
+	NotifyFallback time.Duration
+
+	// tracer is set by tests to count statements.
+	tracer pgx.QueryTracer
+}
+
+func (c *Config) setDefaults() error {
+	if c.DSN == "" {
+		return fmt.Errorf("postgres: dsn is required")
+	}
+	if c.Table == "" {
+		c.Table = sqlstore.DefaultTable
+	}
+	if err := sqlstore.ValidateTable(c.Table); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if c.MaxConns < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 || c.NotifyFallback < 0 {
+		return fmt.Errorf("postgres: negative max_conns, timeout or interval")
+	}
+	if c.StatementTimeout == 0 {
+		c.StatementTimeout = 5 * time.Second
+	}
+	if c.PollMin == 0 {
+		c.PollMin = sqlstore.DefaultPollMin
+	}
+	if c.PollMax == 0 {
+		c.PollMax = sqlstore.DefaultPollMax
+	}
+	if c.PollMax < c.PollMin {
+		c.PollMax = c.PollMin
+	}
+	if c.NotifyFallback == 0 {
+		c.NotifyFallback = time.Second
+	}
+	return nil
+}

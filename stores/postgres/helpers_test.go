@@ -1,0 +1,107 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+)
+
+const (
+	dsnEnv     = "ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN"
+	defaultDSN = "postgres://postgres@127.0.0.1:5432/iceberg_idempotency_test?sslmode=disable"
+	startHint  = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+)
+
+var (
+	setupOnce sync.Once
+	setupErr  error
+)
+
+// testDSN returns the test database's DSN, creating the database on first
+// use; it skips (fails under CI=true) when the server is unreachable.
+func testDSN(t testing.TB) string {
+	t.Helper()
+	dsn := sqltest.DSN(dsnEnv, defaultDSN)
+	setupOnce.Do(func() { setupErr = ensureDatabase(dsn) })
+	if setupErr != nil {
+		sqltest.Unavailable(t, "PostgreSQL", dsnEnv, startHint, setupErr)
+	}
+	return dsn
+}
+
+func ensureDatabase(dsn string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name
+		return err
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	name := cfg.Database
+	cfg.Database = "postgres"
+	admin, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer admin.Close(ctx)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile
+		err = nil
+	}
+	return err
+}
+
+// admin runs a test's own SQL (setup, inspection, cleanup).
+func admin(t testing.TB) *pgx.Conn {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// dropOnCleanup drops table and its version table when the test ends.
+func dropOnCleanup(t testing.TB, table string) {
+	t.Helper()
+	conn := admin(t)
+	t.Cleanup(func() {
+		if _, err := conn.Exec(context.Background(), "DROP TABLE IF EXISTS "+table+", "+table+"_schema"); err != nil {
+			t.Errorf("drop %s: %v", table, err)
+		}
+	})
+}
+
+// openStore opens a Store on a fresh table that is dropped after the test.
+func openStore(t testing.TB, mutate func(*Config)) (*Store, Config) {
+	t.Helper()
+	cfg := Config{DSN: testDSN(t), Table: sqltest.TableName(t), AutoMigrate: true, MaxConns: 16}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	dropOnCleanup(t, cfg.Table)
+	s, err := Open(context.Background(), cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, cfg
+}

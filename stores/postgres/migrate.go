@@ -1,0 +1,112 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
+)
+
+// migrate applies the missing versions of sql/postgres/ (auto) or checks that
+// none is missing. It runs in one transaction holding a transaction-scoped
+// advisory lock per table name, so nodes starting together apply each
+// version once and the others wait, then see it applied; PostgreSQL's
+// transactional DDL leaves no half-applied version behind.
+func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
+	ms, err := schema.Migrations(schema.Postgres)
+	if err != nil {
+		return fmt.Errorf("postgres migrate: %w", err)
+	}
+	latest := schema.Latest(ms)
+	if !auto {
+		have, err := schemaVersion(ctx, s.pool, table)
+		if err != nil {
+			return s.wrap("check schema", err)
+		}
+		return checkVersion(table, have, ms, s)
+	}
+
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return s.wrap("migrate", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(table)); err != nil {
+		return s.wrap("migrate lock", err)
+	}
+	have, err := schemaVersion(ctx, tx, table)
+	if err != nil {
+		return s.wrap("migrate", err)
+	}
+	for _, m := range ms {
+		if m.Version <= have {
+			continue
+		}
+		for _, stmt := range m.Statements(table) {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return s.wrap("migrate "+m.File, err)
+			}
+		}
+		s.log.Info("applied schema migration", zap.String("file", m.File), zap.Int("version", m.Version))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return s.wrap("migrate commit", err)
+	}
+	if have > latest {
+		s.log.Warn("schema is newer than this build knows", zap.Int("version", have), zap.Int("known", latest))
+	}
+	return nil
+}
+
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// schemaVersion returns the highest applied version, 0 when the version
+// table or the records table is missing.
+func schemaVersion(ctx context.Context, q querier, table string) (int, error) {
+	var hasVersions, hasRecords bool
+	// to_regclass resolves through search_path, as the store's statements do.
+	err := q.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL",
+		table+"_schema", table).Scan(&hasVersions, &hasRecords)
+	if err != nil || !hasVersions || !hasRecords {
+		return 0, err
+	}
+	var v int
+	err = q.QueryRow(ctx, fmt.Sprintf("SELECT coalesce(max(version), 0) FROM %s_schema", table)).Scan(&v)
+	return v, err
+}
+
+func checkVersion(table string, have int, ms []schema.Migration, s *Store) error {
+	var missing []string
+	for _, m := range ms {
+		if m.Version > have {
+			missing = append(missing, m.File)
+		}
+	}
+	if len(missing) == 0 {
+		if latest := schema.Latest(ms); have > latest {
+			s.log.Warn("schema is newer than this build knows", zap.Int("version", have), zap.Int("known", latest))
+		}
+		return nil
+	}
+	hint := ""
+	if table != schema.Placeholder {
+		hint = fmt.Sprintf(" with %s replaced by %s", schema.Placeholder, table)
+	}
+	return fmt.Errorf("postgres: table %s is at schema version %d, this build needs %d: apply %s%s (psql --single-transaction -f FILE), or enable auto_migrate",
+		table, have, schema.Latest(ms), strings.Join(missing, ", then "), hint)
+}
+
+// lockKey maps a table name to an advisory lock key. Other applications'
+// advisory locks could collide with it only by 64-bit chance.
+func lockKey(table string) int64 {
+	h := fnv.New64a()
+	h.Write([]byte("caddy-iceberg-idempotency migrate " + table))
+	return int64(h.Sum64())
+}

@@ -1,0 +1,141 @@
+package postgres
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// listener holds one LISTEN connection outside the pool and wakes the
+// Awaits of the keys named in notifications. While it is disconnected
+// notifications are lost; Await's fallback poll covers that, and every
+// waiter is woken after a reconnect to re-check at once.
+type listener struct {
+	cfg     *pgx.ConnConfig
+	channel string
+	log     *zap.Logger
+
+	mu      sync.Mutex
+	waiters map[string]*waiters
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type waiters struct {
+	ch chan struct{} // closed on a notification for the key
+	n  int           // subscribers holding ch
+}
+
+// startListener connects and LISTENs before returning, so that no
+// notification sent after Open returns is missed.
+func startListener(ctx context.Context, cfg *pgx.ConnConfig, channel string, log *zap.Logger) (*listener, error) {
+	l := &listener{cfg: cfg, channel: channel, log: log, waiters: map[string]*waiters{}, done: make(chan struct{})}
+	conn, err := l.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	l.cancel = cancel
+	go l.run(runCtx, conn)
+	return l, nil
+}
+
+func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.ConnectTimeout+5*time.Second)
+	defer cancel()
+	conn, err := pgx.ConnectConfig(ctx, l.cfg)
+	if err != nil {
+		return nil, err
+	}
+	// The channel is derived from the validated table name.
+	if _, err := conn.Exec(ctx, "LISTEN "+l.channel); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
+	return conn, nil
+}
+
+func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
+	defer close(l.done)
+	retry := sqlstore.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	for {
+		for conn == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(retry.Next()):
+			}
+			c, err := l.connect(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					l.log.Warn("postgres listen: reconnect failed", zap.Error(err))
+				}
+				continue
+			}
+			conn, retry = c, sqlstore.Backoff{Min: retry.Min, Max: retry.Max}
+			l.log.Info("postgres listen: reconnected")
+			l.wakeAll() // notifications may have been missed meanwhile
+		}
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			conn.Close(context.Background())
+			conn = nil
+			if ctx.Err() != nil {
+				return
+			}
+			l.log.Warn("postgres listen: connection lost", zap.Error(err))
+			l.wakeAll()
+			continue
+		}
+		l.wake(n.Payload)
+	}
+}
+
+// subscribe returns a channel closed at the next notification for key.
+func (l *listener) subscribe(key string) (<-chan struct{}, func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.waiters[key]
+	if w == nil {
+		w = &waiters{ch: make(chan struct{})}
+		l.waiters[key] = w
+	}
+	w.n++
+	return w.ch, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		w.n--
+		if w.n == 0 && l.waiters[key] == w {
+			delete(l.waiters, key)
+		}
+	}
+}
+
+func (l *listener) wake(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.waiters[key]; w != nil {
+		close(w.ch)
+		delete(l.waiters, key)
+	}
+}
+
+func (l *listener) wakeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for key, w := range l.waiters {
+		close(w.ch)
+		delete(l.waiters, key)
+	}
+}
+
+func (l *listener) stop() {
+	l.cancel()
+	<-l.done
+}

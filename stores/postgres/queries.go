@@ -1,0 +1,87 @@
+package postgres
+
+import "fmt"
+
+// queries holds the statements, with the validated table name written in.
+// Durations arrive as microseconds ($n::bigint) and are added to now(), the
+// transaction (here: statement) start time on the database's clock.
+type queries struct {
+	reserve, load, finalize, release, extend, takeOver, purge string
+}
+
+// recordCols selects a record the way sqlstore.Row scans it.
+const recordCols = `key, operation, path, principal, fingerprint, state,
+	coalesce(owner, '') AS owner,
+	coalesce(state = 'in_flight' AND lease_until <= now(), false) AS abandoned,
+	coalesce(status, 0) AS status, headers, body, created_at, expires_at,
+	coalesce((extract(epoch FROM lease_until - now()) * 1000000)::bigint, 0) AS lease_left_us`
+
+func newQueries(table, channel string) queries {
+	q := queries{
+		// One statement. The INSERT either creates the row or, through ON
+		// CONFLICT, overwrites it only when it has expired (an expired row
+		// is absent by contract; the conflicting row is locked, so two
+		// reservers cannot both overwrite it). The outer SELECT always
+		// returns one row: reserved, or the live row that blocked the
+		// INSERT. Its snapshot predates the statement, so a row committed
+		// by a concurrent reserver after that is invisible to it: then
+		// neither reserved nor a row is returned and Reserve runs the
+		// statement again.
+		reserve: fmt.Sprintf(`WITH ins AS (
+	INSERT INTO %[1]s AS r (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
+	VALUES ($1, $2, $3, $4, $5, 'in_flight', $6,
+		now() + $7::bigint * interval '1 microsecond', now(),
+		now() + $8::bigint * interval '1 microsecond')
+	ON CONFLICT (key) DO UPDATE SET
+		operation = excluded.operation, path = excluded.path,
+		principal = excluded.principal, fingerprint = excluded.fingerprint,
+		state = 'in_flight', owner = excluded.owner, lease_until = excluded.lease_until,
+		created_at = excluded.created_at, expires_at = excluded.expires_at,
+		status = NULL, headers = NULL, body = NULL
+	WHERE r.expires_at <= now()
+	RETURNING 1
+)
+SELECT EXISTS (SELECT FROM ins), e.*
+FROM (SELECT) AS one
+LEFT JOIN (SELECT %[2]s FROM %[1]s WHERE key = $1 AND expires_at > now()) AS e
+	ON NOT EXISTS (SELECT FROM ins)`, table, recordCols),
+
+		load: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE key = $1 AND expires_at > now()`, table, recordCols),
+
+		finalize: fmt.Sprintf(`UPDATE %s SET state = 'final', owner = NULL, lease_until = NULL,
+	status = $3, headers = $4, body = $5
+WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
+
+		release: fmt.Sprintf(`DELETE FROM %s
+WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
+
+		extend: fmt.Sprintf(`UPDATE %s SET lease_until = now() + $3::bigint * interval '1 microsecond'
+WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
+
+		// Compare and swap on the owner and on the lapsed lease. Of
+		// concurrent takeovers the first locks the row; the others then
+		// re-check the WHERE on the row it wrote and match nothing.
+		takeOver: fmt.Sprintf(`UPDATE %s SET owner = $3, lease_until = now() + $4::bigint * interval '1 microsecond'
+WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND lease_until <= now()`, table),
+
+		// SKIP LOCKED: purgers on several nodes take disjoint batches, and
+		// a row a reserver is overwriting right now is left alone (FOR
+		// UPDATE re-checks expires_at on the row's newest version).
+		purge: fmt.Sprintf(`DELETE FROM %[1]s WHERE key IN (
+	SELECT key FROM %[1]s WHERE expires_at <= now()
+	ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
+) AND expires_at <= now()`, table),
+	}
+	if channel != "" {
+		// The NOTIFY rides in the same statement (delivered at its commit),
+		// so waking waiters costs no extra round trip. Its result has one
+		// row per changed record, so RowsAffected still counts them.
+		notify := func(stmt string) string {
+			return fmt.Sprintf("WITH changed AS (%s RETURNING key)\nSELECT pg_notify('%s', key) FROM changed", stmt, channel)
+		}
+		q.finalize = notify(q.finalize)
+		q.release = notify(q.release)
+		q.takeOver = notify(q.takeOver)
+	}
+	return q
+}

@@ -1,0 +1,284 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// Store is a stores.Store in PostgreSQL. Use Open.
+type Store struct {
+	pool     *pgxpool.Pool
+	q        queries
+	timeout  time.Duration
+	backoff  sqlstore.Backoff
+	listener *listener // nil unless Config.ListenNotify
+	dsn      string
+	password string
+	log      *zap.Logger
+
+	closeOnce sync.Once
+}
+
+var _ stores.Store = (*Store)(nil)
+
+// Open connects, checks or migrates the schema, and, with ListenNotify,
+// starts listening. Errors never contain the DSN's password.
+func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
+	if err != nil {
+		// The password is unknown when the DSN does not parse: redact by form.
+		return nil, fmt.Errorf("postgres: parse dsn: %w", sqlstore.RedactError(err, cfg.DSN, ""))
+	}
+	s := &Store{
+		timeout:  cfg.StatementTimeout,
+		backoff:  sqlstore.Backoff{Min: cfg.PollMin, Max: cfg.PollMax},
+		dsn:      cfg.DSN,
+		password: pcfg.ConnConfig.Password,
+		log:      logger.With(zap.String("table", cfg.Table)),
+	}
+	if cfg.MaxConns > 0 {
+		pcfg.MaxConns = int32(cfg.MaxConns)
+	}
+	cc := pcfg.ConnConfig
+	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > cfg.StatementTimeout {
+		cc.ConnectTimeout = cfg.StatementTimeout
+	}
+	// Server-side bound too: a statement stuck on a lock is cancelled by
+	// the server even if the client's cancel request is lost.
+	cc.RuntimeParams["statement_timeout"] = fmt.Sprint(cfg.StatementTimeout.Milliseconds())
+	if cc.RuntimeParams["application_name"] == "" {
+		cc.RuntimeParams["application_name"] = "caddy-iceberg-idempotency"
+	}
+	if cfg.tracer != nil {
+		cc.Tracer = cfg.tracer
+	}
+
+	s.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, s.wrap("open", err)
+	}
+	if err := s.init(ctx, cfg); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) init(ctx context.Context, cfg Config) error {
+	pctx, cancel := s.opCtx(ctx)
+	err := s.pool.Ping(pctx)
+	cancel()
+	if err != nil {
+		return s.wrap("connect", err)
+	}
+	if err := s.migrate(ctx, cfg.Table, cfg.AutoMigrate); err != nil {
+		return err
+	}
+	channel := ""
+	if cfg.ListenNotify {
+		channel = cfg.Table + "_changed"
+		l, err := startListener(ctx, s.pool.Config().ConnConfig.Copy(), channel, s.log)
+		if err != nil {
+			return s.wrap("listen", err)
+		}
+		s.listener = l
+		s.backoff = sqlstore.Backoff{Min: cfg.NotifyFallback, Max: cfg.NotifyFallback}
+	}
+	s.q = newQueries(cfg.Table, channel)
+	s.log.Info("postgres idempotency store ready",
+		zap.String("dsn", sqlstore.RedactDSN(cfg.DSN)), zap.Bool("listen_notify", cfg.ListenNotify))
+	return nil
+}
+
+// Close stops listening and closes the pool.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		if s.listener != nil {
+			s.listener.stop()
+		}
+		s.pool.Close()
+	})
+	return nil
+}
+
+// opCtx bounds one database call, pool acquisition and connecting included,
+// so a dead server costs at most StatementTimeout.
+func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// wrap names the operation and keeps the DSN's password out of the error.
+func (s *Store) wrap(op string, err error) error {
+	return fmt.Errorf("postgres %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
+}
+
+// maxReserveAttempts bounds Reserve's re-runs after losing the race
+// described in queries.reserve; each re-run sees the newer snapshot, so a
+// second attempt normally settles it.
+const maxReserveAttempts = 10
+
+// Reserve implements stores.Store. One statement; see queries.reserve.
+func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	if err := sqlstore.CheckKey(r.Key); err != nil {
+		return stores.ReserveResult{}, fmt.Errorf("postgres reserve: %w", err)
+	}
+	for range maxReserveAttempts {
+		res, err := s.reserveOnce(ctx, r)
+		if err != nil || res.Reserved || res.Existing != nil {
+			return res, err
+		}
+	}
+	return stores.ReserveResult{}, fmt.Errorf("postgres reserve %s: key kept changing under %d attempts", r.Key, maxReserveAttempts)
+}
+
+func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	var (
+		reserved bool
+		n        nullRow
+	)
+	err := s.pool.QueryRow(ctx, s.q.reserve,
+		r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
+		sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL),
+	).Scan(append([]any{&reserved}, n.dest()...)...)
+	if err != nil {
+		return stores.ReserveResult{}, s.wrap("reserve", err)
+	}
+	if reserved {
+		return stores.ReserveResult{Reserved: true}, nil
+	}
+	if n.Key == nil {
+		return stores.ReserveResult{}, nil // lost a race; the caller retries
+	}
+	rec, _, err := n.row().Record()
+	if err != nil {
+		return stores.ReserveResult{}, s.wrap("reserve", err)
+	}
+	return stores.ReserveResult{Existing: rec}, nil
+}
+
+// load reads key's live record and its remaining lease.
+func (s *Store) load(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	var row sqlstore.Row
+	err := s.pool.QueryRow(ctx, s.q.load, key).Scan(rowDest(&row)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, s.wrap("load", err)
+	}
+	rec, left, err := row.Record()
+	if err != nil {
+		return nil, 0, s.wrap("load", err)
+	}
+	return rec, left, nil
+}
+
+// Load implements stores.Store.
+func (s *Store) Load(ctx context.Context, key string) (*stores.Record, error) {
+	rec, _, err := s.load(ctx, key)
+	return rec, err
+}
+
+// Await implements stores.Store: polling with backoff, or, with
+// ListenNotify, waking on NOTIFY with a slow fallback poll.
+func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
+	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
+	var sub sqlstore.SubscribeFunc
+	if s.listener != nil {
+		sub = func() (<-chan struct{}, func()) { return s.listener.subscribe(key) }
+	}
+	return sqlstore.Await(ctx, s.backoff, load, sub)
+}
+
+// exec runs a compare-and-swap statement and returns how many rows it hit.
+func (s *Store) exec(ctx context.Context, op, sql string, args ...any) (int64, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	tag, err := s.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return 0, s.wrap(op, err)
+	}
+	return tag.RowsAffected(), nil
+}
+
+// Finalize implements stores.Store. One statement.
+func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	headers, err := sqlstore.EncodeHeader(resp.Header)
+	if err != nil {
+		return fmt.Errorf("postgres finalize: %w", err)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{} // an empty body, not an unknown one
+	}
+	n, err := s.exec(ctx, "finalize", s.q.finalize, key, owner, resp.Status, string(headers), body)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return stores.ErrNotOwner
+	}
+	return nil
+}
+
+// Release implements stores.Store.
+func (s *Store) Release(ctx context.Context, key, owner string) error {
+	n, err := s.exec(ctx, "release", s.q.release, key, owner)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return stores.ErrNotOwner
+	}
+	return nil
+}
+
+// ExtendLease implements stores.Store.
+func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	n, err := s.exec(ctx, "extend lease", s.q.extend, key, owner, sqlstore.Micros(lease))
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return stores.ErrNotOwner
+	}
+	return nil
+}
+
+// TakeOver implements stores.Store.
+func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	n, err := s.exec(ctx, "take over", s.q.takeOver, key, oldOwner, newOwner, sqlstore.Micros(lease))
+	if err != nil {
+		return false, err
+	}
+	return n == 1, nil
+}
+
+// PurgeExpired implements stores.Store.
+func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	n, err := s.exec(ctx, "purge", s.q.purge, limit)
+	return int(n), err
+}

@@ -1,0 +1,83 @@
+package sqlstore
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// Row is a record as both dialects select it: NULL-able columns are already
+// COALESCEd in SQL, abandonment and the remaining lease are computed by the
+// database from its own clock.
+type Row struct {
+	Key, Operation, Path, Principal, Fingerprint string
+	State, Owner                                 string
+	Abandoned                                    bool
+	Status                                       int
+	Headers                                      []byte // JSON, NULL while in flight
+	Body                                         []byte
+	CreatedAt, ExpiresAt                         time.Time
+	LeaseLeftMicros                              int64
+}
+
+// Record converts the row.
+func (r *Row) Record() (*stores.Record, time.Duration, error) {
+	rec := &stores.Record{
+		Key: r.Key,
+		Binding: stores.Binding{
+			Operation:   r.Operation,
+			Path:        r.Path,
+			Principal:   r.Principal,
+			Fingerprint: r.Fingerprint,
+		},
+		State:     stores.State(r.State),
+		Owner:     r.Owner,
+		Abandoned: r.Abandoned,
+		CreatedAt: r.CreatedAt,
+		ExpiresAt: r.ExpiresAt,
+	}
+	switch rec.State {
+	case stores.StateInFlight:
+	case stores.StateFinal:
+		h, err := DecodeHeader(r.Headers)
+		if err != nil {
+			return nil, 0, fmt.Errorf("record %s: %w", r.Key, err)
+		}
+		rec.Response = &stores.Response{Status: r.Status, Header: h, Body: r.Body}
+	default:
+		return nil, 0, fmt.Errorf("record %s has unknown state %q", r.Key, r.State)
+	}
+	return rec, time.Duration(max(r.LeaseLeftMicros, 0)) * time.Microsecond, nil
+}
+
+// EncodeHeader encodes replayed headers as a JSON object of string arrays.
+// (JSON strings are UTF-8: a header value with invalid UTF-8, which no
+// allow-listed header carries, would come back with U+FFFD in its place.)
+func EncodeHeader(h http.Header) ([]byte, error) {
+	if h == nil {
+		h = http.Header{}
+	}
+	return json.Marshal(h)
+}
+
+// DecodeHeader is EncodeHeader's inverse; empty input is an empty header.
+func DecodeHeader(b []byte) (http.Header, error) {
+	h := http.Header{}
+	if len(b) == 0 {
+		return h, nil
+	}
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("decode stored headers: %w", err)
+	}
+	if h == nil {
+		h = http.Header{}
+	}
+	return h, nil
+}
+
+// Micros converts a duration for SQL interval arithmetic. Durations, never
+// timestamps, cross to the database, so only its clock matters.
+func Micros(d time.Duration) int64 { return d.Microseconds() }

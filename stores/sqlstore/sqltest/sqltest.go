@@ -1,0 +1,40 @@
+// Package sqltest helps the SQL stores' tests find their database server,
+// name throw-away tables, and cut the network to the server.
+package sqltest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+)
+
+// DSN returns the DSN in env, or def when env is unset.
+func DSN(env, def string) string {
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	return def
+}
+
+// Unavailable ends a test whose database server cannot be reached: it fails
+// under CI=true, where the server is part of the test setup, and skips
+// elsewhere, saying how to start the server.
+func Unavailable(t testing.TB, server, env, start string, err error) {
+	t.Helper()
+	msg := server + " is not reachable (" + err.Error() + "); set " + env + " or start it with: " + start
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// TableName returns a fresh table name for one test.
+func TableName(t testing.TB) string {
+	t.Helper()
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	return "idem_test_" + hex.EncodeToString(b[:])
+}

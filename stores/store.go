@@ -1,0 +1,130 @@
+// Package stores defines the contract between the iceberg_idempotency handler
+// and the places where idempotency records live (memory, PostgreSQL, MySQL).
+//
+// Every method must be safe when several Caddy nodes race on one key: the
+// store, not the handler, decides who owns a key, and it decides with its own
+// clock (the database's clock for SQL stores), never the caller's.
+package stores
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// ErrNotOwner is returned by Finalize, Release and ExtendLease when the record
+// is not in flight under the given owner token any more: it was finalized,
+// released, expired, evicted, or taken over by another owner. The caller must
+// not assume its result was stored.
+var ErrNotOwner = errors.New("idempotency record is not owned by this token")
+
+// State is the lifecycle state of a record.
+type State string
+
+const (
+	// StateInFlight means an owner reserved the key and is executing it.
+	StateInFlight State = "in_flight"
+	// StateFinal means the final response is stored and replayable.
+	StateFinal State = "final"
+)
+
+// Binding is what a key is bound to on first use. A later request with the
+// same key must match it exactly, or it is rejected (422).
+type Binding struct {
+	// Operation is the Iceberg REST operationId, e.g. "updateTable".
+	Operation string
+	// Path is the request's escaped URL path.
+	Path string
+	// Principal is a fingerprint (hex SHA-256) of who sent the request.
+	Principal string
+	// Fingerprint is a hex SHA-256 over method, path, query and body.
+	Fingerprint string
+}
+
+// Response is a captured final response.
+type Response struct {
+	Status int
+	// Header holds only the allow-listed headers that are replayed.
+	Header http.Header
+	Body   []byte
+}
+
+// Record is one idempotency key's stored state, as read by the store.
+type Record struct {
+	Key string
+	Binding
+	State State
+	// Owner is the opaque token of the reservation that owns an in-flight
+	// record. It is empty for final records.
+	Owner string
+	// Abandoned reports that the record is in flight but its lease lapsed
+	// (judged by the store's clock): its owner stopped heartbeating, most
+	// likely because its node died.
+	Abandoned bool
+	// Response is set for final records.
+	Response *Response
+	// CreatedAt and ExpiresAt are in the store's clock; informational.
+	CreatedAt time.Time
+	ExpiresAt time.Time
+}
+
+// Reservation asks a store to reserve a key.
+type Reservation struct {
+	Key string
+	Binding
+	// Owner is a fresh, unguessable token identifying this reservation.
+	Owner string
+	// Lease is how long the reservation holds without a heartbeat.
+	Lease time.Duration
+	// TTL is how long the record lives from now (lifetime plus grace).
+	TTL time.Duration
+}
+
+// ReserveResult is the outcome of Reserve: either the caller now owns the key
+// (Reserved), or Existing holds the live record somebody else created.
+type ReserveResult struct {
+	Reserved bool
+	Existing *Record
+}
+
+// Store keeps idempotency records. Expired records behave exactly as absent
+// ones in every method.
+type Store interface {
+	// Reserve creates an in-flight record owned by r.Owner, unless a live
+	// record for r.Key exists, in which case it returns that record. It is
+	// atomic: of any number of concurrent callers, at most one is Reserved.
+	Reserve(ctx context.Context, r Reservation) (ReserveResult, error)
+
+	// Load returns the live record for key, or nil when there is none.
+	Load(ctx context.Context, key string) (*Record, error)
+
+	// Await blocks until the record for key is no longer a healthy in-flight
+	// record: it is final, gone (nil), or abandoned. It returns the record in
+	// that state, or ctx's error once ctx ends.
+	Await(ctx context.Context, key string) (*Record, error)
+
+	// Finalize stores the final response, only if key is in flight under
+	// owner (compare and swap); otherwise ErrNotOwner.
+	Finalize(ctx context.Context, key, owner string, resp Response) error
+
+	// Release deletes the in-flight record, only if it is owned by owner;
+	// otherwise ErrNotOwner. A later request with the key executes afresh.
+	Release(ctx context.Context, key, owner string) error
+
+	// ExtendLease renews the lease of an in-flight record owned by owner.
+	ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error
+
+	// TakeOver transfers an abandoned in-flight record from oldOwner to
+	// newOwner with a fresh lease (compare and swap on the owner token and on
+	// the lapsed lease). It reports whether the takeover happened; false
+	// means another node took it over first or the old owner came back.
+	TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error)
+
+	// PurgeExpired deletes at most limit expired records and reports how
+	// many it deleted. Callers repeat it until it returns less than limit.
+	PurgeExpired(ctx context.Context, limit int) (int, error)
+
+	// Close releases the store's resources.
+	Close() error
+}

@@ -1,0 +1,434 @@
+// Package storetest is the conformance suite every stores.Store must pass.
+// The memory, PostgreSQL and MySQL stores all run it, so the handler can rely
+// on one contract whatever the backend.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// Harness is one fresh, empty store under test.
+type Harness struct {
+	Store stores.Store
+	// Advance moves the store's clock forward by d. Stores on a real clock
+	// (databases) sleep; the durations used by the suite are short.
+	Advance func(d time.Duration)
+}
+
+// Open returns a fresh, empty store for one subtest.
+type Open func(t *testing.T) Harness
+
+// Durations used by the suite. They are short so stores on a real clock can
+// let them lapse by sleeping.
+const (
+	Lease = 1 * time.Second
+	TTL   = 2 * time.Second
+	Long  = time.Hour
+)
+
+// NewKey returns a fresh UUIDv7 string.
+func NewKey(t testing.TB) string {
+	t.Helper()
+	return uuid.Must(uuid.NewV7()).String()
+}
+
+func binding(i int) stores.Binding {
+	return stores.Binding{
+		Operation:   "updateTable",
+		Path:        fmt.Sprintf("/v1/namespaces/ns/tables/t%d", i),
+		Principal:   "p",
+		Fingerprint: fmt.Sprintf("fp%d", i),
+	}
+}
+
+// Reservation returns a reservation for key with a fresh owner.
+func Reservation(key string, lease, ttl time.Duration) stores.Reservation {
+	return stores.Reservation{
+		Key:     key,
+		Binding: binding(1),
+		Owner:   uuid.NewString(),
+		Lease:   lease,
+		TTL:     ttl,
+	}
+}
+
+func reserve(t *testing.T, s stores.Store, r stores.Reservation) stores.ReserveResult {
+	t.Helper()
+	res, err := s.Reserve(context.Background(), r)
+	if err != nil {
+		t.Fatalf("Reserve: %v", err)
+	}
+	return res
+}
+
+func load(t *testing.T, s stores.Store, key string) *stores.Record {
+	t.Helper()
+	rec, err := s.Load(context.Background(), key)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	return rec
+}
+
+var sample = stores.Response{
+	Status: 200,
+	Header: http.Header{"Content-Type": {"application/json"}, "Etag": {`"abc"`}},
+	Body:   []byte("{\"b\":1,  \"a\":[2, 1]}\n\x00\xff"),
+}
+
+// Run runs the whole suite.
+func Run(t *testing.T, open Open) {
+	ctx := context.Background()
+
+	t.Run("ReserveThenDuplicate", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		first := Reservation(key, Long, Long)
+		if res := reserve(t, h.Store, first); !res.Reserved || res.Existing != nil {
+			t.Fatalf("first Reserve = %+v, want reserved", res)
+		}
+		res := reserve(t, h.Store, Reservation(key, Long, Long))
+		if res.Reserved || res.Existing == nil {
+			t.Fatalf("second Reserve = %+v, want existing record", res)
+		}
+		got := res.Existing
+		if got.Key != key || got.State != stores.StateInFlight || got.Owner != first.Owner || got.Abandoned {
+			t.Fatalf("existing = %+v, want in flight owned by first", got)
+		}
+		if got.Binding != first.Binding {
+			t.Fatalf("binding = %+v, want %+v", got.Binding, first.Binding)
+		}
+		if rec := load(t, h.Store, NewKey(t)); rec != nil {
+			t.Fatalf("Load of unknown key = %+v, want nil", rec)
+		}
+	})
+
+	t.Run("FinalizeOnlyByOwner", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		r := Reservation(key, Long, Long)
+		reserve(t, h.Store, r)
+		if err := h.Store.Finalize(ctx, key, "someone-else", sample); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("Finalize by stranger = %v, want ErrNotOwner", err)
+		}
+		if err := h.Store.Finalize(ctx, key, r.Owner, sample); err != nil {
+			t.Fatalf("Finalize: %v", err)
+		}
+		if err := h.Store.Finalize(ctx, key, r.Owner, stores.Response{Status: 500}); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("second Finalize = %v, want ErrNotOwner", err)
+		}
+		if err := h.Store.Release(ctx, key, r.Owner); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("Release after Finalize = %v, want ErrNotOwner", err)
+		}
+		rec := load(t, h.Store, key)
+		if rec == nil || rec.State != stores.StateFinal || rec.Response == nil {
+			t.Fatalf("record = %+v, want final", rec)
+		}
+		if rec.Response.Status != sample.Status || string(rec.Response.Body) != string(sample.Body) {
+			t.Fatalf("response = %d %q, want %d %q (byte-identical)", rec.Response.Status, rec.Response.Body, sample.Status, sample.Body)
+		}
+		if rec.Response.Header.Get("Content-Type") != "application/json" || rec.Response.Header.Get("ETag") != `"abc"` {
+			t.Fatalf("headers = %v", rec.Response.Header)
+		}
+		if rec.Binding != r.Binding {
+			t.Fatalf("binding = %+v, want %+v", rec.Binding, r.Binding)
+		}
+		res := reserve(t, h.Store, Reservation(key, Long, Long))
+		if res.Reserved || res.Existing == nil || res.Existing.State != stores.StateFinal {
+			t.Fatalf("Reserve of a final key = %+v, want the final record", res)
+		}
+		if string(res.Existing.Response.Body) != string(sample.Body) {
+			t.Fatalf("Reserve returned body %q", res.Existing.Response.Body)
+		}
+	})
+
+	t.Run("EmptyBodyFinal", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		r := Reservation(key, Long, Long)
+		reserve(t, h.Store, r)
+		if err := h.Store.Finalize(ctx, key, r.Owner, stores.Response{Status: 204, Header: http.Header{}}); err != nil {
+			t.Fatal(err)
+		}
+		rec := load(t, h.Store, key)
+		if rec == nil || rec.Response.Status != 204 || len(rec.Response.Body) != 0 {
+			t.Fatalf("record = %+v", rec)
+		}
+	})
+
+	t.Run("ReleaseOnlyByOwner", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		r := Reservation(key, Long, Long)
+		reserve(t, h.Store, r)
+		if err := h.Store.Release(ctx, key, "someone-else"); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("Release by stranger = %v, want ErrNotOwner", err)
+		}
+		if rec := load(t, h.Store, key); rec == nil {
+			t.Fatal("record vanished after a stranger's Release")
+		}
+		if err := h.Store.Release(ctx, key, r.Owner); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if rec := load(t, h.Store, key); rec != nil {
+			t.Fatalf("record after Release = %+v, want nil", rec)
+		}
+		if err := h.Store.Release(ctx, key, r.Owner); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("second Release = %v, want ErrNotOwner", err)
+		}
+		if res := reserve(t, h.Store, Reservation(key, Long, Long)); !res.Reserved {
+			t.Fatalf("Reserve after Release = %+v, want reserved", res)
+		}
+	})
+
+	t.Run("LeaseLapseAndExtension", func(t *testing.T) {
+		h := open(t)
+		key, kept := NewKey(t), NewKey(t)
+		r := Reservation(key, Lease, Long)
+		rk := Reservation(kept, Lease, Long)
+		reserve(t, h.Store, r)
+		reserve(t, h.Store, rk)
+		if err := h.Store.ExtendLease(ctx, key, "someone-else", Long); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("ExtendLease by stranger = %v, want ErrNotOwner", err)
+		}
+		if err := h.Store.ExtendLease(ctx, kept, rk.Owner, Long); err != nil {
+			t.Fatalf("ExtendLease: %v", err)
+		}
+		h.Advance(Lease + 200*time.Millisecond)
+		if rec := load(t, h.Store, key); rec == nil || !rec.Abandoned || rec.State != stores.StateInFlight {
+			t.Fatalf("record past its lease = %+v, want abandoned in-flight", rec)
+		}
+		if rec := load(t, h.Store, kept); rec == nil || rec.Abandoned {
+			t.Fatalf("extended record = %+v, want healthy in-flight", rec)
+		}
+		// An abandoned record is still there: a duplicate must not execute.
+		if res := reserve(t, h.Store, Reservation(key, Long, Long)); res.Reserved || !res.Existing.Abandoned {
+			t.Fatalf("Reserve of an abandoned key = %+v, want the abandoned record", res)
+		}
+	})
+
+	t.Run("TakeOverFencesStaleOwner", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		stale := Reservation(key, Lease, Long)
+		reserve(t, h.Store, stale)
+		fresh := uuid.NewString()
+		if ok, err := h.Store.TakeOver(ctx, key, stale.Owner, fresh, Long); err != nil || ok {
+			t.Fatalf("TakeOver of a healthy lease = %v, %v; want false", ok, err)
+		}
+		h.Advance(Lease + 200*time.Millisecond)
+		if ok, err := h.Store.TakeOver(ctx, key, "wrong-owner", fresh, Long); err != nil || ok {
+			t.Fatalf("TakeOver naming the wrong old owner = %v, %v; want false", ok, err)
+		}
+		if ok, err := h.Store.TakeOver(ctx, key, stale.Owner, fresh, Long); err != nil || !ok {
+			t.Fatalf("TakeOver = %v, %v; want true", ok, err)
+		}
+		if ok, _ := h.Store.TakeOver(ctx, key, stale.Owner, uuid.NewString(), Long); ok {
+			t.Fatal("a second TakeOver from the same stale owner succeeded")
+		}
+		if err := h.Store.Finalize(ctx, key, stale.Owner, sample); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("stale owner Finalize = %v, want ErrNotOwner", err)
+		}
+		if err := h.Store.Release(ctx, key, stale.Owner); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("stale owner Release = %v, want ErrNotOwner", err)
+		}
+		if err := h.Store.ExtendLease(ctx, key, stale.Owner, Long); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("stale owner ExtendLease = %v, want ErrNotOwner", err)
+		}
+		rec := load(t, h.Store, key)
+		if rec == nil || rec.Owner != fresh || rec.Abandoned {
+			t.Fatalf("record after takeover = %+v, want healthy, owned by the new owner", rec)
+		}
+		if err := h.Store.Finalize(ctx, key, fresh, sample); err != nil {
+			t.Fatalf("new owner Finalize: %v", err)
+		}
+	})
+
+	t.Run("ExpiredBehavesAsAbsent", func(t *testing.T) {
+		h := open(t)
+		final, inflight := NewKey(t), NewKey(t)
+		rf := Reservation(final, Long, TTL)
+		reserve(t, h.Store, rf)
+		if err := h.Store.Finalize(ctx, final, rf.Owner, sample); err != nil {
+			t.Fatal(err)
+		}
+		ri := Reservation(inflight, Long, TTL)
+		reserve(t, h.Store, ri)
+		h.Advance(TTL + 200*time.Millisecond)
+		for _, key := range []string{final, inflight} {
+			if rec := load(t, h.Store, key); rec != nil {
+				t.Fatalf("expired record = %+v, want nil", rec)
+			}
+		}
+		if err := h.Store.Finalize(ctx, inflight, ri.Owner, sample); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("Finalize of an expired record = %v, want ErrNotOwner", err)
+		}
+		r2 := Reservation(final, Long, Long)
+		if res := reserve(t, h.Store, r2); !res.Reserved {
+			t.Fatalf("Reserve over an expired record = %+v, want reserved", res)
+		}
+		if err := h.Store.Finalize(ctx, final, r2.Owner, sample); err != nil {
+			t.Fatalf("Finalize after re-reserving an expired key: %v", err)
+		}
+	})
+
+	t.Run("AwaitWakesOnFinalizeAndRelease", func(t *testing.T) {
+		h := open(t)
+		for _, finalize := range []bool{true, false} {
+			key := NewKey(t)
+			r := Reservation(key, Long, Long)
+			reserve(t, h.Store, r)
+			type result struct {
+				rec *stores.Record
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				rec, err := h.Store.Await(actx, key)
+				done <- result{rec, err}
+			}()
+			var err error
+			if finalize {
+				err = h.Store.Finalize(ctx, key, r.Owner, sample)
+			} else {
+				err = h.Store.Release(ctx, key, r.Owner)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := <-done
+			switch {
+			case got.err != nil:
+				t.Fatalf("Await: %v", got.err)
+			case finalize && (got.rec == nil || got.rec.State != stores.StateFinal):
+				t.Fatalf("Await after Finalize = %+v, want final", got.rec)
+			case !finalize && got.rec != nil:
+				t.Fatalf("Await after Release = %+v, want nil", got.rec)
+			}
+		}
+	})
+
+	t.Run("AwaitEndsWithContext", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		reserve(t, h.Store, Reservation(key, Long, Long))
+		actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		defer cancel()
+		if _, err := h.Store.Await(actx, key); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Await on a healthy in-flight record = %v, want DeadlineExceeded", err)
+		}
+	})
+
+	t.Run("ConcurrentReserveOneWinner", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		const n = 200
+		var winners atomic.Int32
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		start := make(chan struct{})
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				res, err := h.Store.Reserve(ctx, Reservation(key, Long, Long))
+				switch {
+				case err != nil:
+					errs <- err
+				case res.Reserved:
+					winners.Add(1)
+				case res.Existing == nil:
+					errs <- errors.New("neither reserved nor existing")
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("concurrent Reserve: %v", err)
+		}
+		if got := winners.Load(); got != 1 {
+			t.Fatalf("%d winners, want exactly 1", got)
+		}
+	})
+
+	t.Run("ConcurrentTakeOverOneWinner", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		stale := Reservation(key, Lease, Long)
+		reserve(t, h.Store, stale)
+		h.Advance(Lease + 200*time.Millisecond)
+		const n = 50
+		var winners atomic.Int32
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ok, err := h.Store.TakeOver(ctx, key, stale.Owner, uuid.NewString(), Long)
+				if err != nil {
+					t.Errorf("TakeOver: %v", err)
+				}
+				if ok {
+					winners.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if got := winners.Load(); got != 1 {
+			t.Fatalf("%d takeover winners, want exactly 1", got)
+		}
+	})
+
+	t.Run("PurgeInBatches", func(t *testing.T) {
+		h := open(t)
+		const expired, live, batch = 250, 10, 100
+		for i := 0; i < expired; i++ {
+			reserve(t, h.Store, Reservation(NewKey(t), Long, TTL))
+		}
+		var liveKeys []string
+		h.Advance(TTL + 200*time.Millisecond)
+		for i := 0; i < live; i++ {
+			k := NewKey(t)
+			liveKeys = append(liveKeys, k)
+			reserve(t, h.Store, Reservation(k, Long, Long))
+		}
+		total := 0
+		for {
+			n, err := h.Store.PurgeExpired(ctx, batch)
+			if err != nil {
+				t.Fatalf("PurgeExpired: %v", err)
+			}
+			if n > batch {
+				t.Fatalf("PurgeExpired deleted %d > batch %d", n, batch)
+			}
+			total += n
+			if n < batch {
+				break
+			}
+		}
+		if total != expired {
+			t.Fatalf("purged %d, want %d", total, expired)
+		}
+		for _, k := range liveKeys {
+			if rec := load(t, h.Store, k); rec == nil {
+				t.Fatalf("live record %s purged", k)
+			}
+		}
+	})
+}
