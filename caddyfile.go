@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -63,9 +64,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			name := d.Val()
+			if _, err := caddy.GetModule("iceberg_idempotency.stores." + name); err != nil {
+				return d.Errf("unknown store %q: want one of %s", name, strings.Join(storeNames(), ", "))
+			}
 			unm, err := caddyfile.UnmarshalModule(d, "iceberg_idempotency.stores."+name)
 			if err != nil {
-				return d.Errf("store %q: %v", name, err)
+				return err
 			}
 			h.StoreRaw = caddyconfig.JSONModuleObject(unm, "backend", name, nil)
 		case "lifetime":
@@ -248,4 +252,13 @@ func parseApp(d *caddyfile.Dispenser, _ any) (any, error) {
 		Name:  "iceberg_idempotency",
 		Value: caddyconfig.JSON(app, nil),
 	}, nil
+}
+
+// storeNames lists the registered store backends, for error messages.
+func storeNames() []string {
+	var names []string
+	for _, info := range caddy.GetModules("iceberg_idempotency.stores") {
+		names = append(names, info.ID.Name())
+	}
+	return names
 }

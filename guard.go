@@ -262,7 +262,7 @@ func (g *guarded) execute() error {
 			zap.Int("status", status), zap.Int64("max_response_size", h.MaxResponseSize))
 		g.release(storeCtx, "oversize")
 		return nil
-	case h.releaseSet.has(status) || !h.finalizeSet.has(status):
+	case !h.shouldFinalize(status):
 		g.release(storeCtx, "status "+strconv.Itoa(status))
 	default:
 		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}

@@ -275,16 +275,23 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	rel, ok := strings.CutPrefix(r.URL.EscapedPath(), h.BasePath)
-	if !ok || !strings.HasPrefix(rel, "/v1/") {
-		return next.ServeHTTP(w, r)
-	}
-	if r.Method == http.MethodGet && rel == "/v1/config" {
+	path := r.URL.EscapedPath()
+	if r.Method == http.MethodGet && path == h.BasePath+"/v1/config" {
 		return h.advertise(w, r, next)
 	}
-	op := classify(r.Method, rel)
+	op := h.classifyPath(r.Method, path)
 	if op == "" {
 		return next.ServeHTTP(w, r)
 	}
 	return h.guard(w, r, next, op)
+}
+
+// classifyPath returns the mutation's operationId, or "" for requests that
+// pass straight through (outside the base path, reads, unknown paths).
+func (h *Handler) classifyPath(method, path string) string {
+	rel, ok := strings.CutPrefix(path, h.BasePath)
+	if !ok {
+		return ""
+	}
+	return classify(method, rel)
 }

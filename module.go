@@ -13,4 +13,6 @@ func init() {
 	caddy.RegisterModule(Handler{})
 	caddy.RegisterModule(new(App))
 	caddy.RegisterModule(MemoryStore{})
+	caddy.RegisterModule(PostgresStore{})
+	caddy.RegisterModule(MySQLStore{})
 }

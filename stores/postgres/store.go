@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,6 +28,9 @@ type Store struct {
 	log      *zap.Logger
 
 	closeOnce sync.Once
+	// lostRaces counts Reserve statements re-run after seeing neither a
+	// reservation nor a row (see queries.reserve); tests read it.
+	lostRaces atomic.Int64
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -143,6 +147,7 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 		if err != nil || res.Reserved || res.Existing != nil {
 			return res, err
 		}
+		s.lostRaces.Add(1)
 	}
 	return stores.ReserveResult{}, fmt.Errorf("postgres reserve %s: key kept changing under %d attempts", r.Key, maxReserveAttempts)
 }

@@ -332,6 +332,52 @@ func Run(t *testing.T, open Open) {
 		}
 	})
 
+	// Stores on a database clock poll or wait for the lease to lapse: Await
+	// must notice abandonment by itself, with no write to wake it, and an
+	// expired in-flight record must be absent to every method.
+	t.Run("AwaitSeesAbandonmentAndExpiry", func(t *testing.T) {
+		h := open(t)
+		if rec, err := h.Store.Await(ctx, NewKey(t)); err != nil || rec != nil {
+			t.Fatalf("Await of an unknown key = %+v, %v; want nil, nil", rec, err)
+		}
+		key := NewKey(t)
+		r := Reservation(key, Lease, TTL)
+		reserve(t, h.Store, r)
+		type result struct {
+			rec *stores.Record
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			rec, err := h.Store.Await(actx, key)
+			done <- result{rec, err}
+		}()
+		h.Advance(Lease + 200*time.Millisecond)
+		select {
+		case got := <-done:
+			if got.err != nil || got.rec == nil || !got.rec.Abandoned || got.rec.Owner != r.Owner {
+				t.Fatalf("Await past the lease = %+v, %v; want the abandoned record", got.rec, got.err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Await did not return within 5s of the lease lapsing")
+		}
+		h.Advance(TTL - Lease)
+		if err := h.Store.ExtendLease(ctx, key, r.Owner, Long); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("ExtendLease of an expired record = %v, want ErrNotOwner", err)
+		}
+		if ok, err := h.Store.TakeOver(ctx, key, r.Owner, uuid.NewString(), Long); err != nil || ok {
+			t.Fatalf("TakeOver of an expired record = %v, %v; want false", ok, err)
+		}
+		if err := h.Store.Release(ctx, key, r.Owner); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("Release of an expired record = %v, want ErrNotOwner", err)
+		}
+		if rec, err := h.Store.Await(ctx, key); err != nil || rec != nil {
+			t.Fatalf("Await of an expired record = %+v, %v; want nil, nil", rec, err)
+		}
+	})
+
 	t.Run("ConcurrentReserveOneWinner", func(t *testing.T) {
 		h := open(t)
 		key := NewKey(t)
@@ -364,6 +410,38 @@ func Run(t *testing.T, open Open) {
 		}
 		if got := winners.Load(); got != 1 {
 			t.Fatalf("%d winners, want exactly 1", got)
+		}
+	})
+
+	t.Run("ConcurrentReserveOverExpiredOneWinner", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		reserve(t, h.Store, Reservation(key, Long, TTL))
+		h.Advance(TTL + 200*time.Millisecond)
+		const n = 100
+		var winners atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				res, err := h.Store.Reserve(ctx, Reservation(key, Long, Long))
+				switch {
+				case err != nil:
+					t.Errorf("Reserve: %v", err)
+				case res.Reserved:
+					winners.Add(1)
+				case res.Existing == nil || res.Existing.State != stores.StateInFlight:
+					t.Errorf("Reserve = %+v, want reserved or the new in-flight record", res)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if got := winners.Load(); got != 1 {
+			t.Fatalf("%d winners over an expired record, want exactly 1", got)
 		}
 	})
 

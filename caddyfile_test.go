@@ -1,0 +1,110 @@
+package icebergidempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden JSON files")
+
+func adapt(t *testing.T, caddyfile string) ([]byte, error) {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	return out, err
+}
+
+// Each testdata/caddyfile/*.caddyfile adapts to the JSON beside it.
+func TestCaddyfileGolden(t *testing.T) {
+	files, err := filepath.Glob("testdata/caddyfile/*.caddyfile")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden inputs: %v", err)
+	}
+	for _, in := range files {
+		t.Run(filepath.Base(in), func(t *testing.T) {
+			src, err := os.ReadFile(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := adapt(t, string(src))
+			if err != nil {
+				t.Fatalf("adapt: %v", err)
+			}
+			var pretty bytes.Buffer
+			if err := json.Indent(&pretty, out, "", "\t"); err != nil {
+				t.Fatal(err)
+			}
+			pretty.WriteByte('\n')
+			golden := strings.TrimSuffix(in, ".caddyfile") + ".json"
+			if *update {
+				if err := os.WriteFile(golden, pretty.Bytes(), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test -run TestCaddyfileGolden -update)", err)
+			}
+			if !bytes.Equal(pretty.Bytes(), want) {
+				t.Fatalf("adapted JSON differs from %s:\n%s", golden, pretty.String())
+			}
+		})
+	}
+}
+
+// The handler is ordered before reverse_proxy without an order line, even
+// when written after it.
+func TestDirectiveOrderedBeforeReverseProxy(t *testing.T) {
+	out, err := adapt(t, ":8080 {\n\treverse_proxy 127.0.0.1:1\n\ticeberg_idempotency\n}\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(out)
+	i, j := strings.Index(s, `"iceberg_idempotency"`), strings.Index(s, `"reverse_proxy"`)
+	if i < 0 || j < 0 || i > j {
+		t.Fatalf("iceberg_idempotency not before reverse_proxy: %s", s)
+	}
+}
+
+func TestCaddyfileErrors(t *testing.T) {
+	tests := []struct{ name, block, want, at string }{
+		{"unknown option", "iceberg_idempotency {\n\t\tlifetyme 30m\n\t}", `unknown iceberg_idempotency option "lifetyme"`, "at Caddyfile:3"},
+		{"bad duration", "iceberg_idempotency {\n\t\tlifetime soon\n\t}", `lifetime must be a positive duration`, "at Caddyfile:3"},
+		{"negative duration", "iceberg_idempotency {\n\t\tin_flight_wait -1s\n\t}", `in_flight_wait must be a positive duration`, "at Caddyfile:3"},
+		{"missing value", "iceberg_idempotency {\n\t\tgrace\n\t}", `grace needs a value`, "at Caddyfile:3"},
+		{"two values", "iceberg_idempotency {\n\t\tlease 1s 2s\n\t}", `lease takes a single value`, "at Caddyfile:3"},
+		{"in flight status", "iceberg_idempotency {\n\t\tin_flight_status 429\n\t}", `in_flight_status must be 503 or 409`, "at Caddyfile:3"},
+		{"abandoned", "iceberg_idempotency {\n\t\tabandoned retry\n\t}", `abandoned must be`, "at Caddyfile:3"},
+		{"bad size", "iceberg_idempotency {\n\t\tmax_response_size lots\n\t}", `max_response_size must be a positive size`, "at Caddyfile:3"},
+		{"bad status", "iceberg_idempotency {\n\t\trelease_statuses 5xx 7xx\n\t}", `release_statuses: invalid status "7xx"`, "at Caddyfile:3"},
+		{"base path", "iceberg_idempotency {\n\t\tbase_path api/\n\t}", `base_path must start with /`, "at Caddyfile:3"},
+		{"unknown store", "iceberg_idempotency {\n\t\tstore redis\n\t}", `unknown store "redis": want one of memory`, "at Caddyfile:3"},
+		{"memory store option", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entrys 5\n\t\t}\n\t}", `unknown memory store option "max_entrys"`, "at Caddyfile:4"},
+		{"memory store size", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entries 0\n\t\t}\n\t}", `max_entries must be a positive integer`, "at Caddyfile:4"},
+		{"postgres without dsn", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable t\n\t\t}\n\t}", `postgres store needs a dsn`, "at Caddyfile:5"},
+		{"postgres bad table", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable Bad-Name\n\t\t}\n\t}", `table: `, "at Caddyfile:4"},
+		{"mysql unknown option", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tlisten_notify on\n\t\t}\n\t}", `unknown mysql store option "listen_notify"`, "at Caddyfile:5"},
+		{"auto_migrate value", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tauto_migrate maybe\n\t\t}\n\t}", `auto_migrate must be on or off`, "at Caddyfile:4"},
+		{"directive argument", "iceberg_idempotency on", `wrong argument count`, "at Caddyfile:2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := adapt(t, ":8080 {\n\t"+tt.block+"\n\treverse_proxy 127.0.0.1:1\n}\n")
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasSuffix(err.Error(), tt.at) {
+				t.Fatalf("error = %v, want it to contain %q and end with %q", err, tt.want, tt.at)
+			}
+		})
+	}
+	_, err := adapt(t, "{\n\ticeberg_idempotency {\n\t\tcleanup_batch none\n\t}\n}\n:8080 {\n\treverse_proxy 127.0.0.1:1\n}\n")
+	if err == nil || !strings.Contains(err.Error(), "cleanup_batch must be a positive integer") || !strings.HasSuffix(err.Error(), "at Caddyfile:3") {
+		t.Fatalf("global option error = %v", err)
+	}
+}

@@ -1,0 +1,97 @@
+package icebergidempotency
+
+import "testing"
+
+func TestClassify(t *testing.T) {
+	mutationsByPath := []struct{ method, path, op string }{
+		{"POST", "/v1/{p}namespaces", "createNamespace"},
+		{"DELETE", "/v1/{p}namespaces/ns", "dropNamespace"},
+		{"POST", "/v1/{p}namespaces/ns/properties", "updateProperties"},
+		{"POST", "/v1/{p}namespaces/ns/tables", "createTable"},
+		{"POST", "/v1/{p}namespaces/ns/tables/t/plan", "planTableScan"},
+		{"DELETE", "/v1/{p}namespaces/ns/tables/t/plan/plan-1", "cancelPlanning"},
+		{"POST", "/v1/{p}namespaces/ns/tables/t/tasks", "fetchScanTasks"},
+		{"POST", "/v1/{p}namespaces/ns/register", "registerTable"},
+		{"POST", "/v1/{p}namespaces/ns/tables/t", "updateTable"},
+		{"DELETE", "/v1/{p}namespaces/ns/tables/t", "dropTable"},
+		{"POST", "/v1/{p}namespaces/ns/tables/t/unregister", "unregisterTable"},
+		{"POST", "/v1/{p}tables/rename", "renameTable"},
+		{"POST", "/v1/{p}transactions/commit", "commitTransaction"},
+		{"POST", "/v1/{p}namespaces/ns/views", "createView"},
+		{"POST", "/v1/{p}namespaces/ns/views/v", "replaceView"},
+		{"DELETE", "/v1/{p}namespaces/ns/views/v", "dropView"},
+		{"POST", "/v1/{p}views/rename", "renameView"},
+		{"POST", "/v1/{p}namespaces/ns/register-view", "registerView"},
+		// Multi-level namespace, escaped unit separator.
+		{"POST", "/v1/{p}namespaces/a%1Fb/tables/t", "updateTable"},
+		// Names that look like path keywords.
+		{"POST", "/v1/{p}namespaces/tables/tables/plan", "updateTable"},
+		{"POST", "/v1/{p}namespaces/namespaces/tables", "createTable"},
+	}
+	reads := []struct{ method, path string }{
+		{"GET", "/v1/config"},
+		{"POST", "/v1/oauth/tokens"},
+		{"GET", "/v1/{p}namespaces"},
+		{"GET", "/v1/{p}namespaces/ns"},
+		{"HEAD", "/v1/{p}namespaces/ns"},
+		{"GET", "/v1/{p}namespaces/ns/tables"},
+		{"GET", "/v1/{p}namespaces/ns/tables/t"},
+		{"HEAD", "/v1/{p}namespaces/ns/tables/t"},
+		{"GET", "/v1/{p}namespaces/ns/tables/t/plan/plan-1"},
+		{"GET", "/v1/{p}namespaces/ns/tables/t/credentials"},
+		{"POST", "/v1/{p}namespaces/ns/tables/t/metrics"},
+		{"POST", "/v1/{p}namespaces/ns/tables/t/sign"},
+		{"GET", "/v1/{p}namespaces/ns/views"},
+		{"GET", "/v1/{p}namespaces/ns/views/v"},
+		{"HEAD", "/v1/{p}namespaces/ns/views/v"},
+		{"GET", "/v1/{p}namespaces/ns/functions"},
+		{"PUT", "/v1/{p}namespaces/ns/tables/t"},
+		{"POST", "/v1/{p}namespaces/"},
+		{"POST", "/v1/{p}namespaces//tables"},
+		{"POST", "/v1/{p}namespaces/ns/tables/"},
+		{"POST", "/v1/{p}unknown/thing"},
+	}
+	for _, prefix := range []string{"", "wh/", "my%20catalog/"} {
+		for _, m := range mutationsByPath {
+			path := replacePrefix(m.path, prefix)
+			if got := classify(m.method, path); got != m.op {
+				t.Errorf("classify(%s %s) = %q, want %q", m.method, path, got, m.op)
+			}
+		}
+		for _, r := range reads {
+			path := replacePrefix(r.path, prefix)
+			if got := classify(r.method, path); got != "" {
+				t.Errorf("classify(%s %s) = %q, want pass-through", r.method, path, got)
+			}
+		}
+	}
+	if got := classify("POST", "/v2/namespaces"); got != "" {
+		t.Errorf("classify outside /v1/ = %q", got)
+	}
+}
+
+func replacePrefix(path, prefix string) string {
+	const marker = "{p}"
+	for i := 0; i+len(marker) <= len(path); i++ {
+		if path[i:i+len(marker)] == marker {
+			return path[:i] + prefix + path[i+len(marker):]
+		}
+	}
+	return path
+}
+
+// The base path is stripped before classification; requests outside it pass.
+func TestBasePath(t *testing.T) {
+	h := &Handler{BasePath: "/api/catalog"}
+	for path, want := range map[string]string{
+		"/api/catalog/v1/namespaces":    "createNamespace",
+		"/api/catalog/v1/wh/namespaces": "createNamespace",
+		"/v1/namespaces":                "",
+		"/api/catalogx/v1/namespaces":   "",
+		"/api/v1/namespaces":            "",
+	} {
+		if got := h.classifyPath("POST", path); got != want {
+			t.Errorf("classifyPath(POST %s) = %q, want %q", path, got, want)
+		}
+	}
+}

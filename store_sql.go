@@ -1,0 +1,282 @@
+package icebergidempotency
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/mysql"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/postgres"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// SQLStoreConfig holds the options the PostgreSQL and MySQL stores share.
+type SQLStoreConfig struct {
+	// Connection string. Placeholders such as {env.ICEBERG_IDEMPOTENCY_DSN}
+	// are expanded at provision time. Passwords never appear in logs or
+	// errors. Required.
+	DSN string `json:"dsn,omitempty"`
+
+	// Records table; the schema version table is <table>_schema. Lowercase
+	// letters, digits and underscores. Default: iceberg_idempotency_records.
+	Table string `json:"table,omitempty"`
+
+	// Most connections in the pool. Default: the driver's (PostgreSQL: the
+	// greater of 4 and the CPU count; MySQL: 10).
+	MaxConns int `json:"max_conns,omitempty"`
+
+	// Apply missing schema versions at startup, under a database lock so
+	// several nodes may start at once. When false, startup only checks the
+	// schema and names the file in sql/ to apply. Default: true.
+	AutoMigrate *bool `json:"auto_migrate,omitempty"`
+
+	// Bound of each database call, connecting included. Default: 5s.
+	StatementTimeout caddy.Duration `json:"statement_timeout,omitempty"`
+
+	dsn string // DSN with placeholders expanded
+}
+
+func (c *SQLStoreConfig) provision(backend string) error {
+	c.dsn = caddy.NewReplacer().ReplaceKnown(c.DSN, "")
+	if c.dsn == "" {
+		return fmt.Errorf("%s store: dsn is required", backend)
+	}
+	if c.Table == "" {
+		c.Table = sqlstore.DefaultTable
+	}
+	if err := sqlstore.ValidateTable(c.Table); err != nil {
+		return fmt.Errorf("%s store: %w", backend, err)
+	}
+	if c.AutoMigrate == nil {
+		on := true
+		c.AutoMigrate = &on
+	}
+	return nil
+}
+
+// storeKey identifies the pool by everything that shapes it; the DSN only as
+// a hash, so the key can be logged.
+func (c *SQLStoreConfig) storeKey(backend string, extra ...string) string {
+	h := sha256.New()
+	for _, part := range append([]string{c.dsn, c.Table, strconv.Itoa(c.MaxConns), strconv.FormatBool(*c.AutoMigrate),
+		time.Duration(c.StatementTimeout).String()}, extra...) {
+		fmt.Fprintf(h, "%d:%s", len(part), part)
+	}
+	return backend + "/" + c.Table + "/" + hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// unmarshalOption parses one shared option; false means it is not one.
+func (c *SQLStoreConfig) unmarshalOption(d *caddyfile.Dispenser) (bool, error) {
+	switch d.Val() {
+	case "dsn":
+		arg, err := singleArg(d)
+		if err != nil {
+			return true, err
+		}
+		c.DSN = arg
+	case "table":
+		arg, err := singleArg(d)
+		if err != nil {
+			return true, err
+		}
+		if err := sqlstore.ValidateTable(arg); err != nil {
+			return true, d.Errf("table: %v", err)
+		}
+		c.Table = arg
+	case "max_conns":
+		arg, err := singleArg(d)
+		if err != nil {
+			return true, err
+		}
+		n, err := strconv.Atoi(arg)
+		if err != nil || n <= 0 {
+			return true, d.Errf("max_conns must be a positive integer, got %q", arg)
+		}
+		c.MaxConns = n
+	case "auto_migrate":
+		on, err := parseOnOff(d)
+		if err != nil {
+			return true, err
+		}
+		c.AutoMigrate = &on
+	case "statement_timeout":
+		return true, parseDuration(d, &c.StatementTimeout)
+	default:
+		return false, nil
+	}
+	return true, nil
+}
+
+func parseOnOff(d *caddyfile.Dispenser) (bool, error) {
+	opt := d.Val()
+	arg, err := singleArg(d)
+	if err != nil {
+		return false, err
+	}
+	switch arg {
+	case "on", "true":
+		return true, nil
+	case "off", "false":
+		return false, nil
+	}
+	return false, d.Errf("%s must be on or off, got %q", opt, arg)
+}
+
+func unmarshalSQLStore(d *caddyfile.Dispenser, backend string, c *SQLStoreConfig, more func(*caddyfile.Dispenser) (bool, error)) error {
+	d.Next() // store type name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		ok, err := c.unmarshalOption(d)
+		if !ok && err == nil && more != nil {
+			ok, err = more(d)
+		}
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return d.Errf("unknown %s store option %q", backend, d.Val())
+		}
+	}
+	if c.DSN == "" {
+		return d.Errf("%s store needs a dsn", backend)
+	}
+	return nil
+}
+
+// PostgresStore configures the PostgreSQL store (pgx), shared by every Caddy
+// node that points at the same database.
+type PostgresStore struct {
+	SQLStoreConfig
+
+	// Wake waiting duplicates with LISTEN/NOTIFY instead of polling alone;
+	// costs one extra connection per node and no extra statement per
+	// request. Default: true.
+	ListenNotify *bool `json:"listen_notify,omitempty"`
+}
+
+// MySQLStore configures the MySQL/MariaDB store (go-sql-driver/mysql),
+// shared by every Caddy node that points at the same database.
+type MySQLStore struct {
+	SQLStoreConfig
+}
+
+var (
+	_ StoreProvider         = (*PostgresStore)(nil)
+	_ caddy.Provisioner     = (*PostgresStore)(nil)
+	_ caddyfile.Unmarshaler = (*PostgresStore)(nil)
+	_ StoreProvider         = (*MySQLStore)(nil)
+	_ caddy.Provisioner     = (*MySQLStore)(nil)
+	_ caddyfile.Unmarshaler = (*MySQLStore)(nil)
+)
+
+// CaddyModule returns the Caddy module information.
+func (PostgresStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "iceberg_idempotency.stores.postgres",
+		New: func() caddy.Module { return new(PostgresStore) },
+	}
+}
+
+// Provision expands placeholders and sets defaults.
+func (p *PostgresStore) Provision(caddy.Context) error {
+	if p.ListenNotify == nil {
+		on := true
+		p.ListenNotify = &on
+	}
+	return p.provision("postgres")
+}
+
+// StoreKey implements StoreProvider.
+func (p *PostgresStore) StoreKey() string {
+	return p.storeKey("postgres", strconv.FormatBool(*p.ListenNotify))
+}
+
+// OpenStore implements StoreProvider.
+func (p *PostgresStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
+	logger := ctx.Logger()
+	s, err := postgres.Open(ctx, postgres.Config{
+		DSN:              p.dsn,
+		Table:            p.Table,
+		MaxConns:         p.MaxConns,
+		AutoMigrate:      *p.AutoMigrate,
+		StatementTimeout: time.Duration(p.StatementTimeout),
+		ListenNotify:     *p.ListenNotify,
+	}, logger)
+	if err == nil {
+		logger.Info("opened postgres store", zap.String("dsn", sqlstore.RedactDSN(p.dsn)), zap.String("table", p.Table))
+	}
+	return s, err
+}
+
+// UnmarshalCaddyfile parses
+//
+//	store postgres {
+//	    dsn               <dsn>
+//	    table             <name>
+//	    max_conns         <n>
+//	    auto_migrate      on|off
+//	    statement_timeout <duration>
+//	    listen_notify     on|off
+//	}
+func (p *PostgresStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return unmarshalSQLStore(d, "postgres", &p.SQLStoreConfig, func(d *caddyfile.Dispenser) (bool, error) {
+		if d.Val() != "listen_notify" {
+			return false, nil
+		}
+		on, err := parseOnOff(d)
+		p.ListenNotify = &on
+		return true, err
+	})
+}
+
+// CaddyModule returns the Caddy module information.
+func (MySQLStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "iceberg_idempotency.stores.mysql",
+		New: func() caddy.Module { return new(MySQLStore) },
+	}
+}
+
+// Provision expands placeholders and sets defaults.
+func (m *MySQLStore) Provision(caddy.Context) error { return m.provision("mysql") }
+
+// StoreKey implements StoreProvider.
+func (m *MySQLStore) StoreKey() string { return m.storeKey("mysql") }
+
+// OpenStore implements StoreProvider.
+func (m *MySQLStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
+	logger := ctx.Logger()
+	s, err := mysql.Open(ctx, mysql.Config{
+		DSN:              m.dsn,
+		Table:            m.Table,
+		MaxConns:         m.MaxConns,
+		AutoMigrate:      *m.AutoMigrate,
+		StatementTimeout: time.Duration(m.StatementTimeout),
+	}, logger)
+	if err == nil {
+		logger.Info("opened mysql store", zap.String("dsn", sqlstore.RedactDSN(m.dsn)), zap.String("table", m.Table))
+	}
+	return s, err
+}
+
+// UnmarshalCaddyfile parses
+//
+//	store mysql {
+//	    dsn               <dsn>
+//	    table             <name>
+//	    max_conns         <n>
+//	    auto_migrate      on|off
+//	    statement_timeout <duration>
+//	}
+func (m *MySQLStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	return unmarshalSQLStore(d, "mysql", &m.SQLStoreConfig, nil)
+}

@@ -1,0 +1,111 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+)
+
+const (
+	dsnEnv     = "ICEBERG_IDEMPOTENCY_TEST_MYSQL_DSN"
+	defaultDSN = "root@tcp(127.0.0.1:3306)/iceberg_idempotency_test"
+	startHint  = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd"
+)
+
+var (
+	setupOnce sync.Once
+	setupErr  error
+)
+
+// testDSN returns the test database's DSN, creating the database on first
+// use; it skips (fails under CI=true) when the server is unreachable.
+func testDSN(t testing.TB) string {
+	t.Helper()
+	dsn := sqltest.DSN(dsnEnv, defaultDSN)
+	setupOnce.Do(func() { setupErr = ensureDatabase(dsn) })
+	if setupErr != nil {
+		sqltest.Unavailable(t, "MySQL/MariaDB", dsnEnv, startHint, setupErr)
+	}
+	return dsn
+}
+
+func ensureDatabase(dsn string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mc, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return err
+	}
+	mc.Timeout = 5 * time.Second
+	err = ping(ctx, mc)
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) || me.Number != 1049 { // ER_BAD_DB_ERROR
+		return err
+	}
+	name := mc.DBName
+	mc.DBName = ""
+	connector, err := mysql.NewConnector(mc)
+	if err != nil {
+		return err
+	}
+	db := sql.OpenDB(connector)
+	defer db.Close()
+	_, err = db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+name+"`")
+	return err
+}
+
+func ping(ctx context.Context, mc *mysql.Config) error {
+	connector, err := mysql.NewConnector(mc)
+	if err != nil {
+		return err
+	}
+	db := sql.OpenDB(connector)
+	defer db.Close()
+	return db.PingContext(ctx)
+}
+
+// admin runs a test's own SQL (setup, inspection, cleanup).
+func admin(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// dropOnCleanup drops table and its version table when the test ends.
+func dropOnCleanup(t testing.TB, table string) {
+	t.Helper()
+	db := admin(t)
+	t.Cleanup(func() {
+		if _, err := db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_schema"); err != nil {
+			t.Errorf("drop %s: %v", table, err)
+		}
+	})
+}
+
+// openStore opens a Store on a fresh table that is dropped after the test.
+func openStore(t testing.TB, mutate func(*Config)) (*Store, Config) {
+	t.Helper()
+	cfg := Config{DSN: testDSN(t), Table: sqltest.TableName(t), AutoMigrate: true, MaxConns: 16}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	dropOnCleanup(t, cfg.Table)
+	s, err := Open(context.Background(), cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, cfg
+}

@@ -1,0 +1,133 @@
+package mysql
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
+)
+
+// migrateLockWait bounds how long a starting node waits for another node's
+// migration.
+const migrateLockWait = 60 * time.Second
+
+// migrate applies the missing versions of sql/mysql/ (auto) or checks that
+// none is missing. Nodes starting together serialize on a named lock
+// (GET_LOCK, held by one session, released when it ends even if the node
+// dies). MySQL commits each DDL statement on its own, so the files are
+// idempotent: a migration cut short is completed by the next attempt, and
+// the version row is written last.
+func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
+	ms, err := schema.Migrations(schema.MySQL)
+	if err != nil {
+		return fmt.Errorf("mysql migrate: %w", err)
+	}
+	if !auto {
+		qctx, cancel := s.opCtx(ctx)
+		defer cancel()
+		have, err := schemaVersion(qctx, s.db, table)
+		if err != nil {
+			return s.wrap("check schema", err)
+		}
+		return s.checkVersion(table, have, ms)
+	}
+
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return s.wrap("migrate", err)
+	}
+	defer conn.Close()
+	var dbName string
+	if err := conn.QueryRowContext(ctx, "SELECT COALESCE(DATABASE(), '')").Scan(&dbName); err != nil {
+		return s.wrap("migrate", err)
+	}
+	lock := lockName(dbName, table)
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, int(migrateLockWait.Seconds())).Scan(&got); err != nil {
+		return s.wrap("migrate lock", err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return fmt.Errorf("mysql migrate: another node held the migration lock for table %s longer than %v", table, migrateLockWait)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+		defer cancel()
+		var released sql.NullInt64
+		if err := conn.QueryRowContext(rctx, "SELECT RELEASE_LOCK(?)", lock).Scan(&released); err != nil {
+			s.log.Warn("mysql migrate: release lock", zap.Error(s.wrap("release lock", err)))
+		}
+	}()
+
+	have, err := schemaVersion(ctx, conn, table)
+	if err != nil {
+		return s.wrap("migrate", err)
+	}
+	for _, m := range ms {
+		if m.Version <= have {
+			continue
+		}
+		for _, stmt := range m.Statements(table) {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				return s.wrap("migrate "+m.File, err)
+			}
+		}
+		s.log.Info("applied schema migration", zap.String("file", m.File), zap.Int("version", m.Version))
+	}
+	if latest := schema.Latest(ms); have > latest {
+		s.log.Warn("schema is newer than this build knows", zap.Int("version", have), zap.Int("known", latest))
+	}
+	return nil
+}
+
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// schemaVersion returns the highest applied version, 0 when the version
+// table or the records table is missing from the connection's database.
+func schemaVersion(ctx context.Context, q querier, table string) (int, error) {
+	var found int
+	err := q.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name IN (?, ?)",
+		table, table+"_schema").Scan(&found)
+	if err != nil || found < 2 {
+		return 0, err
+	}
+	var v int
+	err = q.QueryRowContext(ctx, fmt.Sprintf("SELECT COALESCE(MAX(version), 0) FROM %s_schema", table)).Scan(&v)
+	return v, err
+}
+
+func (s *Store) checkVersion(table string, have int, ms []schema.Migration) error {
+	var missing []string
+	for _, m := range ms {
+		if m.Version > have {
+			missing = append(missing, m.File)
+		}
+	}
+	if len(missing) == 0 {
+		if latest := schema.Latest(ms); have > latest {
+			s.log.Warn("schema is newer than this build knows", zap.Int("version", have), zap.Int("known", latest))
+		}
+		return nil
+	}
+	hint := ""
+	if table != schema.Placeholder {
+		hint = fmt.Sprintf(" with %s replaced by %s", schema.Placeholder, table)
+	}
+	return fmt.Errorf("mysql: table %s is at schema version %d, this build needs %d: apply %s%s (mysql DATABASE < FILE), or enable auto_migrate",
+		table, have, schema.Latest(ms), strings.Join(missing, ", then "), hint)
+}
+
+// lockName is the GET_LOCK name for migrating table. Lock names are
+// server-wide and at most 64 characters, hence the database and the hash.
+func lockName(db, table string) string {
+	sum := sha256.Sum256([]byte(db + "." + table))
+	return "iceberg_idempotency_migrate_" + hex.EncodeToString(sum[:16])
+}

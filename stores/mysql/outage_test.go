@@ -1,0 +1,91 @@
+package mysql
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// TestOutageAndRecovery cuts the network to the server under an open Store,
+// first refusing connections, then swallowing them: calls must fail within
+// StatementTimeout, and work again once the server is back, without
+// reopening the Store.
+func TestOutageAndRecovery(t *testing.T) {
+	mc, err := mysql.ParseDSN(testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc.Net != "tcp" {
+		t.Skipf("the test DSN uses %s, not tcp", mc.Net)
+	}
+	proxy := sqltest.NewProxy(t, mc.Addr)
+	mc.Addr = proxy.Addr()
+	const timeout = time.Second
+	s, _ := openStore(t, func(c *Config) {
+		c.DSN = mc.FormatDSN()
+		c.StatementTimeout = timeout
+	})
+	ctx := context.Background()
+	key := storetest.NewKey(t)
+	if _, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err != nil {
+		t.Fatal(err)
+	}
+
+	calls := []func() error{
+		func() error { _, err := s.Load(ctx, key); return err },
+		func() error {
+			_, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+			return err
+		},
+		func() error { return s.Finalize(ctx, key, "x", stores.Response{Status: 200}) },
+		func() error { _, err := s.TakeOver(ctx, key, "x", "y", time.Second); return err },
+		func() error { _, err := s.PurgeExpired(ctx, 10); return err },
+	}
+	for _, mode := range []string{"refused", "blackhole"} {
+		proxy.Stop()
+		if mode == "blackhole" {
+			proxy.Blackhole()
+		}
+		for _, call := range calls {
+			start := time.Now()
+			err := call()
+			if err == nil {
+				t.Fatalf("%s: call succeeded with the database down", mode)
+			}
+			// database/sql retries a call on a fresh connection when the
+			// driver reports a dead one before sending; each attempt is
+			// bounded by the same context.
+			if el := time.Since(start); el > timeout+500*time.Millisecond {
+				t.Fatalf("%s: call took %v with the database down (timeout %v): %v", mode, el, timeout, err)
+			}
+			t.Logf("%s: %v", mode, err)
+		}
+	}
+	proxy.Stop()
+	proxy.Start()
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := s.Load(ctx, key)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve after recovery = %+v, %v", res, err)
+	}
+	if err := s.Finalize(ctx, r.Key, r.Owner, stores.Response{Status: 200}); err != nil {
+		t.Fatalf("Finalize after recovery: %v", err)
+	}
+}

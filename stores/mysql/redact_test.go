@@ -1,0 +1,51 @@
+package mysql
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+func TestOpenErrorsHideThePassword(t *testing.T) {
+	mc, err := mysql.ParseDSN(testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const pw = "S3cret-Passw0rd"
+	dsns := []string{
+		// Unreachable host.
+		fmt.Sprintf("%s:%s@tcp(127.0.0.1:1)/%s", mc.User, pw, mc.DBName),
+		// Reachable server, wrong password.
+		fmt.Sprintf("%s:%s@tcp(%s)/%s", mc.User, pw, mc.Addr, mc.DBName),
+		// Unknown user.
+		fmt.Sprintf("no_such_user_idem:%s@tcp(%s)/%s", pw, mc.Addr, mc.DBName),
+		// Unparsable.
+		fmt.Sprintf("%s:%s@tcp(%s)/%s?timeout=bogus", mc.User, pw, mc.Addr, mc.DBName),
+	}
+	for _, dsn := range dsns {
+		core, logs := observer.New(zap.DebugLevel)
+		start := time.Now()
+		_, err := Open(context.Background(), Config{DSN: dsn, StatementTimeout: 2 * time.Second}, zap.New(core))
+		if err == nil {
+			t.Fatalf("Open(%s) succeeded", dsn)
+		}
+		if el := time.Since(start); el > 5*time.Second {
+			t.Errorf("Open took %v", el)
+		}
+		if strings.Contains(err.Error(), pw) {
+			t.Fatalf("password in error: %v", err)
+		}
+		for _, e := range logs.All() {
+			if strings.Contains(fmt.Sprint(e.Message, e.ContextMap()), pw) {
+				t.Fatalf("password in log: %v", e)
+			}
+		}
+		t.Logf("%v", err)
+	}
+}

@@ -1,0 +1,314 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// Store is a stores.Store in MySQL or MariaDB. Use Open.
+type Store struct {
+	db       *sql.DB
+	stmts    statements
+	timeout  time.Duration
+	backoff  sqlstore.Backoff
+	dsn      string
+	password string
+	log      *zap.Logger
+
+	closeOnce sync.Once
+}
+
+// statements are prepared once; database/sql prepares each again on every
+// new connection by itself, so a call costs one round trip, not the
+// prepare-execute-close of an unprepared call with arguments.
+type statements struct {
+	reserve, load, owned, finalize, release, extend, takeOver, purge *sql.Stmt
+}
+
+var _ stores.Store = (*Store)(nil)
+
+// Open connects, checks or migrates the schema, and prepares the
+// statements. Errors never contain the DSN's password.
+func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	mc, err := mysql.ParseDSN(cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("mysql: parse dsn: %w", sqlstore.RedactError(err, cfg.DSN, ""))
+	}
+	s := &Store{
+		timeout:  cfg.StatementTimeout,
+		backoff:  sqlstore.Backoff{Min: cfg.PollMin, Max: cfg.PollMax},
+		dsn:      cfg.DSN,
+		password: mc.Passwd,
+		log:      logger.With(zap.String("table", cfg.Table)),
+	}
+	mc.ParseTime = true
+	mc.Loc = time.UTC // the columns hold UTC; the driver must not shift them
+	mc.ClientFoundRows = false
+	if mc.Timeout == 0 || mc.Timeout > cfg.StatementTimeout {
+		mc.Timeout = cfg.StatementTimeout
+	}
+	connector, err := mysql.NewConnector(mc)
+	if err != nil {
+		return nil, s.wrap("open", err)
+	}
+	s.db = sql.OpenDB(connector)
+	s.db.SetMaxOpenConns(cfg.MaxConns)
+	s.db.SetMaxIdleConns(cfg.MaxConns)
+	// Below the servers' and middleboxes' idle cut-offs, so the pool rarely
+	// hands out a connection that is already dead.
+	s.db.SetConnMaxLifetime(3 * time.Minute)
+	if err := s.init(ctx, cfg); err != nil {
+		s.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) init(ctx context.Context, cfg Config) error {
+	pctx, cancel := s.opCtx(ctx)
+	err := s.db.PingContext(pctx)
+	cancel()
+	if err != nil {
+		return s.wrap("connect", err)
+	}
+	if err := s.migrate(ctx, cfg.Table, cfg.AutoMigrate); err != nil {
+		return err
+	}
+	q := newQueries(cfg.Table)
+	for _, p := range []struct {
+		dst **sql.Stmt
+		sql string
+	}{
+		{&s.stmts.reserve, q.reserve}, {&s.stmts.load, q.load}, {&s.stmts.owned, q.owned},
+		{&s.stmts.finalize, q.finalize}, {&s.stmts.release, q.release}, {&s.stmts.extend, q.extend},
+		{&s.stmts.takeOver, q.takeOver}, {&s.stmts.purge, q.purge},
+	} {
+		pctx, cancel := s.opCtx(ctx)
+		stmt, err := s.db.PrepareContext(pctx, p.sql)
+		cancel()
+		if err != nil {
+			return s.wrap("prepare", err)
+		}
+		*p.dst = stmt
+	}
+	s.log.Info("mysql idempotency store ready", zap.String("dsn", sqlstore.RedactDSN(cfg.DSN)))
+	return nil
+}
+
+// Close closes the statements and the pool.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		for _, st := range []*sql.Stmt{s.stmts.reserve, s.stmts.load, s.stmts.owned, s.stmts.finalize,
+			s.stmts.release, s.stmts.extend, s.stmts.takeOver, s.stmts.purge} {
+			if st != nil {
+				st.Close()
+			}
+		}
+		err = s.db.Close()
+	})
+	return err
+}
+
+// opCtx bounds one database call, connecting included, so a dead server
+// costs at most StatementTimeout; the driver closes the connection when the
+// context ends mid-statement.
+func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.timeout)
+}
+
+// wrap names the operation and keeps the DSN's password out of the error.
+func (s *Store) wrap(op string, err error) error {
+	return fmt.Errorf("mysql %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
+}
+
+// maxAttempts bounds re-runs after an InnoDB deadlock (which rolls the
+// statement back, so re-running it is safe) or, for Reserve, after the row
+// that blocked the INSERT vanished before the SELECT could read it.
+const maxAttempts = 10
+
+// errDeadlock is ER_LOCK_DEADLOCK. Concurrent upserts of one key can
+// deadlock in InnoDB; the server picks a victim and rolls it back.
+const errDeadlock = 1213
+
+func retryable(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == errDeadlock
+}
+
+// exec runs a write statement, re-running it after a deadlock, and returns
+// the number of rows it changed.
+func (s *Store) exec(ctx context.Context, op string, stmt *sql.Stmt, args ...any) (int64, error) {
+	for attempt := 1; ; attempt++ {
+		n, err := s.execOnce(ctx, stmt, args...)
+		if err == nil {
+			return n, nil
+		}
+		if !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
+			return 0, s.wrap(op, err)
+		}
+	}
+}
+
+func (s *Store) execOnce(ctx context.Context, stmt *sql.Stmt, args ...any) (int64, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	res, err := stmt.ExecContext(ctx, args...)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// Reserve implements stores.Store: an INSERT … ON DUPLICATE KEY UPDATE
+// (see queries.reserve), and only if it did not reserve, a SELECT of the
+// existing row. A fresh key costs one statement, a replay two.
+func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	if err := sqlstore.CheckKey(r.Key); err != nil {
+		return stores.ReserveResult{}, fmt.Errorf("mysql reserve: %w", err)
+	}
+	for range maxAttempts {
+		n, err := s.exec(ctx, "reserve", s.stmts.reserve,
+			r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
+			sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL))
+		if err != nil {
+			return stores.ReserveResult{}, err
+		}
+		if n > 0 { // 1: inserted, 2: an expired row overwritten
+			return stores.ReserveResult{Reserved: true}, nil
+		}
+		rec, _, err := s.load(ctx, r.Key)
+		if err != nil {
+			return stores.ReserveResult{}, err
+		}
+		if rec != nil {
+			return stores.ReserveResult{Existing: rec}, nil
+		}
+		// Released, purged or expired in between: reserve again.
+	}
+	return stores.ReserveResult{}, fmt.Errorf("mysql reserve %s: key kept changing under %d attempts", r.Key, maxAttempts)
+}
+
+func (s *Store) load(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	var row sqlstore.Row
+	err := s.stmts.load.QueryRowContext(ctx, key).Scan(&row.Key, &row.Operation, &row.Path, &row.Principal,
+		&row.Fingerprint, &row.State, &row.Owner, &row.Abandoned, &row.Status, &row.Headers, &row.Body,
+		&row.CreatedAt, &row.ExpiresAt, &row.LeaseLeftMicros)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, s.wrap("load", err)
+	}
+	rec, left, err := row.Record()
+	if err != nil {
+		return nil, 0, s.wrap("load", err)
+	}
+	return rec, left, nil
+}
+
+// Load implements stores.Store.
+func (s *Store) Load(ctx context.Context, key string) (*stores.Record, error) {
+	rec, _, err := s.load(ctx, key)
+	return rec, err
+}
+
+// Await implements stores.Store by polling with backoff.
+func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
+	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
+	return sqlstore.Await(ctx, s.backoff, load, nil)
+}
+
+// Finalize implements stores.Store. One statement; it always changes the
+// row (state becomes final), so zero changed rows means not owned.
+func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	headers, err := sqlstore.EncodeHeader(resp.Header)
+	if err != nil {
+		return fmt.Errorf("mysql finalize: %w", err)
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{} // an empty body, not an unknown one
+	}
+	n, err := s.exec(ctx, "finalize", s.stmts.finalize, resp.Status, string(headers), body, key, owner)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return stores.ErrNotOwner
+	}
+	return nil
+}
+
+// Release implements stores.Store.
+func (s *Store) Release(ctx context.Context, key, owner string) error {
+	n, err := s.exec(ctx, "release", s.stmts.release, key, owner)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return stores.ErrNotOwner
+	}
+	return nil
+}
+
+// ExtendLease implements stores.Store. MySQL counts changed, not matched,
+// rows: renewing a lease to the very microsecond it already ends at changes
+// nothing and reports 0. Only then a second statement tells that apart from
+// a lost ownership.
+func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	n, err := s.exec(ctx, "extend lease", s.stmts.extend, sqlstore.Micros(lease), key, owner)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	qctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	var owned int
+	if err := s.stmts.owned.QueryRowContext(qctx, key, owner).Scan(&owned); err != nil {
+		return s.wrap("extend lease", err)
+	}
+	if owned == 0 {
+		return stores.ErrNotOwner
+	}
+	return nil
+}
+
+// TakeOver implements stores.Store. The row always changes when it matches
+// (a new owner, or a lease moved from the past into the future).
+func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	n, err := s.exec(ctx, "take over", s.stmts.takeOver, newOwner, sqlstore.Micros(lease), key, oldOwner)
+	if err != nil {
+		return false, err
+	}
+	return n == 1, nil
+}
+
+// PurgeExpired implements stores.Store.
+func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
+	if limit <= 0 {
+		return 0, nil
+	}
+	n, err := s.exec(ctx, "purge", s.stmts.purge, limit)
+	return int(n), err
+}
