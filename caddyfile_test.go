@@ -108,3 +108,20 @@ func TestCaddyfileErrors(t *testing.T) {
 		t.Fatalf("global option error = %v", err)
 	}
 }
+
+// The shipped examples must stay valid.
+func TestExamplesAdapt(t *testing.T) {
+	files, err := filepath.Glob("examples/Caddyfile*")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples: %v", err)
+	}
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := adapt(t, string(src)); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
