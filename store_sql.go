@@ -9,6 +9,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	mysqldriver "github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
@@ -255,6 +256,9 @@ func (m *MySQLStore) StoreKey() string { return m.storeKey("mysql") }
 // OpenStore implements StoreProvider.
 func (m *MySQLStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 	logger := ctx.Logger()
+	// The driver reports dropped connections on its own process-wide logger,
+	// which writes to stderr; send those lines through Caddy's logs instead.
+	_ = mysqldriver.SetLogger(zap.NewStdLog(logger.Named("driver")))
 	s, err := mysql.Open(ctx, mysql.Config{
 		DSN:              m.dsn,
 		Table:            m.Table,

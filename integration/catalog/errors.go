@@ -23,6 +23,7 @@ const (
 	typeAlreadyExists      = "AlreadyExistsException"
 	typeNamespaceNotEmpty  = "NamespaceNotEmptyException"
 	typeCommitFailed       = "CommitFailedException"
+	typeCommitUnknown      = "CommitStateUnknownException"
 	typeUnprocessable      = "UnprocessableEntityException"
 	typeServiceUnavailable = "ServiceUnavailableException"
 	typeNotImplemented     = "NotImplementedException"
@@ -105,9 +106,10 @@ func toAPIError(err error) *apiError {
 }
 
 // isRequirementFailure recognises iceberg-go's requirement Validate errors,
-// which are created with errors.New/fmt.Errorf and carry no sentinel.
+// which are created with errors.New/fmt.Errorf and carry no sentinel, also
+// when the SQL catalog wraps them.
 func isRequirementFailure(err error) bool {
-	return strings.HasPrefix(strings.ToLower(err.Error()), "requirement failed")
+	return strings.Contains(strings.ToLower(err.Error()), "requirement failed")
 }
 
 // writeError sends the IcebergErrorResponse body for err. The message never

@@ -58,7 +58,7 @@ func (s *Server) commitTransaction(c *call) (int, any, error) {
 			continue
 		}
 		if undoErr := s.undoCommits(c, idents[:i], bases[:i], committed); undoErr != nil {
-			return 0, nil, newAPIError(http.StatusInternalServerError, "CommitStateUnknownException",
+			return 0, nil, newAPIError(http.StatusInternalServerError, typeCommitUnknown,
 				"commit of %s failed (%v) and undoing earlier commits failed: %v", strings.Join(id, "."), err, undoErr)
 		}
 
