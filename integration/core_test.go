@@ -1,0 +1,829 @@
+package integration_test
+
+// End-to-end tests of the iceberg_idempotency handler: a real Caddy process
+// (built from this repository) with `iceberg_idempotency` in front of
+// `reverse_proxy`. The upstream is caddyproc.Backend, a fake catalog: these
+// tests need to count executions, hold requests in flight and pick statuses,
+// which a real catalog cannot do on demand. Real catalog behaviour is tested
+// with a real catalog elsewhere.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+)
+
+const (
+	keyHeader      = "Idempotency-Key"
+	replayedHeader = "Idempotent-Replayed"
+)
+
+// replayHeaders are the handler's default replay_headers.
+var replayHeaders = []string{"Content-Type", "ETag", "Location", "Cache-Control"}
+
+func TestMain(m *testing.M) { os.Exit(caddyproc.Main(m)) }
+
+// client does not compress, so bodies compare byte for byte as sent, and
+// keeps enough idle connections for the concurrency test.
+var client = &http.Client{
+	Timeout:   60 * time.Second,
+	Transport: &http.Transport{DisableCompression: true, MaxIdleConnsPerHost: 64},
+}
+
+type response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+func (r response) replayed() bool { return r.Header.Get(replayedHeader) == "true" }
+
+func (r response) String() string {
+	return fmt.Sprintf("%d %s %s", r.Status, r.Header, r.Body)
+}
+
+// request sends one request; headers are name/value pairs, so a name may
+// repeat.
+func request(ctx context.Context, method, url, body string, headers ...string) (response, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+	if err != nil {
+		return response{}, err
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Add(headers[i], headers[i+1])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return response{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return response{}, err
+	}
+	return response{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+}
+
+func send(t *testing.T, method, url, body string, headers ...string) response {
+	t.Helper()
+	r, err := request(context.Background(), method, url, body, headers...)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	return r
+}
+
+func newKey(t *testing.T) string {
+	t.Helper()
+	k, err := uuid.NewV7()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.String()
+}
+
+// site is a Caddyfile template guarding backend with the given handler
+// options.
+func site(b *caddyproc.Backend, global, options string) string {
+	return caddyproc.Caddyfile(global,
+		"iceberg_idempotency {\n"+options+"\n}\nreverse_proxy "+b.Addr())
+}
+
+func startGuarded(t *testing.T, options string) (*caddyproc.Instance, *caddyproc.Backend) {
+	t.Helper()
+	b := caddyproc.NewBackend(t)
+	return caddyproc.Start(t, site(b, "", options)), b
+}
+
+func wantStatus(t *testing.T, what string, r response, status int) {
+	t.Helper()
+	if r.Status != status {
+		t.Fatalf("%s: status %d, want %d; response: %s", what, r.Status, status, r)
+	}
+}
+
+func wantExecuted(t *testing.T, what string, r response) {
+	t.Helper()
+	if r.replayed() {
+		t.Fatalf("%s: got a replay, want an execution; response: %s", what, r)
+	}
+}
+
+func wantReplayOf(t *testing.T, what string, r, orig response) {
+	t.Helper()
+	if !r.replayed() {
+		t.Fatalf("%s: %s is %q, want a replay; response: %s", what, replayedHeader, r.Header.Get(replayedHeader), r)
+	}
+	if r.Status != orig.Status {
+		t.Errorf("%s: replayed status %d, original %d", what, r.Status, orig.Status)
+	}
+	if !bytes.Equal(r.Body, orig.Body) {
+		t.Errorf("%s: replayed body differs:\n got  %q\n want %q", what, r.Body, orig.Body)
+	}
+}
+
+func wantCount(t *testing.T, b *caddyproc.Backend, path string, n int) {
+	t.Helper()
+	if got := b.Count(path); got != n {
+		t.Fatalf("backend executed %s %d times, want %d", path, got, n)
+	}
+}
+
+// wantIcebergError checks the spec's IcebergErrorResponse shape.
+func wantIcebergError(t *testing.T, what string, r response, status int, typ string) {
+	t.Helper()
+	wantStatus(t, what, r, status)
+	if ct := r.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Errorf("%s: Content-Type %q, want application/json", what, ct)
+	}
+	var doc struct {
+		Error *struct {
+			Message *string `json:"message"`
+			Type    *string `json:"type"`
+			Code    *int    `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(r.Body, &doc); err != nil || doc.Error == nil ||
+		doc.Error.Message == nil || doc.Error.Type == nil || doc.Error.Code == nil {
+		t.Fatalf("%s: body is not an Iceberg error (%v): %s", what, err, r.Body)
+	}
+	if *doc.Error.Code != status {
+		t.Errorf("%s: error.code %d, want %d", what, *doc.Error.Code, status)
+	}
+	if *doc.Error.Message == "" {
+		t.Errorf("%s: empty error.message", what)
+	}
+	if typ != "" && *doc.Error.Type != typ {
+		t.Errorf("%s: error.type %q, want %q", what, *doc.Error.Type, typ)
+	}
+	if typ == "" && !strings.HasSuffix(*doc.Error.Type, "Exception") {
+		t.Errorf("%s: error.type %q is not an exception name", what, *doc.Error.Type)
+	}
+}
+
+// waitLogs waits until the process has logged substr: its output reaches
+// the harness through a pipe, a little after the response.
+func waitLogs(t *testing.T, c *caddyproc.Instance, substr string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(c.Logs(), substr) {
+		if time.Now().After(deadline) {
+			t.Fatalf("logs never contained %q", substr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestCoreReplay(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	ops := []struct {
+		name, method, path, body string
+		reply                    caddyproc.Reply
+	}{
+		{"createNamespace", "POST", "/v1/namespaces", `{"namespace":["sales"]}`, caddyproc.Reply{}},
+		{"createTable with prefix", "POST", "/v1/wh/namespaces/sales/tables", `{"name":"orders"}`, caddyproc.Reply{}},
+		{"dropTable 204", "DELETE", "/v1/namespaces/sales/tables/orders", "", caddyproc.Reply{Status: 204, Body: []byte{}}},
+		{"renameTable 204", "POST", "/v1/wh/tables/rename", `{"source":{},"destination":{}}`, caddyproc.Reply{Status: 204, Body: []byte{}}},
+		{"commitTransaction", "POST", "/v1/wh/transactions/commit", `{"table-changes":[]}`, caddyproc.Reply{}},
+	}
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			b.Script(op.path, op.reply)
+			key := newKey(t)
+			first := send(t, op.method, c.URL()+op.path, op.body, keyHeader, key, "Authorization", "Bearer alice")
+			wantExecuted(t, "first call", first)
+			if first.Header.Get(caddyproc.ExecutionHeader) != "1" {
+				t.Fatalf("first call did not reach the backend: %s", first)
+			}
+			retry := send(t, op.method, c.URL()+op.path, op.body, keyHeader, key, "Authorization", "Bearer alice")
+			wantReplayOf(t, "retry", retry, first)
+			for _, h := range replayHeaders {
+				if got, want := retry.Header.Values(h), first.Header.Values(h); strings.Join(got, "\n") != strings.Join(want, "\n") {
+					t.Errorf("replayed %s = %q, original %q", h, got, want)
+				}
+			}
+			if v := retry.Header.Get(caddyproc.ExecutionHeader); v != "" {
+				t.Errorf("replay carries non-allow-listed header %s: %q", caddyproc.ExecutionHeader, v)
+			}
+			if got, want := retry.Header.Get("Content-Length"), strconv.Itoa(len(first.Body)); op.reply.Status != 204 && got != want {
+				t.Errorf("replayed Content-Length %q, want %q", got, want)
+			}
+			wantCount(t, b, op.path, 1)
+		})
+	}
+}
+
+func TestCoreUpperCaseKey(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/namespaces"
+	key := newKey(t)
+	upper := strings.ToUpper(key)
+	first := send(t, "POST", c.URL()+path, `{"namespace":["a"]}`, keyHeader, upper)
+	wantStatus(t, "upper-case key", first, 200)
+	wantExecuted(t, "upper-case key", first)
+	retry := send(t, "POST", c.URL()+path, `{"namespace":["a"]}`, keyHeader, key)
+	wantReplayOf(t, "lower-case retry", retry, first)
+	wantCount(t, b, path, 1)
+
+	// The spec's own example key is upper case.
+	example := send(t, "POST", c.URL()+path, `{"namespace":["b"]}`, keyHeader, "017F22E2-79B0-7CC3-98C4-DC0C0C07398F")
+	wantStatus(t, "spec example key", example, 200)
+	wantCount(t, b, path, 2)
+}
+
+func TestCoreInvalidKeys(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/namespaces"
+	v7 := newKey(t)
+	for _, tc := range []struct {
+		name string
+		keys []string
+	}{
+		{"uuid v4", []string{uuid.NewString()}},
+		{"too short", []string{v7[:35]}},
+		{"braces", []string{"{" + v7 + "}"}},
+		{"no hyphens", []string{strings.ReplaceAll(v7, "-", "")}},
+		{"empty", []string{""}},
+		{"two different values", []string{v7, newKey(t)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var hdrs []string
+			for _, k := range tc.keys {
+				hdrs = append(hdrs, keyHeader, k)
+			}
+			r := send(t, "POST", c.URL()+path, `{"namespace":["x"]}`, hdrs...)
+			wantIcebergError(t, tc.name, r, 400, "BadRequestException")
+		})
+	}
+	wantCount(t, b, path, 0)
+}
+
+func TestCorePassThrough(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+
+	t.Run("mutation without key", func(t *testing.T) {
+		const path = "/v1/namespaces"
+		for i := 1; i <= 2; i++ {
+			r := send(t, "POST", c.URL()+path, `{"namespace":["nokey"]}`)
+			wantStatus(t, "unkeyed", r, 200)
+			wantExecuted(t, "unkeyed", r)
+			if got := r.Header.Get(caddyproc.ExecutionHeader); got != strconv.Itoa(i) {
+				t.Fatalf("call %d: execution %q", i, got)
+			}
+		}
+		wantCount(t, b, path, 2)
+	})
+
+	for _, tc := range []struct{ name, method, path, body string }{
+		{"listNamespaces", "GET", "/v1/namespaces", ""},
+		{"loadTable", "GET", "/v1/wh/namespaces/db/tables/t", ""},
+		{"tableExists", "HEAD", "/v1/namespaces/db/tables/t", ""},
+		{"reportMetrics", "POST", "/v1/wh/namespaces/db/tables/t/metrics", `{"report-type":"scan-report"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := newKey(t)
+			before := b.Count(tc.path)
+			for i := 1; i <= 2; i++ {
+				r := send(t, tc.method, c.URL()+tc.path, tc.body, keyHeader, key)
+				wantStatus(t, tc.name, r, 200)
+				wantExecuted(t, tc.name, r)
+				if got := r.Header.Get(caddyproc.ExecutionHeader); got != strconv.Itoa(before+i) {
+					t.Fatalf("call %d: execution %q, want %d", i, got, before+i)
+				}
+			}
+			wantCount(t, b, tc.path, before+2)
+		})
+	}
+}
+
+func TestCoreConcurrentDuplicates(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/wh/namespaces/db/tables/events"
+	const n = 50
+	gate := b.Stall(path)
+	key := newKey(t)
+	body := `{"requirements":[],"updates":[]}`
+
+	results := make([]response, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = request(context.Background(), "POST", c.URL()+path, body, keyHeader, key)
+		}()
+	}
+	gate.WaitArrived(t, 1, 20*time.Second)
+	// Hold the owner a little so the duplicates pile up behind it; the
+	// assertions hold whether or not they all did.
+	time.Sleep(300 * time.Millisecond)
+	gate.Release()
+	wg.Wait()
+
+	executed := 0
+	for i, r := range results {
+		if errs[i] != nil {
+			t.Fatalf("request %d: %v", i, errs[i])
+		}
+		wantStatus(t, fmt.Sprintf("request %d", i), r, 200)
+		if !bytes.Equal(r.Body, results[0].Body) {
+			t.Errorf("request %d: body %q differs from %q", i, r.Body, results[0].Body)
+		}
+		if !r.replayed() {
+			executed++
+		}
+	}
+	if executed != 1 {
+		t.Errorf("%d responses were not replays, want exactly 1 (the owner's)", executed)
+	}
+	wantCount(t, b, path, 1)
+}
+
+func TestCoreKeyReuseMismatch(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/namespaces"
+	key := newKey(t)
+	body := `{"namespace":["finance"]}`
+	first := send(t, "POST", c.URL()+path, body, keyHeader, key, "Authorization", "Bearer alice")
+	wantStatus(t, "first", first, 200)
+
+	for _, tc := range []struct{ name, path, body, auth string }{
+		{"different body", path, `{"namespace":["marketing"]}`, "Bearer alice"},
+		{"different path", "/v1/other/namespaces", body, "Bearer alice"},
+		{"different principal", path, body, "Bearer bob"},
+		{"no principal", path, body, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hdrs := []string{keyHeader, key}
+			if tc.auth != "" {
+				hdrs = append(hdrs, "Authorization", tc.auth)
+			}
+			r := send(t, "POST", c.URL()+tc.path, tc.body, hdrs...)
+			wantIcebergError(t, tc.name, r, 422, "")
+			if r.replayed() {
+				t.Errorf("a mismatch is marked as a replay")
+			}
+		})
+	}
+	wantCount(t, b, path, 1)
+	wantCount(t, b, "/v1/other/namespaces", 0)
+
+	retry := send(t, "POST", c.URL()+path, body, keyHeader, key, "Authorization", "Bearer alice")
+	wantReplayOf(t, "original retry after mismatches", retry, first)
+}
+
+func TestCoreReleasedStatuses(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	for _, status := range []int{500, 503, 401, 429} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			path := "/v1/namespaces/ns" + strconv.Itoa(status) + "/properties"
+			errBody := fmt.Sprintf(`{"error":{"message":"boom","type":"SomeException","code":%d}}`, status)
+			b.Script(path, caddyproc.Reply{Status: status, Body: []byte(errBody)}, caddyproc.Reply{})
+			key := newKey(t)
+			body := `{"updates":{"owner":"x"}}`
+
+			first := send(t, "POST", c.URL()+path, body, keyHeader, key)
+			wantStatus(t, "first", first, status)
+			if string(first.Body) != errBody {
+				t.Errorf("error body changed: %q", first.Body)
+			}
+			second := send(t, "POST", c.URL()+path, body, keyHeader, key)
+			wantStatus(t, "retry after release", second, 200)
+			wantExecuted(t, "retry after release", second)
+			wantCount(t, b, path, 2)
+			third := send(t, "POST", c.URL()+path, body, keyHeader, key)
+			wantReplayOf(t, "third try", third, second)
+			wantCount(t, b, path, 2)
+		})
+	}
+}
+
+func TestCoreConflictFinalized(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/namespaces"
+	errBody := `{"error":{"message":"Namespace already exists: db","type":"AlreadyExistsException","code":409}}`
+	b.Script(path, caddyproc.Reply{Status: 409, Body: []byte(errBody)})
+	key := newKey(t)
+	first := send(t, "POST", c.URL()+path, `{"namespace":["db"]}`, keyHeader, key)
+	wantStatus(t, "first", first, 409)
+	wantExecuted(t, "first", first)
+	retry := send(t, "POST", c.URL()+path, `{"namespace":["db"]}`, keyHeader, key)
+	wantReplayOf(t, "retry", retry, first)
+	if string(retry.Body) != errBody {
+		t.Errorf("replayed body %q, want %q", retry.Body, errBody)
+	}
+	wantCount(t, b, path, 1)
+}
+
+func TestCoreUpstreamUnreachable(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	_ = l.Close()
+	unreachable := caddyproc.Caddyfile("", "iceberg_idempotency\nreverse_proxy "+closed)
+	c := caddyproc.Start(t, unreachable)
+
+	const path = "/v1/namespaces"
+	key := newKey(t)
+	body := `{"namespace":["db"]}`
+	for _, what := range []string{"first", "retry"} {
+		r := send(t, "POST", c.URL()+path, body, keyHeader, key)
+		wantStatus(t, what, r, 502)
+		wantExecuted(t, what, r)
+	}
+
+	// Nothing was stored for the key: once the catalog is reachable, the
+	// retry executes.
+	c.Reload(t, site(b, "", ""))
+	r := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantStatus(t, "retry with catalog up", r, 200)
+	wantExecuted(t, "retry with catalog up", r)
+	replay := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantReplayOf(t, "retry after success", replay, r)
+	wantCount(t, b, path, 1)
+}
+
+func TestCoreAdvertiseLifetime(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, site(b, "", ""))
+	c2h := caddyproc.Start(t, site(b, "", "lifetime 2h"))
+	jsonHdr := http.Header{"Content-Type": {"application/json"}}
+	const path = "/v1/config"
+	cfg := `{"defaults":{"clients":"4","write.format":"parquet"},` +
+		`"overrides":{"warehouse":"s3://bucket/wh"},` +
+		`"endpoints":["GET /v1/{prefix}/namespaces","POST /v1/{prefix}/namespaces","POST /v1/{prefix}/namespaces/{namespace}/tables/{table}"]}`
+
+	// checkAdvertised compares every member but the lifetime byte for byte.
+	checkAdvertised := func(t *testing.T, r response, backendBody, want string) {
+		t.Helper()
+		wantStatus(t, "config", r, 200)
+		var got, orig map[string]json.RawMessage
+		if err := json.Unmarshal(r.Body, &got); err != nil {
+			t.Fatalf("config body is not a JSON object: %v: %s", err, r.Body)
+		}
+		if err := json.Unmarshal([]byte(backendBody), &orig); err != nil {
+			t.Fatal(err)
+		}
+		if string(got["idempotency-key-lifetime"]) != strconv.Quote(want) {
+			t.Errorf("idempotency-key-lifetime = %s, want %q; body %s", got["idempotency-key-lifetime"], want, r.Body)
+		}
+		if n := strings.Count(string(r.Body), `"idempotency-key-lifetime"`); n != 1 {
+			t.Errorf("idempotency-key-lifetime appears %d times: %s", n, r.Body)
+		}
+		delete(got, "idempotency-key-lifetime")
+		delete(orig, "idempotency-key-lifetime")
+		if len(got) != len(orig) {
+			t.Errorf("members changed: got %d, backend sent %d: %s", len(got), len(orig), r.Body)
+		}
+		for k, v := range orig {
+			if !bytes.Equal(got[k], v) {
+				t.Errorf("member %q changed: got %s, backend sent %s", k, got[k], v)
+			}
+		}
+		if cl := r.Header.Get("Content-Length"); cl != "" && cl != strconv.Itoa(len(r.Body)) {
+			t.Errorf("Content-Length %s for a %d-byte body", cl, len(r.Body))
+		}
+	}
+
+	// Subtests share the backend's /v1/config script, so they run in order.
+	t.Run("default lifetime", func(t *testing.T) {
+		b.Script(path, caddyproc.Reply{Header: jsonHdr, Body: []byte(cfg)})
+		checkAdvertised(t, send(t, "GET", c.URL()+path+"?warehouse=wh", ""), cfg, "PT30M")
+	})
+	t.Run("lifetime 2h", func(t *testing.T) {
+		b.Script(path, caddyproc.Reply{Header: jsonHdr, Body: []byte(cfg)})
+		checkAdvertised(t, send(t, "GET", c2h.URL()+path, ""), cfg, "PT2H")
+	})
+	t.Run("backend value replaced", func(t *testing.T) {
+		withOwn := `{"defaults":{},"idempotency-key-lifetime":"PT5M","overrides":{},"endpoints":[]}`
+		b.Script(path, caddyproc.Reply{Header: jsonHdr, Body: []byte(withOwn)})
+		checkAdvertised(t, send(t, "GET", c.URL()+path, ""), withOwn, "PT30M")
+	})
+	t.Run("error passes through", func(t *testing.T) {
+		errBody := `{"error":{"message":"unavailable","type":"ServiceUnavailableException","code":503}}`
+		b.Script(path, caddyproc.Reply{Status: 503, Header: jsonHdr, Body: []byte(errBody)})
+		r := send(t, "GET", c.URL()+path, "")
+		wantStatus(t, "config error", r, 503)
+		if string(r.Body) != errBody {
+			t.Errorf("non-200 config answer changed: %q", r.Body)
+		}
+	})
+}
+
+func TestCoreClientDisconnect(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/wh/namespaces/db/tables/orders"
+	gate := b.Stall(path)
+	key := newKey(t)
+	body := `{"requirements":[{"type":"assert-current-schema-id","current-schema-id":0}],"updates":[]}`
+
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := request(ctx, "POST", c.URL()+path, body, keyHeader, key)
+		errc <- err
+	}()
+	gate.WaitArrived(t, 1, 20*time.Second)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("client request: %v, want it cancelled", err)
+	}
+	// Let Caddy see the closed connection before the catalog answers; the
+	// assertions below hold either way.
+	time.Sleep(300 * time.Millisecond)
+	gate.Release()
+
+	retry := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	if !retry.replayed() {
+		t.Fatalf("retry after disconnect was not a replay: %s", retry)
+	}
+	wantStatus(t, "retry", retry, 200)
+	if sent := b.Sent(path); len(sent) != 1 || !bytes.Equal(sent[0], retry.Body) {
+		t.Errorf("replayed body %q is not what the catalog sent %q", retry.Body, sent)
+	}
+	wantCount(t, b, path, 1)
+	if n := b.Cancelled(path); n != 0 {
+		t.Errorf("the upstream call was cancelled %d times; it must outlive the client", n)
+	}
+}
+
+func TestCoreReloadKeepsRecords(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/namespaces"
+	key := newKey(t)
+	first := send(t, "POST", c.URL()+path, `{"namespace":["r"]}`, keyHeader, key)
+	wantStatus(t, "first", first, 200)
+
+	c.Reload(t, site(b, "", "in_flight_wait 3s"))
+	if !strings.Contains(string(c.Config(t)), `"in_flight_wait":3000000000`) {
+		t.Fatalf("reload did not take effect: %s", c.Config(t))
+	}
+	retry := send(t, "POST", c.URL()+path, `{"namespace":["r"]}`, keyHeader, key)
+	wantReplayOf(t, "retry after reload", retry, first)
+
+	// An identical config, forced through a full reload, keeps them too.
+	c.Reload(t, site(b, "", "in_flight_wait 3s"))
+	retry = send(t, "POST", c.URL()+path, `{"namespace":["r"]}`, keyHeader, key)
+	wantReplayOf(t, "retry after second reload", retry, first)
+	wantCount(t, b, path, 1)
+}
+
+func TestCoreInFlightPastWait(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		options string
+		status  int
+		typ     string
+	}{
+		{"503", "in_flight_wait 500ms", 503, "ServiceUnavailableException"},
+		{"409", "in_flight_wait 500ms\nin_flight_status 409", 409, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c, b := startGuarded(t, tc.options)
+			const path = "/v1/namespaces/db/tables/t"
+			gate := b.Stall(path)
+			key := newKey(t)
+			body := `{"updates":[]}`
+
+			type result struct {
+				r   response
+				err error
+			}
+			owner := make(chan result, 1)
+			go func() {
+				r, err := request(context.Background(), "POST", c.URL()+path, body, keyHeader, key)
+				owner <- result{r, err}
+			}()
+			gate.WaitArrived(t, 1, 20*time.Second)
+
+			dup := send(t, "POST", c.URL()+path, body, keyHeader, key)
+			wantIcebergError(t, "duplicate in flight", dup, tc.status, tc.typ)
+			if tc.status == 503 {
+				if ra, err := strconv.Atoi(dup.Header.Get("Retry-After")); err != nil || ra < 1 {
+					t.Errorf("503 without a usable Retry-After: %q", dup.Header.Get("Retry-After"))
+				}
+			}
+
+			gate.Release()
+			res := <-owner
+			if res.err != nil {
+				t.Fatalf("owner: %v", res.err)
+			}
+			wantStatus(t, "owner", res.r, 200)
+			wantExecuted(t, "owner", res.r)
+			retry := send(t, "POST", c.URL()+path, body, keyHeader, key)
+			wantReplayOf(t, "retry after owner finished", retry, res.r)
+			wantCount(t, b, path, 1)
+		})
+	}
+}
+
+func TestCoreRequireKey(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "require_key")
+	const path = "/v1/namespaces"
+	r := send(t, "POST", c.URL()+path, `{"namespace":["a"]}`)
+	wantIcebergError(t, "mutation without key", r, 400, "BadRequestException")
+	wantCount(t, b, path, 0)
+
+	read := send(t, "GET", c.URL()+path, "")
+	wantStatus(t, "read without key", read, 200)
+	keyed := send(t, "POST", c.URL()+path, `{"namespace":["a"]}`, keyHeader, newKey(t))
+	wantStatus(t, "mutation with key", keyed, 200)
+	wantCount(t, b, path, 2)
+}
+
+func TestCoreBasePath(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "base_path /api/catalog")
+
+	t.Run("under the base", func(t *testing.T) {
+		const path = "/api/catalog/v1/namespaces"
+		key := newKey(t)
+		first := send(t, "POST", c.URL()+path, `{"namespace":["a"]}`, keyHeader, key)
+		wantExecuted(t, "first", first)
+		retry := send(t, "POST", c.URL()+path, `{"namespace":["a"]}`, keyHeader, key)
+		wantReplayOf(t, "retry", retry, first)
+		wantCount(t, b, path, 1)
+	})
+	t.Run("outside the base", func(t *testing.T) {
+		for _, path := range []string{"/v1/namespaces", "/other/v1/namespaces"} {
+			key := newKey(t)
+			for range 2 {
+				r := send(t, "POST", c.URL()+path, `{"namespace":["a"]}`, keyHeader, key)
+				wantStatus(t, path, r, 200)
+				wantExecuted(t, path, r)
+			}
+			wantCount(t, b, path, 2)
+		}
+	})
+	t.Run("config", func(t *testing.T) {
+		jsonHdr := http.Header{"Content-Type": {"application/json"}}
+		cfg := `{"defaults":{},"overrides":{}}`
+		b.Script("/api/catalog/v1/config", caddyproc.Reply{Header: jsonHdr, Body: []byte(cfg)})
+		b.Script("/v1/config", caddyproc.Reply{Header: jsonHdr, Body: []byte(cfg)})
+		under := send(t, "GET", c.URL()+"/api/catalog/v1/config", "")
+		if !strings.Contains(string(under.Body), `"idempotency-key-lifetime":"PT30M"`) {
+			t.Errorf("config under the base not advertised: %s", under.Body)
+		}
+		outside := send(t, "GET", c.URL()+"/v1/config", "")
+		if string(outside.Body) != cfg {
+			t.Errorf("config outside the base changed: %s", outside.Body)
+		}
+	})
+}
+
+func TestCoreMaxResponseSize(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "max_response_size 1KiB")
+	const path = "/v1/wh/namespaces/db/tables"
+	b.Script(path, caddyproc.Reply{Pad: 4096})
+	key := newKey(t)
+	body := `{"name":"big"}`
+
+	for i := 1; i <= 2; i++ {
+		r := send(t, "POST", c.URL()+path, body, keyHeader, key)
+		wantStatus(t, "oversize response", r, 200)
+		wantExecuted(t, "oversize response", r)
+		sent := b.Sent(path)
+		if len(sent) != i {
+			t.Fatalf("backend answered %d times, want %d", len(sent), i)
+		}
+		if len(r.Body) < 4096 || !bytes.Equal(r.Body, sent[i-1]) {
+			t.Fatalf("call %d: client got %d bytes, not the catalog's %d-byte body intact", i, len(r.Body), len(sent[i-1]))
+		}
+	}
+	wantCount(t, b, path, 2)
+	waitLogs(t, c, "larger than max_response_size")
+}
+
+func TestCoreLogsKeepSecrets(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	// `log` turns the access log on too: it records request headers.
+	c := caddyproc.Start(t, caddyproc.Caddyfile("debug", "log\niceberg_idempotency\nreverse_proxy "+b.Addr()))
+
+	secret := "tok-" + strings.ReplaceAll(newKey(t), "-", "")
+	bodySecret := "pw-" + strings.ReplaceAll(newKey(t), "-", "")
+	auth := "Bearer " + secret
+	body := `{"namespace":["ns"],"properties":{"password":"` + bodySecret + `"}}`
+	const path = "/v1/namespaces"
+	b.Script("/v1/namespaces/ns/properties", caddyproc.Reply{Status: 500, Body: []byte(`{}`)})
+	key := newKey(t)
+
+	send(t, "POST", c.URL()+path, body, keyHeader, key, "Authorization", auth)
+	send(t, "POST", c.URL()+path, body, keyHeader, key, "Authorization", auth)
+	send(t, "POST", c.URL()+path, body+" ", keyHeader, key, "Authorization", auth)
+	send(t, "POST", c.URL()+path, body, "Authorization", auth)
+	send(t, "POST", c.URL()+path, body, keyHeader, "not-a-uuid", "Authorization", auth)
+	send(t, "POST", c.URL()+"/v1/namespaces/ns/properties", body, keyHeader, newKey(t), "Authorization", auth)
+	last := send(t, "POST", c.URL()+path, body, keyHeader, key, "Authorization", auth)
+	wantStatus(t, "last", last, 200)
+
+	// Make sure debug and access logs were written at all, so the check
+	// below is not vacuous.
+	waitLogs(t, c, "replaying stored response")
+	waitLogs(t, c, "http.log.access")
+	waitLogs(t, c, key)
+	logs := c.Logs()
+	for name, s := range map[string]string{"Authorization value": secret, "request body content": bodySecret} {
+		if strings.Contains(logs, s) {
+			i := strings.Index(logs, s)
+			t.Errorf("logs contain the %s: …%s…", name, logs[max(0, i-300):min(len(logs), i+100)])
+		}
+	}
+}
+
+func TestCoreMaxRequestSize(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "max_request_size 1KiB")
+	const path = "/v1/namespaces/db/tables"
+	big := `{"name":"t","pad":"` + strings.Repeat("x", 2048) + `"}`
+	r := send(t, "POST", c.URL()+path, big, keyHeader, newKey(t))
+	wantIcebergError(t, "oversize keyed request", r, 413, "")
+	wantCount(t, b, path, 0)
+
+	// The bound is for bodies that must be held for fingerprinting; an
+	// unkeyed request is not held and passes.
+	r = send(t, "POST", c.URL()+path, big)
+	wantStatus(t, "oversize unkeyed request", r, 200)
+	wantCount(t, b, path, 1)
+}
+
+func TestCoreReloadDuringFlight(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/wh/namespaces/db/tables/orders"
+	gate := b.Stall(path)
+	key := newKey(t)
+	body := `{"updates":[]}`
+
+	type result struct {
+		r   response
+		err error
+	}
+	owner := make(chan result, 1)
+	go func() {
+		r, err := request(context.Background(), "POST", c.URL()+path, body, keyHeader, key)
+		owner <- result{r, err}
+	}()
+	gate.WaitArrived(t, 1, 20*time.Second)
+
+	// Caddy stops the old config only once its in-flight requests finish
+	// (or its grace period ends), so /load returns after the release.
+	reloaded := make(chan error, 1)
+	go func() { reloaded <- c.Load(site(b, "", "in_flight_wait 5s")) }()
+	time.Sleep(200 * time.Millisecond)
+	gate.Release()
+	if err := <-reloaded; err != nil {
+		t.Fatal(err)
+	}
+	res := <-owner
+	if res.err != nil {
+		t.Fatalf("owner: %v", res.err)
+	}
+	wantStatus(t, "owner", res.r, 200)
+	retry := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantReplayOf(t, "retry on the new config", retry, res.r)
+	wantCount(t, b, path, 1)
+}
