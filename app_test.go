@@ -1,0 +1,149 @@
+package icebergidempotency
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func newCaddyContext(t *testing.T) caddy.Context {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// The app's loop purges expired records of every tracked store, in batches,
+// keeps live ones, and stops when told.
+func TestAppPurgesTrackedStores(t *testing.T) {
+	clock := &testClock{now: time.Unix(1_700_000_000, 0)}
+	s, err := memory.New(memory.Options{MaxEntries: 1000, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 35; i++ {
+		if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Hour, time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(2 * time.Minute)
+	for i := 0; i < 5; i++ {
+		if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Hour, time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	app := &App{CleanupInterval: caddy.Duration(10 * time.Millisecond), CleanupBatch: 10}
+	if err := app.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	app.track("memory/test", s)
+	if err := app.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Len() != 5 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := app.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Len(); got != 5 {
+		t.Fatalf("%d records left, want the 5 live ones", got)
+	}
+}
+
+func TestAppDefaultsAndValidation(t *testing.T) {
+	app := &App{}
+	if err := app.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if time.Duration(app.CleanupInterval) != DefaultCleanupInterval || app.CleanupBatch != DefaultCleanupBatch {
+		t.Fatalf("defaults = %v, %d", time.Duration(app.CleanupInterval), app.CleanupBatch)
+	}
+	if err := (&App{CleanupBatch: -1}).Validate(); err == nil {
+		t.Fatal("negative cleanup_batch accepted")
+	}
+	// Stop without Start (a config that failed to load) must not block.
+	if err := (&App{}).Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// closeCounter is a store that only counts Close calls.
+type closeCounter struct {
+	stores.Store
+	closed int
+}
+
+func (c *closeCounter) Close() error { c.closed++; return nil }
+
+type fakeProvider struct {
+	key    string
+	opened int
+	store  *closeCounter
+}
+
+func (p *fakeProvider) StoreKey() string { return p.key }
+func (p *fakeProvider) OpenStore(caddy.Context) (stores.Store, error) {
+	p.opened++
+	return p.store, nil
+}
+
+// Handlers with the same store key share one store, across reloads, and the
+// last one to go closes it.
+func TestStorePoolSharesAndClosesLast(t *testing.T) {
+	ctx := newCaddyContext(t)
+	p := &fakeProvider{key: "fake/" + storetest.NewKey(t), store: &closeCounter{}}
+	a, err := acquireStore(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := acquireStore(ctx, p) // the new config's handler, during a reload
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b || p.opened != 1 {
+		t.Fatalf("opened %d stores, want 1 shared", p.opened)
+	}
+	old := &Handler{storeKey: p.key}
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if p.store.closed != 0 {
+		t.Fatal("store closed while the new handler still uses it")
+	}
+	if err := (&Handler{storeKey: p.key}).Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if p.store.closed != 1 {
+		t.Fatalf("store closed %d times after the last user left, want 1", p.store.closed)
+	}
+	// A handler whose Provision failed before acquiring a store.
+	if err := (&Handler{}).Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+}
