@@ -2,7 +2,6 @@ package icebergidempotency
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,23 +12,6 @@ import (
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
-type testClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *testClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *testClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 func newCaddyContext(t *testing.T) caddy.Context {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
@@ -39,7 +21,7 @@ func newCaddyContext(t *testing.T) caddy.Context {
 // The app's loop purges expired records of every tracked store, in batches,
 // keeps live ones, and stops when told.
 func TestAppPurgesTrackedStores(t *testing.T) {
-	clock := &testClock{now: time.Unix(1_700_000_000, 0)}
+	clock := storetest.NewFakeClock()
 	s, err := memory.New(memory.Options{MaxEntries: 1000, Now: clock.Now})
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package memory
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -9,27 +8,9 @@ import (
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
-// fakeClock lets the suite lapse leases and TTLs without sleeping.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+		clock := storetest.NewFakeClock()
 		s, err := New(Options{MaxEntries: 100_000, Now: clock.Now})
 		if err != nil {
 			t.Fatal(err)

@@ -510,3 +510,27 @@ func Run(t *testing.T, open Open) {
 		}
 	})
 }
+
+// FakeClock is a settable clock for stores that take one (the memory store),
+// so leases and TTLs lapse without sleeping.
+type FakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewFakeClock returns a clock stopped at a fixed instant.
+func NewFakeClock() *FakeClock { return &FakeClock{now: time.Unix(1_700_000_000, 0)} }
+
+// Now returns the clock's time.
+func (c *FakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d.
+func (c *FakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
