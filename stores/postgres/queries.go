@@ -6,7 +6,7 @@ import "fmt"
 // Durations arrive as microseconds ($n::bigint) and are added to now(), the
 // transaction (here: statement) start time on the database's clock.
 type queries struct {
-	reserve, load, finalize, release, extend, takeOver, purge string
+	reserve, deleteExpired, load, finalize, release, extend, takeOver, purge string
 }
 
 // recordCols selects a record the way sqlstore.Row scans it.
@@ -18,33 +18,29 @@ const recordCols = `key, operation, path, principal, fingerprint, state,
 
 func newQueries(table, channel string) queries {
 	q := queries{
-		// One statement. The INSERT either creates the row or, through ON
-		// CONFLICT, overwrites it only when it has expired (an expired row
-		// is absent by contract; the conflicting row is locked, so two
-		// reservers cannot both overwrite it). The outer SELECT always
-		// returns one row: reserved, or the live row that blocked the
-		// INSERT. Its snapshot predates the statement, so a row committed
-		// by a concurrent reserver after that is invisible to it: then
-		// neither reserved nor a row is returned and Reserve runs the
-		// statement again.
+		// One statement. The INSERT creates the row unless the key exists;
+		// DO NOTHING leaves an existing row untouched and unlocked, so a
+		// replay writes nothing and commits without a WAL flush. The outer
+		// SELECT returns the live row that blocked the INSERT. Its snapshot
+		// predates the statement, so a row committed by a concurrent
+		// reserver after that is invisible to it; and an expired row blocks
+		// the INSERT without being live. In both cases neither reserved nor
+		// a row comes back: Reserve deletes an expired row (deleteExpired)
+		// and runs the statement again.
 		reserve: fmt.Sprintf(`WITH ins AS (
 	INSERT INTO %[1]s AS r (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
 	VALUES ($1, $2, $3, $4, $5, 'in_flight', $6,
 		now() + $7::bigint * interval '1 microsecond', now(),
 		now() + $8::bigint * interval '1 microsecond')
-	ON CONFLICT (key) DO UPDATE SET
-		operation = excluded.operation, path = excluded.path,
-		principal = excluded.principal, fingerprint = excluded.fingerprint,
-		state = 'in_flight', owner = excluded.owner, lease_until = excluded.lease_until,
-		created_at = excluded.created_at, expires_at = excluded.expires_at,
-		status = NULL, headers = NULL, body = NULL
-	WHERE r.expires_at <= now()
+	ON CONFLICT (key) DO NOTHING
 	RETURNING 1
 )
 SELECT EXISTS (SELECT FROM ins), e.*
 FROM (SELECT) AS one
 LEFT JOIN (SELECT %[2]s FROM %[1]s WHERE key = $1 AND expires_at > now()) AS e
 	ON NOT EXISTS (SELECT FROM ins)`, table, recordCols),
+
+		deleteExpired: fmt.Sprintf(`DELETE FROM %s WHERE key = $1 AND expires_at <= now()`, table),
 
 		load: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE key = $1 AND expires_at > now()`, table, recordCols),
 

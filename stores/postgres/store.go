@@ -170,7 +170,13 @@ func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.R
 		return stores.ReserveResult{Reserved: true}, nil
 	}
 	if n.Key == nil {
-		return stores.ReserveResult{}, nil // lost a race; the caller retries
+		// Lost a race, or an expired row holds the key: clear the latter
+		// (a no-op for the former) and let the caller retry. Keys are
+		// UUIDv7, so reuse after expiry is rare and this path is cold.
+		if _, err := s.pool.Exec(ctx, s.q.deleteExpired, r.Key); err != nil {
+			return stores.ReserveResult{}, s.wrap("reserve", err)
+		}
+		return stores.ReserveResult{}, nil
 	}
 	rec, _, err := n.row().Record()
 	if err != nil {
