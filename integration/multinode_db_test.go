@@ -1,15 +1,13 @@
 package integration_test
 
 // Database plumbing for the multi-node tests: where the PostgreSQL and
-// MariaDB/MySQL test servers are, a fresh table per test, and a TCP proxy
-// that can cut a node off its database.
+// MariaDB/MySQL test servers are, and a fresh table per test. The proxy that
+// cuts a node off its database is the plugin's sqltest.Proxy.
 //
-// The plugin's own helpers (stores/sqlstore/sqltest) live in the plugin
-// module, which this module does not require, and pgx is not among this
-// module's dependencies either. Rather than widen go.mod, PostgreSQL is
-// administered with psql (present wherever the server is, and used by .ci/run)
-// and MySQL with go-sql-driver/mysql, which this module already has. The
-// conventions (environment variables, defaults, skip-or-fail) are sqltest's.
+// PostgreSQL is administered with psql (present wherever the server is, and
+// used by .ci/run) rather than pgx, which this module does not need
+// otherwise; MySQL with go-sql-driver/mysql. The conventions (environment
+// variables, defaults, skip-or-fail) are sqltest's.
 
 import (
 	"bytes"
@@ -27,7 +25,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -325,158 +322,4 @@ func myVia(dsn, addr string) (string, error) {
 	}
 	cfg.Net, cfg.Addr = "tcp", addr
 	return cfg.FormatDSN(), nil
-}
-
-// --- a proxy that can cut a node off its database ---
-
-// dbProxy forwards a loopback port to a database server. stop cuts every
-// connection and refuses new ones (a dead server); blackhole swallows
-// everything, on open connections and new ones alike (a dropped route);
-// forward serves again on the same port after stop. It is the plugin's
-// sqltest.Proxy, which this module cannot import, plus the frozen open
-// connections: a pooled connection that stops answering mid-statement is
-// the harder case for a client.
-type dbProxy struct {
-	target string
-	addr   string
-	frozen atomic.Bool // open connections swallow what they read
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-}
-
-func newDBProxy(t testing.TB, target string) *dbProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &dbProxy{target: target, addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}}
-	p.serve(ln, true)
-	t.Cleanup(p.stop)
-	return p
-}
-
-// forward serves again after stop.
-func (p *dbProxy) forward(t testing.TB) {
-	t.Helper()
-	p.frozen.Store(false) // stop closed every frozen connection
-	p.listen(t, true)
-}
-
-// blackhole freezes the open connections and accepts new ones that never
-// get an answer, until stop.
-func (p *dbProxy) blackhole(t testing.TB) {
-	t.Helper()
-	p.frozen.Store(true)
-	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close() // its accept loop ends; the port is taken over below
-	}
-	p.mu.Unlock()
-	p.listen(t, false)
-}
-
-func (p *dbProxy) listen(t testing.TB, forward bool) {
-	t.Helper()
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.serve(ln, forward)
-}
-
-func (p *dbProxy) serve(ln net.Listener, forward bool) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if !p.track(c) {
-				c.Close()
-				continue
-			}
-			if forward {
-				p.wg.Add(1)
-				go func() {
-					defer p.wg.Done()
-					p.pipe(c)
-				}()
-			}
-		}
-	}()
-}
-
-// track registers c so that stop can cut it; false once stopped.
-func (p *dbProxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln == nil {
-		return false
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-func (p *dbProxy) pipe(client net.Conn) {
-	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
-	if err != nil {
-		client.Close()
-		return
-	}
-	if !p.track(server) {
-		client.Close()
-		server.Close()
-		return
-	}
-	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn) {
-		defer func() { done <- struct{}{} }()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := src.Read(buf)
-			if n > 0 && !p.frozen.Load() {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				return // either side went; nothing to report
-			}
-		}
-	}
-	go cp(server, client)
-	go cp(client, server)
-	<-done
-	client.Close()
-	server.Close()
-	<-done
-	p.mu.Lock()
-	delete(p.conns, client)
-	delete(p.conns, server)
-	p.mu.Unlock()
-}
-
-// stop closes the listener and every connection, and waits for the
-// proxy's goroutines. Safe to call when already stopped.
-func (p *dbProxy) stop() {
-	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-	p.mu.Unlock()
-	p.wg.Wait()
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
 
 // multiNodeBody is an updateTable request body; its content does not matter
@@ -406,8 +407,8 @@ func TestMultiNodeDatabaseOutage(t *testing.T) {
 		if err != nil {
 			t.Skip(err)
 		}
-		proxy := newDBProxy(t, target)
-		viaProxy, err := db.via(dsn, proxy.addr)
+		proxy := sqltest.NewProxy(t, target)
+		viaProxy, err := db.via(dsn, proxy.Addr())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -431,9 +432,9 @@ func TestMultiNodeDatabaseOutage(t *testing.T) {
 		openCalls := 0
 		for _, mode := range []string{"blackhole", "refused"} {
 			if mode == "blackhole" {
-				proxy.blackhole(t) // the open connections too: they hang
+				proxy.Blackhole() // the open connections too: they hang
 			} else {
-				proxy.stop()
+				proxy.Stop()
 			}
 			// Twice: the first attempt may fail on a pooled connection the
 			// outage cut (or froze), the second has to dial.
@@ -452,8 +453,8 @@ func TestMultiNodeDatabaseOutage(t *testing.T) {
 			wantCount(t, b, openPath, openCalls)
 		}
 
-		proxy.stop()
-		proxy.forward(t)
+		proxy.Stop()
+		proxy.Start()
 		first := commit(t, closed, path, key)
 		wantStatus(t, "retry once the database is back", first, http.StatusOK)
 		wantExecuted(t, "retry once the database is back", first)

@@ -1,20 +1,21 @@
 package sqltest
 
 import (
-	"errors"
-	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
 // Proxy forwards a local TCP port to a database server. Stop cuts every
-// connection and refuses new ones, as a dead server or a partition would;
-// Start serves again on the same port.
+// connection and refuses new ones, as a dead server would; Blackhole makes
+// every connection hang, open ones included, as a partition would; Start
+// serves again on the same port.
 type Proxy struct {
 	t      testing.TB
 	target string
 	addr   string
+	frozen atomic.Bool // open connections swallow what they read
 
 	mu    sync.Mutex
 	ln    net.Listener
@@ -42,6 +43,7 @@ func (p *Proxy) Addr() string { return p.addr }
 // Start serves again after Stop.
 func (p *Proxy) Start() {
 	p.t.Helper()
+	p.frozen.Store(false) // Stop closed every frozen connection
 	ln, err := net.Listen("tcp", p.addr)
 	if err != nil {
 		p.t.Fatal(err)
@@ -93,11 +95,19 @@ func (p *Proxy) pipe(client net.Conn) {
 	}
 	done := make(chan struct{}, 2)
 	cp := func(dst, src net.Conn) {
-		_, err := io.Copy(dst, src)
-		if err != nil && !errors.Is(err, net.ErrClosed) {
-			_ = err // a cut connection; nothing to report
+		defer func() { done <- struct{}{} }()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 && !p.frozen.Load() {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return // either side went; nothing to report
+			}
 		}
-		done <- struct{}{}
 	}
 	go cp(server, client)
 	go cp(client, server)
@@ -111,10 +121,17 @@ func (p *Proxy) pipe(client net.Conn) {
 	p.mu.Unlock()
 }
 
-// Blackhole accepts connections on the proxy's port and never answers, as
-// a server behind a dropped route would. Stop ends it.
+// Blackhole freezes the open connections (they read and drop everything)
+// and accepts new ones that never get an answer, as a server behind a
+// dropped route would. Stop ends it.
 func (p *Proxy) Blackhole() {
 	p.t.Helper()
+	p.frozen.Store(true)
+	p.mu.Lock()
+	if p.ln != nil {
+		p.ln.Close() // its accept loop ends; the port is taken over below
+	}
+	p.mu.Unlock()
 	ln, err := net.Listen("tcp", p.addr)
 	if err != nil {
 		p.t.Fatal(err)
