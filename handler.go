@@ -123,6 +123,7 @@ type Handler struct {
 
 	store       stores.Store
 	storeKey    string
+	configPath  string // BasePath + "/v1/config"
 	finalizeSet statusSet
 	releaseSet  statusSet
 	replayHdrs  []string
@@ -148,6 +149,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.setDefaults()
+	h.configPath = h.BasePath + "/v1/config"
 
 	var err error
 	if h.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {
@@ -276,7 +278,7 @@ func (h *Handler) Cleanup() error {
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	path := r.URL.EscapedPath()
-	if r.Method == http.MethodGet && path == h.BasePath+"/v1/config" {
+	if r.Method == http.MethodGet && path == h.configPath {
 		return h.advertise(w, r, next)
 	}
 	op := h.classifyPath(r.Method, path)
