@@ -1,6 +1,6 @@
 module github.com/caddy-iceberg/caddy-iceberg-idempotency/integration
 
-go 1.26.8
+go 1.26.0
 
 replace github.com/caddy-iceberg/caddy-iceberg-idempotency => ../
 
