@@ -41,16 +41,19 @@ func (h *Handler) guard(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			return nil
 		}
 		h.debug("no key: passing through", zap.String("operation", op))
+		decisions.WithLabelValues(op, outcomeNoKey).Inc()
 		return next.ServeHTTP(w, r)
 	}
 	for _, v := range values[1:] {
 		if v != values[0] {
+			decisions.WithLabelValues(op, outcomeInvalidKey).Inc()
 			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header must have a single value", 0)
 			return nil
 		}
 	}
 	key, err := parseKey(values[0])
 	if err != nil {
+		decisions.WithLabelValues(op, outcomeInvalidKey).Inc()
 		writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+err.Error(), 0)
 		return nil
 	}
@@ -134,6 +137,7 @@ func (g *guarded) run() error {
 		rec := res.Existing
 		if msg := mismatch(rec.Binding, g.binding); msg != "" {
 			g.log(zapcore.DebugLevel, "key reused for another request", zap.String("outcome", "mismatch"))
+			g.count(outcomeMismatch)
 			writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
 			return nil
 		}
@@ -166,6 +170,7 @@ func (g *guarded) run() error {
 			// Somebody else took it over first; see what they made of it.
 		default:
 			g.log(zapcore.WarnLevel, "abandoned key: outcome unknown", zap.String("outcome", "abandoned"))
+			g.count(outcomeAbandoned)
 			writeError(g.w, http.StatusInternalServerError, typeCommitStateUnknown,
 				"The original request with this Idempotency-Key was interrupted before it finished; its outcome is unknown. Check the catalog's state before retrying with a new key.", 0)
 			return nil
@@ -196,6 +201,7 @@ func (g *guarded) retryAfterSeconds() int {
 
 func (g *guarded) stillInFlight() error {
 	g.log(zapcore.DebugLevel, "key still in flight after waiting", zap.String("outcome", "in_flight"))
+	g.count(outcomeInFlight)
 	msg := "A request with this Idempotency-Key is still being processed; retry with the same key"
 	if g.h.InFlightStatus == http.StatusConflict {
 		writeError(g.w, http.StatusConflict, typeConflict, msg, 0)
@@ -209,9 +215,11 @@ func (g *guarded) stillInFlight() error {
 func (g *guarded) storeFailed(step string, err error) error {
 	if g.h.FailOpen {
 		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
+		g.count(outcomeFailOpen)
 		return g.next.ServeHTTP(g.w, g.r)
 	}
 	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.Error(err))
+	g.count(outcomeStoreUnavailable)
 	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable,
 		"Idempotency store is unavailable; retry with the same Idempotency-Key", g.retryAfterSeconds())
 	return nil
@@ -220,6 +228,7 @@ func (g *guarded) storeFailed(step string, err error) error {
 // replay answers with a stored final response.
 func (g *guarded) replay(rec *stores.Record) error {
 	g.log(zapcore.DebugLevel, "replaying stored response", zap.String("outcome", "replay"), zap.Int("status", rec.Response.Status))
+	g.count(outcomeReplayed)
 	hdr := g.w.Header()
 	for name, vals := range rec.Response.Header {
 		hdr[name] = append([]string(nil), vals...)
@@ -235,6 +244,7 @@ func (g *guarded) replay(rec *stores.Record) error {
 func (g *guarded) execute() error {
 	h := g.h
 	g.log(zapcore.DebugLevel, "key reserved: executing", zap.String("outcome", "execute"))
+	g.count(outcomeExecuted)
 
 	// Detached from the client: a commit must not be cut off half-way
 	// because the client gave up. The replacer and vars travel along.
@@ -271,6 +281,7 @@ func (g *guarded) execute() error {
 			// in flight until its lease lapses and a retry hears "unknown".
 			g.log(zapcore.ErrorLevel, "finalize failed: response delivered but not stored", zap.Int("status", status), zap.Error(err))
 		} else {
+			executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
 			g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", status))
 		}
 	}
@@ -279,6 +290,7 @@ func (g *guarded) execute() error {
 }
 
 func (g *guarded) release(ctx context.Context, why string) {
+	executions.WithLabelValues(g.binding.Operation, "released").Inc()
 	if err := g.h.store.Release(ctx, g.key, g.owner); err != nil {
 		g.log(zapcore.ErrorLevel, "release failed", zap.String("reason", why), zap.Error(err))
 		return
@@ -336,6 +348,10 @@ func (g *guarded) log(level zapcore.Level, msg string, fields ...zap.Field) {
 	if c := g.h.logger.Check(level, msg); c != nil {
 		c.Write(append(fields, zap.String("key", g.key), zap.String("operation", g.binding.Operation))...)
 	}
+}
+
+func (g *guarded) count(outcome string) {
+	decisions.WithLabelValues(g.binding.Operation, outcome).Inc()
 }
 
 func (h *Handler) debug(msg string, fields ...zap.Field) {

@@ -150,6 +150,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.setDefaults()
 	h.configPath = h.BasePath + "/v1/config"
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 
 	var err error
 	if h.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {

@@ -837,3 +837,36 @@ func TestCoreReloadDuringFlight(t *testing.T) {
 	wantReplayOf(t, "retry on the new config", retry, res.r)
 	wantCount(t, b, path, 1)
 }
+
+// The handler's decisions are counted on Caddy's admin /metrics endpoint.
+func TestCoreMetrics(t *testing.T) {
+	t.Parallel()
+	c, _ := startGuarded(t, "")
+	const path = "/v1/namespaces"
+	key := newKey(t)
+	body := `{"namespace":["m"]}`
+	wantStatus(t, "first", send(t, "POST", c.URL()+path, body, keyHeader, key), 200)
+	wantStatus(t, "retry", send(t, "POST", c.URL()+path, body, keyHeader, key), 200)
+	wantStatus(t, "mismatch", send(t, "POST", c.URL()+path, `{"namespace":["x"]}`, keyHeader, key), 422)
+	wantStatus(t, "bad key", send(t, "POST", c.URL()+path, body, keyHeader, "nope"), 400)
+
+	metrics := string(send(t, "GET", c.AdminURL()+"/metrics", "").Body)
+	for _, want := range []string{
+		`caddy_iceberg_idempotency_requests_total{operation="createNamespace",outcome="executed"} 1`,
+		`caddy_iceberg_idempotency_requests_total{operation="createNamespace",outcome="replayed"} 1`,
+		`caddy_iceberg_idempotency_requests_total{operation="createNamespace",outcome="mismatch"} 1`,
+		`caddy_iceberg_idempotency_requests_total{operation="createNamespace",outcome="invalid_key"} 1`,
+		`caddy_iceberg_idempotency_executions_total{operation="createNamespace",result="finalized"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		for _, line := range strings.Split(metrics, "\n") {
+			if strings.Contains(line, "iceberg_idempotency") {
+				t.Log(line)
+			}
+		}
+	}
+}
