@@ -154,6 +154,13 @@ func (g *guarded) run() error {
 			case rec == nil:
 				continue // the owner released the key: try to reserve it
 			}
+			// The owner may have released and another request taken the
+			// key since Reserve: bind against what is there now.
+			if msg := mismatch(rec.Binding, g.binding); msg != "" {
+				g.count(outcomeMismatch)
+				writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
+				return nil
+			}
 		}
 		switch {
 		case rec.State == stores.StateFinal:

@@ -1,0 +1,84 @@
+package icebergidempotency
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// scriptedStore answers Reserve and Await from fixed records, to reach
+// interleavings that a real store produces only under rare timing: here, a
+// duplicate waits on an owner that releases, and before the duplicate looks
+// again another request (with another body) has taken the key and finished.
+type scriptedStore struct {
+	stores.Store
+	reserveExisting *stores.Record
+	awaited         *stores.Record
+}
+
+func (s *scriptedStore) Reserve(context.Context, stores.Reservation) (stores.ReserveResult, error) {
+	return stores.ReserveResult{Existing: s.reserveExisting}, nil
+}
+
+func (s *scriptedStore) Await(context.Context, string) (*stores.Record, error) {
+	return s.awaited, nil
+}
+
+func newTestHandler(t *testing.T, s stores.Store) *Handler {
+	t.Helper()
+	h := &Handler{store: s, logger: zap.NewNop()}
+	h.setDefaults()
+	var err error
+	if h.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {
+		t.Fatal(err)
+	}
+	if h.releaseSet, err = parseStatusSet(h.ReleaseStatuses); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func TestWaiterRechecksBindingAfterAwait(t *testing.T) {
+	const key = "019386a4-1b2c-7d3e-8f40-123456789abc"
+	const body = `{"namespace":["a"]}`
+	principal := sha256Hex(nil) // no Authorization header
+	mine := stores.Binding{
+		Operation:   "createNamespace",
+		Path:        "/v1/namespaces",
+		Principal:   principal,
+		Fingerprint: requestFingerprint("POST", "/v1/namespaces", "", []byte(body)),
+	}
+	other := mine
+	other.Fingerprint = requestFingerprint("POST", "/v1/namespaces", "", []byte(`{"namespace":["b"]}`))
+	s := &scriptedStore{
+		reserveExisting: &stores.Record{Key: key, Binding: mine, State: stores.StateInFlight, Owner: "owner-1"},
+		awaited: &stores.Record{Key: key, Binding: other, State: stores.StateFinal,
+			Response: &stores.Response{Status: 200, Header: http.Header{}, Body: []byte(`{"namespace":["b"]}`)}},
+	}
+	h := newTestHandler(t, s)
+	h.InFlightWait = caddy.Duration(time.Second)
+
+	req := httptest.NewRequest("POST", "/v1/namespaces", strings.NewReader(body))
+	req.Header.Set(IdempotencyKeyHeader, key)
+	req = req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
+	rec := httptest.NewRecorder()
+	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		t.Fatal("the catalog was called")
+		return nil
+	})
+	if err := h.guard(rec, req, next, "createNamespace"); err != nil {
+		t.Fatal(err)
+	}
+	if rec.Code != http.StatusUnprocessableEntity || rec.Header().Get(ReplayedHeader) != "" {
+		t.Fatalf("got %d (replayed %q) %s; want 422, not another request's replay", rec.Code, rec.Header().Get(ReplayedHeader), rec.Body)
+	}
+}
