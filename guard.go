@@ -220,6 +220,12 @@ func (g *guarded) stillInFlight() error {
 
 // storeFailed fails closed (503 + Retry-After) unless fail_open is set.
 func (g *guarded) storeFailed(step string, err error) error {
+	if g.r.Context().Err() != nil {
+		// The client left and took the store call with it: not a failure
+		// of the store, and nobody is there to answer.
+		g.log(zapcore.DebugLevel, "client left during a store call", zap.String("step", step))
+		return nil
+	}
 	if g.h.FailOpen {
 		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
 		g.count(outcomeFailOpen)
