@@ -1,14 +1,8 @@
 package mysql
 
 import (
-	"context"
-	"math/rand/v2"
-	"slices"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -20,51 +14,5 @@ import (
 //	go test -run '^$' -bench AwaitWake -benchtime 400x ./stores/mysql/
 func BenchmarkAwaitWake(b *testing.B) {
 	s, _ := openStore(b, nil)
-	benchAwaitWake(b, s)
-}
-
-func benchAwaitWake(b *testing.B, s stores.Store) {
-	ctx := context.Background()
-	const workers = 8
-	lat := make([]time.Duration, b.N)
-	var wg sync.WaitGroup
-	b.ResetTimer()
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for i := w; i < b.N; i += workers {
-				key := storetest.NewKey(b)
-				r := storetest.Reservation(key, storetest.Long, storetest.Long)
-				if _, err := s.Reserve(ctx, r); err != nil {
-					b.Error(err)
-					return
-				}
-				done := make(chan time.Time, 1)
-				go func() {
-					if _, err := s.Await(ctx, key); err != nil {
-						b.Error(err)
-					}
-					done <- time.Now()
-				}()
-				time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
-				start := time.Now()
-				if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 200, Body: []byte("{}")}); err != nil {
-					b.Error(err)
-					return
-				}
-				lat[i] = (<-done).Sub(start)
-			}
-		}()
-	}
-	wg.Wait()
-	b.StopTimer()
-	slices.Sort(lat)
-	pct := func(p float64) float64 {
-		return float64(lat[min(len(lat)-1, int(p*float64(len(lat))))]) / float64(time.Millisecond)
-	}
-	b.ReportMetric(pct(0.50), "p50-ms")
-	b.ReportMetric(pct(0.99), "p99-ms")
-	b.ReportMetric(float64(lat[len(lat)-1])/float64(time.Millisecond), "max-ms")
+	storetest.BenchAwaitWake(b, s)
 }
