@@ -105,6 +105,23 @@ func send(t *testing.T, method, url, body string, headers ...string) response {
 	return r
 }
 
+// result is the outcome of a request sent in the background.
+type result struct {
+	r   response
+	err error
+}
+
+// sendInBackground POSTs a keyed request without waiting for it, for tests
+// that hold it in flight at the backend.
+func sendInBackground(url, body, key string) <-chan result {
+	out := make(chan result, 1)
+	go func() {
+		r, err := request(context.Background(), "POST", url, body, keyHeader, key)
+		out <- result{r, err}
+	}()
+	return out
+}
+
 func newKey(t *testing.T) string {
 	t.Helper()
 	k, err := uuid.NewV7()
@@ -635,15 +652,7 @@ func TestCoreInFlightPastWait(t *testing.T) {
 			key := newKey(t)
 			body := `{"updates":[]}`
 
-			type result struct {
-				r   response
-				err error
-			}
-			owner := make(chan result, 1)
-			go func() {
-				r, err := request(context.Background(), "POST", c.URL()+path, body, keyHeader, key)
-				owner <- result{r, err}
-			}()
+			owner := sendInBackground(c.URL()+path, body, key)
 			gate.WaitArrived(t, 1, 20*time.Second)
 
 			dup := send(t, "POST", c.URL()+path, body, keyHeader, key)
@@ -808,15 +817,7 @@ func TestCoreReloadDuringFlight(t *testing.T) {
 	key := newKey(t)
 	body := `{"updates":[]}`
 
-	type result struct {
-		r   response
-		err error
-	}
-	owner := make(chan result, 1)
-	go func() {
-		r, err := request(context.Background(), "POST", c.URL()+path, body, keyHeader, key)
-		owner <- result{r, err}
-	}()
+	owner := sendInBackground(c.URL()+path, body, key)
 	gate.WaitArrived(t, 1, 20*time.Second)
 
 	// Caddy stops the old config only once its in-flight requests finish
