@@ -122,6 +122,16 @@ func sendInBackground(url, body, key string) <-chan result {
 	return out
 }
 
+// reload loads a new config and drops the client's idle connections: the
+// old config's server keeps serving connections it already has until its
+// grace period ends, so a request on one of them would still see the old
+// config.
+func reload(t *testing.T, c *caddyproc.Instance, caddyfile string) {
+	t.Helper()
+	c.Reload(t, caddyfile)
+	client.CloseIdleConnections()
+}
+
 func newKey(t *testing.T) string {
 	t.Helper()
 	k, err := uuid.NewV7()
@@ -496,7 +506,7 @@ func TestCoreUpstreamUnreachable(t *testing.T) {
 
 	// Nothing was stored for the key: once the catalog is reachable, the
 	// retry executes.
-	c.Reload(t, site(b, "", ""))
+	reload(t, c, site(b, "", ""))
 	r := send(t, "POST", c.URL()+path, body, keyHeader, key)
 	wantStatus(t, "retry with catalog up", r, 200)
 	wantExecuted(t, "retry with catalog up", r)
@@ -619,7 +629,7 @@ func TestCoreReloadKeepsRecords(t *testing.T) {
 	first := send(t, "POST", c.URL()+path, `{"namespace":["r"]}`, keyHeader, key)
 	wantStatus(t, "first", first, 200)
 
-	c.Reload(t, site(b, "", "in_flight_wait 3s"))
+	reload(t, c, site(b, "", "in_flight_wait 3s"))
 	if !strings.Contains(string(c.Config(t)), `"in_flight_wait":3000000000`) {
 		t.Fatalf("reload did not take effect: %s", c.Config(t))
 	}
@@ -627,7 +637,7 @@ func TestCoreReloadKeepsRecords(t *testing.T) {
 	wantReplayOf(t, "retry after reload", retry, first)
 
 	// An identical config, forced through a full reload, keeps them too.
-	c.Reload(t, site(b, "", "in_flight_wait 3s"))
+	reload(t, c, site(b, "", "in_flight_wait 3s"))
 	retry = send(t, "POST", c.URL()+path, `{"namespace":["r"]}`, keyHeader, key)
 	wantReplayOf(t, "retry after second reload", retry, first)
 	wantCount(t, b, path, 1)

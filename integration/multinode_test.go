@@ -374,7 +374,7 @@ func TestMultiNodeReloadKeepsStore(t *testing.T) {
 			return countLogLines(nodes, db.openedLog)
 		}
 
-		node.Reload(t, multiNodeSite(b, store, "in_flight_wait 7s"))
+		reload(t, node, multiNodeSite(b, store, "in_flight_wait 7s"))
 		if cfg := node.Config(t); !bytes.Contains(cfg, []byte(`"in_flight_wait":7000000000`)) {
 			t.Fatalf("the reload did not apply in_flight_wait 7s: %s", cfg)
 		}
@@ -385,7 +385,7 @@ func TestMultiNodeReloadKeepsStore(t *testing.T) {
 			t.Errorf("%q logged %d times across a reload that kept the store options, want 1", db.openedLog, n)
 		}
 
-		node.Reload(t, multiNodeSite(b, db.storeBlock(dsn, table, "statement_timeout 4s"), "in_flight_wait 7s"))
+		reload(t, node, multiNodeSite(b, db.storeBlock(dsn, table, "statement_timeout 4s"), "in_flight_wait 7s"))
 		wantReplayOf(t, "after a reload with a new pool", commit(t, node, path, key), orig)
 		key3 := newKey(t)
 		wantExecuted(t, "new key after a reload with a new pool", commit(t, node, path, key3))
