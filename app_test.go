@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,10 +79,22 @@ func TestAppDefaultsAndValidation(t *testing.T) {
 // closeCounter is a store that only counts Close calls.
 type closeCounter struct {
 	stores.Store
-	closed int
+	closed atomic.Int32
 }
 
-func (c *closeCounter) Close() error { c.closed++; return nil }
+func (c *closeCounter) Close() error { c.closed.Add(1); return nil }
+
+// waitClosed waits for the pool's asynchronous close.
+func waitClosed(t *testing.T, c *closeCounter, want int32) {
+	t.Helper()
+	for range 200 {
+		if c.closed.Load() == want {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("store closed %d times, want %d", c.closed.Load(), want)
+}
 
 type fakeProvider struct {
 	key    string
@@ -115,17 +128,38 @@ func TestStorePoolSharesAndClosesLast(t *testing.T) {
 	if err := old.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	if p.store.closed != 0 {
+	if p.store.closed.Load() != 0 {
 		t.Fatal("store closed while the new handler still uses it")
 	}
 	if err := (&Handler{storeKey: p.key}).Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	if p.store.closed != 1 {
-		t.Fatalf("store closed %d times after the last user left, want 1", p.store.closed)
-	}
+	waitClosed(t, p.store, 1)
 	// A handler whose Provision failed before acquiring a store.
 	if err := (&Handler{}).Cleanup(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A store dropped by a reload stays open until the requests of the old
+// config that use it have finished: closing a connection pool under them
+// would fail their Finalize after the catalog had answered.
+func TestStorePoolClosesAfterRunningRequests(t *testing.T) {
+	ctx := newCaddyContext(t)
+	p := &fakeProvider{key: "fake/" + storetest.NewKey(t), store: &closeCounter{}}
+	ps, err := acquireStore(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leave := ps.enter()
+	if err := (&Handler{storeKey: p.key}).Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := p.store.closed.Load(); n != 0 {
+		t.Fatalf("store closed %d times while a request still used it", n)
+	}
+	leave()
+	leave() // leaving twice counts once
+	waitClosed(t, p.store, 1)
 }

@@ -70,6 +70,10 @@ func (h *Handler) guard(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
 
+	if h.pooled != nil {
+		// The store stays open across a reload until this request is done.
+		defer h.pooled.enter()()
+	}
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	g := &guarded{
 		h: h, w: w, r: r, next: next, key: key,

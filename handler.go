@@ -122,6 +122,7 @@ type Handler struct {
 	FailOpen bool `json:"fail_open,omitempty"`
 
 	store       stores.Store
+	pooled      *pooledStore // store's pool entry; nil in tests that set store directly
 	storeKey    string
 	configPath  string // BasePath + "/v1/config"
 	finalizeSet statusSet
@@ -186,10 +187,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	app := appIface.(*App)
 
-	h.store, err = acquireStore(ctx, provider)
+	h.pooled, err = acquireStore(ctx, provider)
 	if err != nil {
 		return err
 	}
+	h.store = h.pooled
 	h.storeKey = provider.StoreKey()
 	app.track(h.storeKey, h.store)
 	return nil

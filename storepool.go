@@ -2,6 +2,8 @@ package icebergidempotency
 
 import (
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -19,25 +21,109 @@ type StoreProvider interface {
 	OpenStore(ctx caddy.Context) (stores.Store, error)
 }
 
+// StoreReconfigurer is implemented by providers whose store can take new
+// settings in place. When a handler acquires a store that is already open
+// (a reload kept its StoreKey), Reconfigure is called with it, so that, for
+// example, the memory store is resized rather than replaced by an empty one.
+type StoreReconfigurer interface {
+	Reconfigure(ctx caddy.Context, s stores.Store) error
+}
+
 // storePool shares stores across config reloads: a reload provisions the new
 // handlers (taking a reference) before the old ones are cleaned up (dropping
 // theirs), so records and connection pools survive an admin-API /load.
 var storePool = caddy.NewUsagePool()
 
-type pooledStore struct{ stores.Store }
+// drainTimeout bounds how long a store no config uses any more stays open
+// for the requests that still run on it. It is a backstop: every request is
+// itself bounded by execution_timeout plus its store calls.
+const drainTimeout = 5 * time.Minute
 
-func (p pooledStore) Destruct() error { return p.Close() }
+// pooledStore is a store in storePool. It counts the requests using it, so
+// that a reload which drops the store closes it only after the old config's
+// last request finished with it: closing a pool under a running request
+// would fail that request's Finalize after the catalog had answered.
+type pooledStore struct {
+	stores.Store
 
-func acquireStore(ctx caddy.Context, p StoreProvider) (stores.Store, error) {
-	val, _, err := storePool.LoadOrNew(p.StoreKey(), func() (caddy.Destructor, error) {
+	mu       sync.Mutex
+	active   int
+	idle     *sync.Cond
+	draining bool
+}
+
+func newPooledStore(s stores.Store) *pooledStore {
+	p := &pooledStore{Store: s}
+	p.idle = sync.NewCond(&p.mu)
+	return p
+}
+
+// enter marks a request as using the store until the returned func is
+// called.
+func (p *pooledStore) enter() (leave func()) {
+	p.mu.Lock()
+	p.active++
+	p.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			p.active--
+			if p.active == 0 {
+				p.idle.Broadcast()
+			}
+			p.mu.Unlock()
+		})
+	}
+}
+
+// Destruct closes the store once no request uses it. It returns at once:
+// Caddy calls it from the old config's Cleanup, which must not hold up a
+// reload.
+func (p *pooledStore) Destruct() error {
+	p.mu.Lock()
+	p.draining = true
+	p.mu.Unlock()
+	go func() {
+		p.waitIdle(drainTimeout)
+		_ = p.Close()
+	}()
+	return nil
+}
+
+// waitIdle blocks until no request uses the store, or timeout passes.
+func (p *pooledStore) waitIdle(timeout time.Duration) {
+	timer := time.AfterFunc(timeout, func() {
+		p.mu.Lock()
+		p.idle.Broadcast()
+		p.mu.Unlock()
+	})
+	defer timer.Stop()
+	deadline := time.Now().Add(timeout)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.active > 0 && time.Now().Before(deadline) {
+		p.idle.Wait()
+	}
+}
+
+func acquireStore(ctx caddy.Context, p StoreProvider) (*pooledStore, error) {
+	val, loaded, err := storePool.LoadOrNew(p.StoreKey(), func() (caddy.Destructor, error) {
 		s, err := p.OpenStore(ctx)
 		if err != nil {
 			return nil, err
 		}
-		return pooledStore{s}, nil
+		return newPooledStore(s), nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening store: %w", err)
 	}
-	return val.(pooledStore).Store, nil
+	ps := val.(*pooledStore)
+	if r, ok := p.(StoreReconfigurer); ok && loaded {
+		if err := r.Reconfigure(ctx, ps.Store); err != nil {
+			_, _ = storePool.Delete(p.StoreKey())
+			return nil, fmt.Errorf("reconfiguring store: %w", err)
+		}
+	}
+	return ps, nil
 }

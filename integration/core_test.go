@@ -37,7 +37,11 @@ const (
 // replayHeaders are the handler's default replay_headers.
 var replayHeaders = []string{"Content-Type", "ETag", "Location", "Cache-Control"}
 
-func TestMain(m *testing.M) { os.Exit(caddyproc.Main(m)) }
+func TestMain(m *testing.M) {
+	code := caddyproc.Main(m)
+	printFaultSummary(os.Stdout)
+	os.Exit(code)
+}
 
 // client does not compress, so bodies compare byte for byte as sent, and
 // keeps enough idle connections for the concurrency test.

@@ -19,6 +19,12 @@ import (
 // not assume its result was stored.
 var ErrNotOwner = errors.New("idempotency record is not owned by this token")
 
+// ErrResponseTooLarge is returned by Finalize when the store cannot hold the
+// response (for example, it exceeds the database server's packet limit). The
+// record is left in flight under its owner, who treats the response like any
+// response larger than max_response_size: delivered, not stored, key released.
+var ErrResponseTooLarge = errors.New("response too large for the idempotency store")
+
 // State is the lifecycle state of a record.
 type State string
 
@@ -114,6 +120,14 @@ type Store interface {
 
 	// ExtendLease renews the lease of an in-flight record owned by owner.
 	ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error
+
+	// Abandon ends the lease of an in-flight record owned by owner now, so
+	// that the record reads as Abandoned at once: the owner cannot tell
+	// whether the catalog executed the request (the connection broke after
+	// it was sent, or the execution timed out), and a retry must get the
+	// abandoned policy's answer instead of waiting for a lease nobody
+	// renews. Otherwise ErrNotOwner.
+	Abandon(ctx context.Context, key, owner string) error
 
 	// TakeOver transfers an abandoned in-flight record from oldOwner to
 	// newOwner with a fresh lease (compare and swap on the owner token and on

@@ -230,6 +230,20 @@ func (s *Store) ExtendLease(_ context.Context, key, owner string, lease time.Dur
 	return nil
 }
 
+// Abandon implements stores.Store.
+func (s *Store) Abandon(_ context.Context, key, owner string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e := s.owned(key, owner, now)
+	if e == nil {
+		return stores.ErrNotOwner
+	}
+	e.leaseUntil = now
+	s.notify(key)
+	return nil
+}
+
 // TakeOver implements stores.Store.
 func (s *Store) TakeOver(_ context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
 	s.mu.Lock()

@@ -7,7 +7,7 @@ import "fmt"
 // added to UTC_TIMESTAMP(6), which is constant within a statement, so
 // every comparison in one statement uses one database-clock instant.
 type queries struct {
-	reserve, load, owned, finalize, release, extend, takeOver, purge string
+	reserve, load, owned, finalize, release, extend, abandon, takeOver, purge string
 }
 
 // recordCols selects a record the way sqlstore.Row scans it. `key` is a
@@ -65,6 +65,12 @@ ON DUPLICATE KEY UPDATE
 
 		extend: fmt.Sprintf("UPDATE %s SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND\n"+
 			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
+
+		// The lease ends at the statement's clock; every later statement
+		// sees it lapsed. A lease already lapsed is left as it is (0 rows
+		// changed): Abandon then confirms ownership with owned.
+		abandon: fmt.Sprintf("UPDATE %s SET lease_until = UTC_TIMESTAMP(6)\n"+
+			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6) AND lease_until > UTC_TIMESTAMP(6)", table),
 
 		// Compare and swap on the owner and the lapsed lease; the UPDATE
 		// reads the newest committed row under its lock, so of concurrent

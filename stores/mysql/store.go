@@ -32,7 +32,7 @@ type Store struct {
 // new connection by itself, so a call costs one round trip, not the
 // prepare-execute-close of an unprepared call with arguments.
 type statements struct {
-	reserve, load, owned, finalize, release, extend, takeOver, purge *sql.Stmt
+	reserve, load, owned, finalize, release, extend, abandon, takeOver, purge *sql.Stmt
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -97,7 +97,7 @@ func (s *Store) init(ctx context.Context, cfg Config) error {
 	}{
 		{&s.stmts.reserve, q.reserve}, {&s.stmts.load, q.load}, {&s.stmts.owned, q.owned},
 		{&s.stmts.finalize, q.finalize}, {&s.stmts.release, q.release}, {&s.stmts.extend, q.extend},
-		{&s.stmts.takeOver, q.takeOver}, {&s.stmts.purge, q.purge},
+		{&s.stmts.takeOver, q.takeOver}, {&s.stmts.purge, q.purge}, {&s.stmts.abandon, q.abandon},
 	} {
 		pctx, cancel := s.opCtx(ctx)
 		stmt, err := s.db.PrepareContext(pctx, p.sql)
@@ -116,7 +116,7 @@ func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		for _, st := range []*sql.Stmt{s.stmts.reserve, s.stmts.load, s.stmts.owned, s.stmts.finalize,
-			s.stmts.release, s.stmts.extend, s.stmts.takeOver, s.stmts.purge} {
+			s.stmts.release, s.stmts.extend, s.stmts.takeOver, s.stmts.purge, s.stmts.abandon} {
 			if st != nil {
 				st.Close()
 			}
@@ -282,11 +282,30 @@ func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.D
 	if n > 0 {
 		return nil
 	}
+	return s.confirmOwned(ctx, "extend lease", key, owner)
+}
+
+// Abandon implements stores.Store.
+func (s *Store) Abandon(ctx context.Context, key, owner string) error {
+	n, err := s.exec(ctx, "abandon", s.stmts.abandon, key, owner)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		return nil
+	}
+	return s.confirmOwned(ctx, "abandon", key, owner)
+}
+
+// confirmOwned tells a statement that matched no row because the owner's
+// row needed no change from one that matched none because the key is not
+// in flight under owner (ErrNotOwner).
+func (s *Store) confirmOwned(ctx context.Context, op, key, owner string) error {
 	qctx, cancel := s.opCtx(ctx)
 	defer cancel()
 	var owned int
 	if err := s.stmts.owned.QueryRowContext(qctx, key, owner).Scan(&owned); err != nil {
-		return s.wrap("extend lease", err)
+		return s.wrap(op, err)
 	}
 	if owned == 0 {
 		return stores.ErrNotOwner

@@ -6,7 +6,7 @@ import "fmt"
 // Durations arrive as microseconds ($n::bigint) and are added to now(), the
 // transaction (here: statement) start time on the database's clock.
 type queries struct {
-	reserve, deleteExpired, load, finalize, release, extend, takeOver, purge string
+	reserve, deleteExpired, load, finalize, release, extend, abandon, takeOver, purge string
 }
 
 // recordCols selects a record the way sqlstore.Row scans it.
@@ -54,6 +54,11 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, t
 		extend: fmt.Sprintf(`UPDATE %s SET lease_until = now() + $3::bigint * interval '1 microsecond'
 WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
 
+		// The lease ends at the statement's now(): every later statement
+		// sees it lapsed.
+		abandon: fmt.Sprintf(`UPDATE %s SET lease_until = LEAST(lease_until, now())
+WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
+
 		// Compare and swap on the owner and on the lapsed lease. Of
 		// concurrent takeovers the first locks the row; the others then
 		// re-check the WHERE on the row it wrote and match nothing.
@@ -78,6 +83,7 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND
 		q.finalize = notify(q.finalize)
 		q.release = notify(q.release)
 		q.takeOver = notify(q.takeOver)
+		q.abandon = notify(q.abandon)
 	}
 	return q
 }

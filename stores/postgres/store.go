@@ -276,6 +276,18 @@ func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.D
 	return nil
 }
 
+// Abandon implements stores.Store.
+func (s *Store) Abandon(ctx context.Context, key, owner string) error {
+	n, err := s.exec(ctx, "abandon", s.q.abandon, key, owner)
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return stores.ErrNotOwner
+	}
+	return nil
+}
+
 // TakeOver implements stores.Store.
 func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
 	n, err := s.exec(ctx, "take over", s.q.takeOver, key, oldOwner, newOwner, sqlstore.Micros(lease))

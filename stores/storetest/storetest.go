@@ -218,6 +218,71 @@ func Run(t *testing.T, open Open) {
 		}
 	})
 
+	t.Run("AbandonEndsLeaseAtOnce", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		r := Reservation(key, Long, Long)
+		reserve(t, h.Store, r)
+		if err := h.Store.Abandon(ctx, key, "someone-else"); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("Abandon by stranger = %v, want ErrNotOwner", err)
+		}
+		if rec := load(t, h.Store, key); rec == nil || rec.Abandoned {
+			t.Fatalf("record after a stranger's Abandon = %+v, want healthy in-flight", rec)
+		}
+		if err := h.Store.Abandon(ctx, key, r.Owner); err != nil {
+			t.Fatalf("Abandon: %v", err)
+		}
+		// No clock movement: the record reads abandoned at once, although
+		// its lease was Long.
+		rec := load(t, h.Store, key)
+		if rec == nil || !rec.Abandoned || rec.State != stores.StateInFlight {
+			t.Fatalf("record after Abandon = %+v, want abandoned in-flight", rec)
+		}
+		if res := reserve(t, h.Store, Reservation(key, Long, Long)); res.Reserved || !res.Existing.Abandoned {
+			t.Fatalf("Reserve of an abandoned key = %+v, want the abandoned record", res)
+		}
+		// Abandoning twice is harmless; the owner token still names the
+		// record, so a takeover must present it.
+		if err := h.Store.Abandon(ctx, key, r.Owner); err != nil {
+			t.Fatalf("second Abandon: %v", err)
+		}
+		fresh := uuid.NewString()
+		if ok, err := h.Store.TakeOver(ctx, key, r.Owner, fresh, Long); err != nil || !ok {
+			t.Fatalf("TakeOver of an abandoned key = %v, %v; want true", ok, err)
+		}
+		if err := h.Store.Abandon(ctx, key, r.Owner); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("Abandon by the fenced owner = %v, want ErrNotOwner", err)
+		}
+		if err := h.Store.Finalize(ctx, key, fresh, sample); err != nil {
+			t.Fatalf("Finalize by the new owner: %v", err)
+		}
+		if err := h.Store.Abandon(ctx, key, fresh); !errors.Is(err, stores.ErrNotOwner) {
+			t.Fatalf("Abandon of a final record = %v, want ErrNotOwner", err)
+		}
+	})
+
+	t.Run("AwaitWakesOnAbandon", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		r := Reservation(key, Long, Long)
+		reserve(t, h.Store, r)
+		got := make(chan *stores.Record, 1)
+		go func() {
+			rec, err := h.Store.Await(ctx, key)
+			if err != nil {
+				t.Errorf("Await: %v", err)
+			}
+			got <- rec
+		}()
+		time.Sleep(50 * time.Millisecond)
+		if err := h.Store.Abandon(ctx, key, r.Owner); err != nil {
+			t.Fatalf("Abandon: %v", err)
+		}
+		if rec := <-got; rec == nil || !rec.Abandoned {
+			t.Fatalf("Await after Abandon = %+v, want the abandoned record", rec)
+		}
+	})
+
 	t.Run("TakeOverFencesStaleOwner", func(t *testing.T) {
 		h := open(t)
 		key := NewKey(t)
