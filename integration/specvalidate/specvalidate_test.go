@@ -2,6 +2,7 @@ package specvalidate
 
 import (
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -68,5 +69,24 @@ func TestAllowanceIsNarrow(t *testing.T) {
 		t.Error("failure of another operation was allowed")
 	} else if !strings.Contains(f.Route, "updateProperties") {
 		t.Errorf("failure names route %q, want updateProperties", f.Route)
+	}
+}
+
+// A plain clone must be enough to run the tests: the spec is read from the
+// copy vendored inside the integration module, never from beside the
+// repository.
+func TestSpecPathIsVendored(t *testing.T) {
+	t.Setenv(SpecEnv, "")
+	p, err := SpecPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	module, err := filepath.Abs("..") // tests run in the package directory
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(module, p)
+	if err != nil || rel != filepath.Join("spec", "rest-catalog-open-api.yaml") {
+		t.Errorf("SpecPath() = %s, want %s inside the integration module (rel %q, %v)", p, filepath.Join("spec", "rest-catalog-open-api.yaml"), rel, err)
 	}
 }
