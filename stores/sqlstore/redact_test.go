@@ -4,35 +4,122 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 func TestRedactDSN(t *testing.T) {
 	cases := []struct{ in, want string }{
+		// PostgreSQL URLs.
 		{"postgres://alice:s3cret@db.example:5432/idem?sslmode=require",
 			"postgres://alice:xxxxx@db.example:5432/idem?sslmode=require"},
-		{"postgresql://alice:p@ss:w/rd@h1,h2/db",
-			"postgresql://alice:xxxxx@h1,h2/db"},
+		{"postgresql://alice:s3cret@db/idem", "postgresql://alice:xxxxx@db/idem"},
+		{"postgres://alice@db:5432/idem", "postgres://alice@db:5432/idem"},
+		{"postgres://alice:@db/idem", "postgres://alice:xxxxx@db/idem"},
+		{"postgres://db/idem", "postgres://db/idem"},
+		{"postgres://db", "postgres://db"},
+		{"postgres:///idem?host=/var/run/postgresql", "postgres:///idem?host=/var/run/postgresql"},
+		{"postgres://alice:s3cret@[::1]:5432/idem", "postgres://alice:xxxxx@[::1]:5432/idem"},
+		{"postgresql://alice:p@ss:w/rd@h1,h2/db", "postgresql://alice:xxxxx@h1,h2/db"},
+		{"postgres://caddy:s3cr?t@db/iceberg", "postgres://caddy:xxxxx@db/iceberg"},
+		{"postgres://caddy:s3cr?t@db/iceberg?sslmode=verify-full", "postgres://caddy:xxxxx@db/iceberg?sslmode=verify-full"},
+		{"postgres://caddy:a&b=c'd/e@db:5432/iceberg", "postgres://caddy:xxxxx@db:5432/iceberg"},
+		{"postgres://caddy:p%40ss%3Fw@db/iceberg", "postgres://caddy:xxxxx@db/iceberg"},
 		{"postgres://alice@db/idem?password=s3cret&sslmode=disable&sslpassword=k3y",
 			"postgres://alice@db/idem?password=xxxxx&sslmode=disable&sslpassword=xxxxx"},
-		{"postgres://db/idem", "postgres://db/idem"},
+		{"postgres://alice@db/idem?sslmode=require&password=a&b&connect_timeout=5",
+			"postgres://alice@db/idem?sslmode=require&password=xxxxx&connect_timeout=5"},
+		{"postgres://alice@db/idem?pass%77ord=s3cret", "postgres://alice@db/idem?pass%77ord=xxxxx"},
+		{"postgres://alice@db/idem?PASSWORD=s3cret", "postgres://alice@db/idem?PASSWORD=xxxxx"},
+		{"postgres://alice:s3cret@db/idem?sslmode=verify-full&sslrootcert=/etc/ssl/ca.pem&sslkey=/k&sslcert=/c",
+			"postgres://alice:xxxxx@db/idem?sslmode=verify-full&sslrootcert=/etc/ssl/ca.pem&sslkey=/k&sslcert=/c"},
+		// key=value (libpq, pgx).
 		{"host=db user=alice password=s3cret dbname=idem",
 			"host=db user=alice password=xxxxx dbname=idem"},
 		{"host=db password = 'it\\'s secret' dbname=idem",
 			"host=db password = xxxxx dbname=idem"},
+		{"host=db password='s3cr?t@x' dbname=idem", "host=db password=xxxxx dbname=idem"},
+		{"host=db password=a\\ b dbname=idem", "host=db password=xxxxx dbname=idem"},
+		{"host=db password='unterminated dbname=idem", "host=db password=xxxxx"},
 		{"user=alice PASSWORD=s3cret", "user=alice PASSWORD=xxxxx"},
+		{"host=db sslpassword=k3y sslmode=require", "host=db sslpassword=xxxxx sslmode=require"},
+		{"host=db password=x://y@z dbname=idem", "host=db password=xxxxx dbname=idem"},
+		{"  host=db user=alice", "  host=db user=alice"},
+		// MySQL driver DSNs.
 		{"root:s3cret@tcp(127.0.0.1:3306)/idem?parseTime=true",
 			"root:xxxxx@tcp(127.0.0.1:3306)/idem?parseTime=true"},
 		{"root:p@ss:word@tcp(db:3306)/idem", "root:xxxxx@tcp(db:3306)/idem"},
+		{"caddy:s3cr?t@tcp(db)/iceberg", "caddy:xxxxx@tcp(db)/iceberg"},
+		{"caddy:s3cr?t@tcp(db:3306)/iceberg?tls=true&timeout=5s", "caddy:xxxxx@tcp(db:3306)/iceberg?tls=true&timeout=5s"},
+		{"caddy:a&b=c'd:e/f@tcp(db:3306)/iceberg", "caddy:xxxxx@tcp(db:3306)/iceberg"},
+		{"caddy:s3cret@unix(/run/mysqld/mysqld.sock)/iceberg", "caddy:xxxxx@unix(/run/mysqld/mysqld.sock)/iceberg"},
+		{"caddy:s3cret@/iceberg", "caddy:xxxxx@/iceberg"},
+		{"caddy@/iceberg", "caddy@/iceberg"},
 		{"root@tcp(127.0.0.1:3306)/idem", "root@tcp(127.0.0.1:3306)/idem"},
 		{"root:@tcp(127.0.0.1:3306)/idem", "root:xxxxx@tcp(127.0.0.1:3306)/idem"},
+		{"root@tcp(db)/idem?connectionAttributes=app:me@host", "root@tcp(db)/idem?connectionAttributes=app:me@host"},
+		{"tcp(db)/idem", "tcp(db)/idem"},
 		{"/idem", "/idem"},
 		{"", ""},
 	}
 	for _, c := range cases {
 		if got := RedactDSN(c.in); got != c.want {
 			t.Errorf("RedactDSN(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+// Whatever the drivers' own parsers read as the password never survives
+// redaction, across passwords with every delimiter either DSN form uses.
+func TestRedactDSNAgainstDriverParsers(t *testing.T) {
+	passwords := []string{"s3cret", "s3cr?t", "p@ss", "a:b", "a/b", "a&b=c", "it's", "x?y@z:w/v&u=t'", "%41bc"}
+	for _, pw := range passwords {
+		// MySQL: the driver takes the password verbatim.
+		for _, dsn := range []string{
+			"caddy:" + pw + "@tcp(db:3306)/iceberg?parseTime=true",
+			"caddy:" + pw + "@unix(/run/mysqld/mysqld.sock)/iceberg",
+			"caddy:" + pw + "@/iceberg",
+		} {
+			mc, err := mysqldrv.ParseDSN(dsn)
+			if err != nil {
+				t.Errorf("mysql.ParseDSN(%q): %v", dsn, err)
+				continue
+			}
+			if mc.Passwd != pw {
+				t.Errorf("mysql.ParseDSN(%q) password %q, want %q", dsn, mc.Passwd, pw)
+			}
+			if got := RedactDSN(dsn); strings.Contains(got, pw) {
+				t.Errorf("RedactDSN(%q) = %q keeps the password", dsn, got)
+			}
+		}
+		// PostgreSQL: URL with the password raw and percent-encoded, and
+		// key=value quoted.
+		quoted := "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(pw) + "'"
+		for _, dsn := range []string{
+			"postgres://caddy:" + pw + "@db:5432/iceberg?sslmode=disable",
+			"postgres://caddy:" + url.QueryEscape(pw) + "@db/iceberg",
+			"postgres://caddy@db/iceberg?sslmode=disable&password=" + url.QueryEscape(pw),
+			"host=db user=caddy password=" + quoted + " dbname=iceberg",
+		} {
+			cfg, err := pgconn.ParseConfig(dsn)
+			got := RedactDSN(dsn)
+			if strings.Contains(got, pw) {
+				t.Errorf("RedactDSN(%q) = %q keeps the password", dsn, got)
+			}
+			if err != nil {
+				// pgx rejects it: its error must not show the password either.
+				if msg := RedactError(err, dsn, "").Error(); strings.Contains(msg, pw) {
+					t.Errorf("RedactError(pgx error for %q) = %q keeps the password", dsn, msg)
+				}
+				continue
+			}
+			if cfg.Password != "" && strings.Contains(got, cfg.Password) && len(cfg.Password) > 2 {
+				t.Errorf("RedactDSN(%q) = %q keeps pgx's password %q", dsn, got, cfg.Password)
+			}
 		}
 	}
 }
