@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -36,33 +35,18 @@ func TestAwaitNoticesLeaseLapseOnRealClock(t *testing.T) {
 	}
 }
 
-func TestEvictionBeyondMaxEntries(t *testing.T) {
-	var evicted []string
-	s, err := New(Options{MaxEntries: 2, OnEvict: func(key string, _ stores.State) { evicted = append(evicted, key) }})
+func TestNewRejectsNegativeBounds(t *testing.T) {
+	if _, err := New(Options{MaxEntries: -1}); err == nil {
+		t.Fatal("negative max_entries accepted")
+	}
+	if _, err := New(Options{MaxBytes: -1}); err == nil {
+		t.Fatal("negative max_bytes accepted")
+	}
+	s, err := New(Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := []string{storetest.NewKey(t), storetest.NewKey(t), storetest.NewKey(t)}
-	for _, k := range keys {
-		if _, err := s.Reserve(t.Context(), storetest.Reservation(k, time.Hour, time.Hour)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if s.Len() != 2 {
-		t.Fatalf("Len = %d, want 2", s.Len())
-	}
-	if len(evicted) != 1 || evicted[0] != keys[0] {
-		t.Fatalf("evicted = %v, want [%s]", evicted, keys[0])
-	}
-	if rec, _ := s.Load(t.Context(), keys[0]); rec != nil {
-		t.Fatal("evicted record still loadable")
-	}
-	// Deliberate removals are not evictions.
-	res, _ := s.Reserve(t.Context(), storetest.Reservation(keys[2], time.Hour, time.Hour))
-	if err := s.Release(t.Context(), keys[2], res.Existing.Owner); err != nil {
-		t.Fatal(err)
-	}
-	if len(evicted) != 1 {
-		t.Fatalf("Release reported as eviction: %v", evicted)
+	if got, want := s.Limits(), (Limits{MaxEntries: DefaultMaxEntries, MaxBytes: DefaultMaxBytes}); got != want {
+		t.Fatalf("Limits = %+v, want defaults %+v", got, want)
 	}
 }

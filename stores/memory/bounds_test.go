@@ -1,0 +1,272 @@
+package memory
+
+import (
+	"bytes"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// fixture is a store on a fake clock that records its evictions.
+type fixture struct {
+	t       *testing.T
+	s       *Store
+	clock   *storetest.FakeClock
+	evicted map[EvictReason]int
+}
+
+func newFixture(t *testing.T, maxEntries int, maxBytes int64) *fixture {
+	t.Helper()
+	f := &fixture{t: t, clock: storetest.NewFakeClock(), evicted: map[EvictReason]int{}}
+	s, err := New(Options{MaxEntries: maxEntries, MaxBytes: maxBytes, Now: f.clock.Now,
+		OnEvict: func(e Eviction) { f.evicted[e.Reason]++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.s = s
+	return f
+}
+
+// reserve reserves a fresh key and returns it with its owner token.
+func (f *fixture) reserve() (key, owner string) {
+	f.t.Helper()
+	r := storetest.Reservation(storetest.NewKey(f.t), time.Minute, time.Hour)
+	res, err := f.s.Reserve(f.t.Context(), r)
+	if err != nil || !res.Reserved {
+		f.t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	return r.Key, r.Owner
+}
+
+// final stores a final record with a body of n bytes under a fresh key.
+func (f *fixture) final(n int) string {
+	f.t.Helper()
+	key, owner := f.reserve()
+	if err := f.s.Finalize(f.t.Context(), key, owner, stores.Response{Status: 200, Body: make([]byte, n)}); err != nil {
+		f.t.Fatal(err)
+	}
+	return key
+}
+
+func (f *fixture) load(key string) *stores.Record {
+	f.t.Helper()
+	rec, err := f.s.Load(f.t.Context(), key)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return rec
+}
+
+// retained sums the capacity of the bodies of keys' records still held: the
+// memory they pin, whatever the store counts.
+func (f *fixture) retained(keys []string) (held int, bodyBytes int) {
+	for _, k := range keys {
+		if rec := f.load(k); rec != nil && rec.Response != nil {
+			held++
+			bodyBytes += cap(rec.Response.Body)
+		}
+	}
+	return held, bodyBytes
+}
+
+// A flood of large final responses stays within max_bytes, both as counted
+// by the store and as body memory actually pinned; the newest survive.
+func TestMaxBytesBoundsFloodOfLargeFinals(t *testing.T) {
+	const maxBytes = 8 << 20
+	f := newFixture(t, 1000, maxBytes)
+	var keys []string
+	for range 100 {
+		keys = append(keys, f.final(1<<20))
+		if st := f.s.Stats(); st.Bytes > maxBytes {
+			t.Fatalf("counted bytes %d exceed max_bytes %d with %d records", st.Bytes, maxBytes, st.Final)
+		}
+	}
+	held, body := f.retained(keys)
+	if body > maxBytes || held == 0 {
+		t.Fatalf("%d records pin %d body bytes; max_bytes %d", held, body, maxBytes)
+	}
+	if f.load(keys[len(keys)-1]) == nil {
+		t.Fatal("the newest record was evicted")
+	}
+	if f.evicted[ReasonBytes] != 100-held || f.evicted[ReasonEntries] != 0 {
+		t.Fatalf("evictions %v, want %d by bytes", f.evicted, 100-held)
+	}
+	t.Logf("%d of 100 records of 1 MiB held, %d counted bytes", held, f.s.Stats().Bytes)
+}
+
+// A 1 KiB answer captured in a buffer that grew to 64 KiB is stored in 1 KiB,
+// and the store keeps nothing of the caller's: not the body, not the header.
+func TestFinalizeStoresExactlySizedCopy(t *testing.T) {
+	f := newFixture(t, 10, 1<<20)
+	key, owner := f.reserve()
+	buf := make([]byte, 1024, 64<<10)
+	copy(buf, "answer")
+	hdr := http.Header{"Content-Type": {"application/json"}}
+	if err := f.s.Finalize(t.Context(), key, owner, stores.Response{Status: 200, Header: hdr, Body: buf}); err != nil {
+		t.Fatal(err)
+	}
+	buf[0] = 'X'
+	hdr.Set("Content-Type", "text/plain")
+
+	rec := f.load(key)
+	body := rec.Response.Body
+	if len(body) != 1024 || cap(body) != len(body) {
+		t.Fatalf("stored body len %d cap %d, want len == cap == 1024", len(body), cap(body))
+	}
+	if !bytes.HasPrefix(body, []byte("answer")) {
+		t.Fatalf("stored body changed with the caller's buffer: %q", body[:6])
+	}
+	if got := rec.Response.Header.Get("Content-Type"); got != "application/json" {
+		t.Fatalf("stored header changed with the caller's: %q", got)
+	}
+}
+
+// An in-flight record survives any number of other reservations held at the
+// same time, then released: its duplicate must keep waiting for it, not
+// execute again.
+func TestInFlightNeverEvicted(t *testing.T) {
+	f := newFixture(t, 10, 1<<20)
+	key, owner := f.reserve()
+	type held struct{ key, owner string }
+	var others []held
+	for range 1000 {
+		k, o := f.reserve()
+		others = append(others, held{k, o})
+	}
+	for _, h := range others {
+		if err := f.s.Release(t.Context(), h.key, h.owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := f.load(key)
+	if rec == nil || rec.State != stores.StateInFlight || rec.Owner != owner {
+		t.Fatalf("in-flight record = %+v after a flood of reservations", rec)
+	}
+	if err := f.s.Finalize(t.Context(), key, owner, stores.Response{Status: 200}); err != nil {
+		t.Fatalf("owner cannot finalize: %v", err)
+	}
+}
+
+// Requests that store nothing (reserved, then released, e.g. 401s) never
+// push out a final record, however many run at once.
+func TestReleasedReservationsNeverEvictFinals(t *testing.T) {
+	f := newFixture(t, 10, 1<<20)
+	kept := f.final(100)
+	var owners, keys []string
+	for range 1000 {
+		k, o := f.reserve()
+		keys, owners = append(keys, k), append(owners, o)
+	}
+	for i := range keys {
+		if err := f.s.Release(t.Context(), keys[i], owners[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec := f.load(kept); rec == nil || rec.State != stores.StateFinal {
+		t.Fatalf("final record = %+v after 1000 released reservations", rec)
+	}
+	if len(f.evicted) != 0 {
+		t.Fatalf("evictions %v, want none", f.evicted)
+	}
+}
+
+// Final records beyond max_entries push out the least recently used one; a
+// read counts as a use. Deliberate removals are not evictions.
+func TestMaxEntriesEvictsLeastRecentlyUsedFinal(t *testing.T) {
+	f := newFixture(t, 2, 1<<20)
+	a, b := f.final(1), f.final(1)
+	f.load(a) // b is now the least recently used
+	c := f.final(1)
+	if f.load(b) != nil || f.load(a) == nil || f.load(c) == nil {
+		t.Fatal("want b evicted, a and c kept")
+	}
+	if f.evicted[ReasonEntries] != 1 {
+		t.Fatalf("evictions %v, want 1 by entries", f.evicted)
+	}
+	key, owner := f.reserve()
+	if err := f.s.Release(t.Context(), key, owner); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(2 * time.Hour)
+	if n, err := f.s.PurgeExpired(t.Context(), 100); err != nil || n != 2 {
+		t.Fatalf("PurgeExpired = %d, %v; want 2", n, err)
+	}
+	if f.evicted[ReasonEntries] != 1 || len(f.evicted) != 1 {
+		t.Fatalf("removals reported as evictions: %v", f.evicted)
+	}
+	if st := f.s.Stats(); st.Final != 0 || st.Bytes != 0 {
+		t.Fatalf("after purge: %+v, want empty", st)
+	}
+}
+
+// Expired records pushed out to make room are not reported: nothing was
+// lost that a retry could still have used.
+func TestExpiredRecordsEvictedQuietly(t *testing.T) {
+	f := newFixture(t, 1, 1<<20)
+	f.final(1)
+	f.clock.Advance(2 * time.Hour)
+	f.final(1)
+	if len(f.evicted) != 0 {
+		t.Fatalf("evictions %v, want none", f.evicted)
+	}
+}
+
+// A response larger than max_bytes on its own is refused; the record stays
+// in flight under its owner (who releases it) and nothing is evicted for it.
+func TestFinalizeTooLargeLeavesRecordInFlight(t *testing.T) {
+	f := newFixture(t, 10, 64<<10)
+	kept := f.final(1000)
+	key, owner := f.reserve()
+	err := f.s.Finalize(t.Context(), key, owner, stores.Response{Status: 200, Body: make([]byte, 64<<10)})
+	if !errors.Is(err, stores.ErrResponseTooLarge) {
+		t.Fatalf("Finalize = %v, want ErrResponseTooLarge", err)
+	}
+	if rec := f.load(key); rec == nil || rec.State != stores.StateInFlight {
+		t.Fatalf("record = %+v, want still in flight", rec)
+	}
+	if f.load(kept) == nil || len(f.evicted) != 0 {
+		t.Fatalf("a refused response evicted records: %v", f.evicted)
+	}
+	if err := f.s.Release(t.Context(), key, owner); err != nil {
+		t.Fatalf("owner cannot release: %v", err)
+	}
+}
+
+// Resize keeps the records; shrinking evicts the least recently used finals
+// (in-flight ones never) and reports them.
+func TestResizeKeepsRecords(t *testing.T) {
+	f := newFixture(t, 100, 1<<20)
+	var finals []string
+	for range 10 {
+		finals = append(finals, f.final(10))
+	}
+	key, owner := f.reserve()
+	if n, err := f.s.Resize(Limits{MaxEntries: 200, MaxBytes: 2 << 20}); err != nil || n != 0 {
+		t.Fatalf("growing Resize = %d, %v", n, err)
+	}
+	if held, _ := f.retained(finals); held != 10 {
+		t.Fatalf("%d of 10 records kept after growing", held)
+	}
+	if n, err := f.s.Resize(Limits{MaxEntries: 4, MaxBytes: 2 << 20}); err != nil || n != 6 {
+		t.Fatalf("shrinking Resize = %d, %v; want 6 evicted", n, err)
+	}
+	if held, _ := f.retained(finals[6:]); held != 4 {
+		t.Fatalf("%d of the 4 newest records kept", held)
+	}
+	if rec := f.load(key); rec == nil || rec.Owner != owner {
+		t.Fatal("shrinking evicted an in-flight record")
+	}
+	if f.evicted[ReasonEntries] != 6 {
+		t.Fatalf("evictions %v, want 6 by entries", f.evicted)
+	}
+	if _, err := f.s.Resize(Limits{MaxEntries: -1}); err == nil {
+		t.Fatal("negative bound accepted")
+	}
+	if got := f.s.Limits(); got.MaxEntries != 4 {
+		t.Fatalf("a refused Resize changed the limits: %+v", got)
+	}
+}

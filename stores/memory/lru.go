@@ -1,0 +1,147 @@
+package memory
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// recordOverhead approximates what a record costs beyond its strings and
+// body: the entry and Record structs, the Response and its header map, the
+// record's slot in the key map. Set so that TestCountedBytesTrackHeap
+// counts about what the heap grows by per small final record (1.1-1.2 KiB
+// for a 300-byte answer with a realistic key and binding).
+const recordOverhead = 640
+
+// headerValueOverhead approximates the slice and map slot of one header
+// value beyond its characters.
+const headerValueOverhead = 32
+
+// finalList is the recency order of final records: an intrusive doubly
+// linked list, most recently used at head, least recently used at tail. It
+// needs no allocation per record, and expiry can scan it oldest first.
+type finalList struct {
+	head, tail *entry
+}
+
+func (l *finalList) pushFront(e *entry) {
+	e.prev, e.next = nil, l.head
+	if l.head != nil {
+		l.head.prev = e
+	}
+	l.head = e
+	if l.tail == nil {
+		l.tail = e
+	}
+}
+
+func (l *finalList) unlink(e *entry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		l.head = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		l.tail = e.prev
+	}
+	e.prev, e.next = nil, nil
+}
+
+func (l *finalList) moveToFront(e *entry) {
+	if l.head == e {
+		return
+	}
+	l.unlink(e)
+	l.pushFront(e)
+}
+
+// recordSize is what a final record counts against max_bytes: its body,
+// header names and values, key, binding and owner strings, plus a fixed
+// per-record overhead. It is an estimate of heap use, not an exact figure.
+func recordSize(rec *stores.Record) int64 {
+	n := int64(recordOverhead + len(rec.Key) + len(rec.Operation) + len(rec.Path) +
+		len(rec.Principal) + len(rec.Fingerprint) + len(rec.Owner))
+	if rec.Response != nil {
+		n += int64(len(rec.Response.Body)) + headerSize(rec.Response.Header)
+	}
+	return n
+}
+
+func headerSize(h http.Header) int64 {
+	var n int64
+	for name, vals := range h {
+		n += int64(len(name))
+		for _, v := range vals {
+			n += int64(len(v) + headerValueOverhead)
+		}
+	}
+	return n
+}
+
+// exactCopy copies a response so that the store keeps no reference to the
+// caller's buffers: the body lands in a slice whose capacity equals its
+// length, not in a capture buffer that doubled while it grew.
+func exactCopy(resp stores.Response) stores.Response {
+	out := stores.Response{Status: resp.Status, Header: resp.Header.Clone()}
+	if resp.Body != nil {
+		out.Body = make([]byte, len(resp.Body))
+		copy(out.Body, resp.Body)
+	}
+	return out
+}
+
+// addFinal makes e, whose size is set, a final record at the head of the
+// recency order, first evicting least recently used final records until it
+// fits both bounds. Caller holds s.mu and has checked that e alone fits
+// max_bytes.
+func (s *Store) addFinal(key string, e *entry, now time.Time) {
+	if old, ok := s.final[key]; ok { // cannot happen: Reserve saw no live record
+		s.dropFinal(key, old)
+	}
+	for len(s.final) >= s.limits.MaxEntries && s.lru.tail != nil {
+		s.evictOldest(ReasonEntries, now)
+	}
+	for s.bytes+e.size > s.limits.MaxBytes && s.lru.tail != nil {
+		s.evictOldest(ReasonBytes, now)
+	}
+	s.final[key] = e
+	s.lru.pushFront(e)
+	s.bytes += e.size
+}
+
+// fit evicts least recently used final records until the bounds hold, after
+// they shrank. Caller holds s.mu.
+func (s *Store) fit(now time.Time) int {
+	n := 0
+	for len(s.final) > s.limits.MaxEntries {
+		s.evictOldest(ReasonEntries, now)
+		n++
+	}
+	for s.bytes > s.limits.MaxBytes && s.lru.tail != nil {
+		s.evictOldest(ReasonBytes, now)
+		n++
+	}
+	return n
+}
+
+// evictOldest drops the least recently used final record to make room. Only
+// a record that had not expired yet is reported: its key will execute again
+// on retry, which is what the bounds being too small costs.
+func (s *Store) evictOldest(reason EvictReason, now time.Time) {
+	e := s.lru.tail
+	s.dropFinal(e.rec.Key, e)
+	if e.rec.ExpiresAt.After(now) && s.onEvict != nil {
+		s.onEvict(Eviction{Reason: reason, Limits: s.limits})
+	}
+}
+
+// dropFinal removes a final record and wakes its waiters. Caller holds s.mu.
+func (s *Store) dropFinal(key string, e *entry) {
+	s.lru.unlink(e)
+	delete(s.final, key)
+	s.bytes -= e.size
+	s.notify(key)
+}
