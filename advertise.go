@@ -2,12 +2,16 @@ package icebergidempotency
 
 import (
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -23,7 +27,17 @@ const LifetimeField = "idempotency-key-lifetime"
 const maxConfigSize = 1 << 20
 
 // advertise adds the lifetime to a successful GET /v1/config response.
+//
+// The catalog is asked for an uncompressed answer: the field is added to the
+// JSON text, and clients ask for gzip by default (Go's transport, the Java
+// client's HttpClient 5), which a catalog may honour. Caddy's encode handler,
+// when configured, runs before this one and still compresses the answer for
+// the client: it chose its encoding from the client's request already.
 func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if r.Header.Get("Accept-Encoding") != "" {
+		r = r.Clone(r.Context())
+		r.Header.Del("Accept-Encoding")
+	}
 	cw := newCaptureWriter(w, maxConfigSize)
 	if err := next.ServeHTTP(cw, r); err != nil {
 		return err
@@ -33,21 +47,64 @@ func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	hdr := w.Header()
 	mediaType, _, _ := mime.ParseMediaType(hdr.Get("Content-Type"))
-	if cw.finalStatus() != http.StatusOK || mediaType != "application/json" || hdr.Get("Content-Encoding") != "" {
+	if cw.finalStatus() != http.StatusOK || mediaType != "application/json" {
 		cw.deliver()
 		return nil
 	}
-	body, err := setTopLevelField(cw.buf.Bytes(), LifetimeField, isoDuration(time.Duration(h.Lifetime)))
+	doc := cw.buf.Bytes()
+	if enc := hdr.Get("Content-Encoding"); enc != "" {
+		// A catalog that compresses although not asked to.
+		plain, err := decodeConfig(enc, doc)
+		if err != nil {
+			h.logger.Warn("config response is compressed in an encoding the handler cannot read: "+
+				"idempotency-key-lifetime not advertised, so clients will not send keys",
+				zap.String("content_encoding", enc), zap.Error(err))
+			cw.deliver()
+			return nil
+		}
+		doc = plain
+	}
+	body, err := setTopLevelField(doc, LifetimeField, isoDuration(time.Duration(h.Lifetime)))
 	if err != nil {
-		h.debug("config response is not a JSON object: passing it through", zap.Error(err))
+		h.logger.Warn("config response is not a JSON object: idempotency-key-lifetime not advertised", zap.Error(err))
 		cw.deliver()
 		return nil
 	}
+	hdr.Del("Content-Encoding")
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	hdr.Del("ETag") // the body changed
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
 	return nil
+}
+
+// decodeConfig reads a config body the catalog compressed with gzip or
+// deflate, bounded like an uncompressed one.
+func decodeConfig(encoding string, body []byte) ([]byte, error) {
+	var rd io.ReadCloser
+	var err error
+	switch strings.ToLower(strings.TrimSpace(encoding)) {
+	case "gzip", "x-gzip":
+		rd, err = gzip.NewReader(bytes.NewReader(body))
+	case "deflate":
+		rd, err = zlib.NewReader(bytes.NewReader(body))
+	case "identity":
+		return body, nil
+	default:
+		return nil, fmt.Errorf("unsupported content encoding %q", encoding)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	plain, err := io.ReadAll(io.LimitReader(rd, maxConfigSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(plain) > maxConfigSize {
+		return nil, fmt.Errorf("decompressed config exceeds %d bytes", maxConfigSize)
+	}
+	return plain, nil
 }
 
 // setTopLevelField sets name to the JSON string value in the object doc,

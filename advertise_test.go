@@ -1,6 +1,12 @@
 package icebergidempotency
 
 import (
+	"compress/gzip"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -46,6 +52,57 @@ func TestSetTopLevelField(t *testing.T) {
 	for _, bad := range []string{`[]`, `"x"`, `{"a":`, `{"a":1} {}`, ``} {
 		if got, err := setTopLevelField([]byte(bad), LifetimeField, "PT30M"); err == nil {
 			t.Errorf("setTopLevelField(%q) = %s, want an error", bad, got)
+		}
+	}
+}
+
+// gzipCatalog answers GET /v1/config compressed: when the request asks for
+// gzip (as Go's transport and the Java client's HttpClient 5 do by
+// default), or always.
+func gzipCatalog(t *testing.T, always bool) *countingCatalog {
+	return newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		doc := `{"defaults":{},"overrides":{}}`
+		if !always && !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			_, _ = io.WriteString(w, doc)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		_, _ = io.WriteString(zw, doc)
+		_ = zw.Close()
+	})
+}
+
+// The lifetime is advertised whatever the catalog's encoding. Before, a
+// catalog that honoured the client's Accept-Encoding: gzip got nothing
+// added, so Java clients never sent keys.
+func TestAdvertiseCompressingCatalog(t *testing.T) {
+	for _, always := range []bool{false, true} {
+		h := newTestHandler(t, newMemoryStore(t))
+		proxy := newReverseProxy(t, gzipCatalog(t, always).addr())
+		res := serve(t, h, proxy, "GET", "/v1/config", "", "", "Accept-Encoding", "gzip")
+		if res.code() != http.StatusOK {
+			t.Fatalf("always=%v: GET /v1/config = %d %v", always, res.code(), res.err)
+		}
+		body := res.body
+		if res.header.Get("Content-Encoding") == "gzip" {
+			zr, err := gzip.NewReader(strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			plain, _ := io.ReadAll(zr)
+			body = string(plain)
+		}
+		var cfg map[string]any
+		if err := json.Unmarshal([]byte(body), &cfg); err != nil {
+			t.Fatalf("always=%v: config body %q: %v", always, body, err)
+		}
+		if cfg[LifetimeField] != "PT30M" {
+			t.Fatalf("always=%v: config = %s, want top-level %s PT30M", always, body, LifetimeField)
+		}
+		if cl := res.header.Get("Content-Length"); cl != strconv.Itoa(len(res.body)) {
+			t.Fatalf("always=%v: Content-Length %s for a %d-byte body", always, cl, len(res.body))
 		}
 	}
 }

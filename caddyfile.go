@@ -16,8 +16,15 @@ import (
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("iceberg_idempotency", parseHandler)
 	// Keys must be checked before the request reaches the catalog, so no
-	// `order` line is needed in the Caddyfile.
-	httpcaddyfile.RegisterDirectiveOrder("iceberg_idempotency", httpcaddyfile.Before, "reverse_proxy")
+	// `order` line is needed in the Caddyfile. Ordered before handle (and
+	// so before handle_path, route and reverse_proxy, which come after it),
+	// a site-level iceberg_idempotency guards a reverse_proxy written inside
+	// any of those blocks: a handle's subroute terminates, so anything
+	// sorted after it would never run. It still comes after basic_auth and
+	// forward_auth, so that {http.auth.user.id} is set and unauthenticated
+	// requests are rejected before they reach the store, and after encode,
+	// so that a compressed answer is captured before it is compressed.
+	httpcaddyfile.RegisterDirectiveOrder("iceberg_idempotency", httpcaddyfile.Before, "handle")
 	httpcaddyfile.RegisterGlobalOption("iceberg_idempotency", parseApp)
 }
 
@@ -77,9 +84,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "grace":
-			if err := parseDuration(d, &h.Grace); err != nil {
+			// 0 is a valid grace: records live exactly the lifetime.
+			arg, err := singleArg(d)
+			if err != nil {
 				return err
 			}
+			grace, err := caddy.ParseDuration(arg)
+			if err != nil || grace < 0 {
+				return d.Errf("grace must be a duration like 5m, or 0 for none, got %q", arg)
+			}
+			g := caddy.Duration(grace)
+			h.Grace = &g
 		case "in_flight_wait":
 			if err := parseDuration(d, &h.InFlightWait); err != nil {
 				return err

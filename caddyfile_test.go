@@ -6,11 +6,16 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/encode"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/encode/gzip"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 )
 
@@ -74,12 +79,93 @@ func TestDirectiveOrderedBeforeReverseProxy(t *testing.T) {
 	}
 }
 
+// handlerSequence lists the handlers of an adapted config in the order a
+// request that matches every route would meet them: routes in order,
+// subroutes (handle, handle_path, route) entered where they stand.
+func handlerSequence(t *testing.T, adapted []byte) []string {
+	t.Helper()
+	var cfg struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Routes []json.RawMessage `json:"routes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(adapted, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	var seq []string
+	var walkRoutes func(routes []json.RawMessage)
+	walkRoutes = func(routes []json.RawMessage) {
+		for _, raw := range routes {
+			var route struct {
+				Handle []struct {
+					Handler string            `json:"handler"`
+					Routes  []json.RawMessage `json:"routes"`
+				} `json:"handle"`
+			}
+			if err := json.Unmarshal(raw, &route); err != nil {
+				t.Fatal(err)
+			}
+			for _, h := range route.Handle {
+				if h.Handler == "subroute" {
+					walkRoutes(h.Routes)
+					continue
+				}
+				seq = append(seq, h.Handler)
+			}
+		}
+	}
+	for _, srv := range cfg.Apps.HTTP.Servers {
+		walkRoutes(srv.Routes)
+	}
+	return seq
+}
+
+// Whatever shape a Caddyfile has, the handler runs before the
+// reverse_proxy that reaches the catalog, and after authentication and
+// encode. Before, a site-level iceberg_idempotency with reverse_proxy inside
+// a handle block adapted to a config where the handle's subroute ran first
+// and terminated: the module never ran.
+func TestDirectiveOrderGuardsEveryShape(t *testing.T) {
+	files, err := filepath.Glob("testdata/caddyfile/shape_*.caddyfile")
+	if err != nil || len(files) < 5 {
+		t.Fatalf("shape inputs: %v %v", files, err)
+	}
+	for _, in := range files {
+		t.Run(filepath.Base(in), func(t *testing.T) {
+			src, err := os.ReadFile(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := adapt(t, string(src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq := handlerSequence(t, out)
+			at := func(name string) int { return slices.Index(seq, name) }
+			guard, proxy := at("iceberg_idempotency"), at("reverse_proxy")
+			if guard < 0 || proxy < 0 || guard > proxy {
+				t.Fatalf("handlers in order %v: iceberg_idempotency must come before reverse_proxy", seq)
+			}
+			for _, before := range []string{"authentication", "encode"} {
+				if i := at(before); i >= 0 && i > guard {
+					t.Fatalf("handlers in order %v: %s must come before iceberg_idempotency", seq, before)
+				}
+			}
+		})
+	}
+}
+
 func TestCaddyfileErrors(t *testing.T) {
 	tests := []struct{ name, block, want, at string }{
 		{"unknown option", "iceberg_idempotency {\n\t\tlifetyme 30m\n\t}", `unknown iceberg_idempotency option "lifetyme"`, "at Caddyfile:3"},
 		{"bad duration", "iceberg_idempotency {\n\t\tlifetime soon\n\t}", `lifetime must be a positive duration`, "at Caddyfile:3"},
 		{"negative duration", "iceberg_idempotency {\n\t\tin_flight_wait -1s\n\t}", `in_flight_wait must be a positive duration`, "at Caddyfile:3"},
 		{"missing value", "iceberg_idempotency {\n\t\tgrace\n\t}", `grace needs a value`, "at Caddyfile:3"},
+		{"negative grace", "iceberg_idempotency {\n\t\tgrace -1s\n\t}", `grace must be a duration`, "at Caddyfile:3"},
 		{"two values", "iceberg_idempotency {\n\t\tlease 1s 2s\n\t}", `lease takes a single value`, "at Caddyfile:3"},
 		{"in flight status", "iceberg_idempotency {\n\t\tin_flight_status 429\n\t}", `in_flight_status must be 503 or 409`, "at Caddyfile:3"},
 		{"abandoned", "iceberg_idempotency {\n\t\tabandoned retry\n\t}", `abandoned must be`, "at Caddyfile:3"},

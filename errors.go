@@ -25,6 +25,7 @@ const (
 	typeConflict           = "ConflictException"
 	typeTooLarge           = "RequestEntityTooLargeException"
 	typeCommitStateUnknown = "CommitStateUnknownException"
+	typeServiceFailure     = "ServiceFailureException"
 )
 
 // writeError answers with an Iceberg error body. retryAfter > 0 adds a

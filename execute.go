@@ -7,13 +7,17 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
 
-// execute runs the request as the key's owner, then finalizes or releases.
+// execute runs the request as the key's owner, then finalizes, releases, or
+// marks the outcome unknown.
 func (g *guarded) execute() error {
 	h := g.h
 	g.log(zapcore.DebugLevel, "key reserved: executing", zap.String("outcome", "execute"))
@@ -33,10 +37,27 @@ func (g *guarded) execute() error {
 	defer storeCancel()
 
 	if err != nil {
-		// Nothing was written (reverse_proxy could not reach the upstream):
-		// no final response exists, so a retry must be able to execute.
-		g.release(storeCtx, "handler error")
+		if notSent(g.r, err) {
+			// Provably nothing reached the catalog: a retry must be able
+			// to execute.
+			g.release(storeCtx, "not sent to the catalog")
+			return err
+		}
+		// The request may have reached the catalog: it may have
+		// committed. Caddy's error (502, 504) goes to this client; a
+		// retry gets the abandoned policy's answer at once.
+		g.markUnknown(storeCtx, err)
 		return err
+	}
+	if !cw.wroteHeader && cw.buf.Len() == 0 {
+		// Nothing after this handler wrote a response: most likely no
+		// reverse_proxy follows it. That is not a final response.
+		g.log(zapcore.ErrorLevel, "the handlers after iceberg_idempotency wrote no response: is reverse_proxy missing, "+
+			"or placed before iceberg_idempotency inside a route block? Key released")
+		g.release(storeCtx, "no response")
+		writeError(g.w, http.StatusBadGateway, typeServiceFailure,
+			"The proxy produced no response for this request; it was not sent to the catalog. Retry with the same Idempotency-Key.", 0)
+		return nil
 	}
 	status := cw.finalStatus()
 	switch {
@@ -49,17 +70,86 @@ func (g *guarded) execute() error {
 		g.release(storeCtx, "status "+strconv.Itoa(status))
 	default:
 		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}
-		if err := h.store.Finalize(storeCtx, g.key, g.owner, resp); err != nil {
-			// Never release here: the upstream did execute. The record stays
-			// in flight until its lease lapses and a retry hears "unknown".
-			g.log(zapcore.ErrorLevel, "finalize failed: response delivered but not stored", zap.Int("status", status), zap.Error(err))
-		} else {
-			executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
-			g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", status))
-		}
+		g.finalize(storeCtx, resp)
 	}
 	cw.deliver()
 	return nil
+}
+
+// notSent reports whether err proves that nothing of the request reached the
+// catalog. reverse_proxy sets the upstream placeholders just before it sends,
+// so without them no upstream was even chosen; a dial error means no
+// connection existed; "no upstreams available" means none was chosen. Any
+// other error (connection broken after sending, the execution timeout) leaves
+// the outcome unknown.
+//
+// With lb_retry_match configured to retry POSTs after a transport error,
+// reverse_proxy may end with a dial error after an earlier attempt reached
+// the catalog; such a configuration defeats idempotency on its own.
+func notSent(r *http.Request, err error) bool {
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		if _, chosen := repl.Get("http.reverse_proxy.upstream.address"); !chosen {
+			return true
+		}
+	}
+	var dialErr reverseproxy.DialError
+	if errors.As(err, &dialErr) {
+		return true
+	}
+	var herr caddyhttp.HandlerError
+	return errors.As(err, &herr) && herr.Err != nil && herr.Err.Error() == "no upstreams available"
+}
+
+// finalizeAttempts bounds how often a Finalize that failed for a transient
+// reason is tried; each try is bounded by storeOpTimeout's context.
+const finalizeAttempts = 3
+
+// finalize stores the final response. It never releases: the catalog did
+// execute. A response the store cannot hold is treated like an oversize one.
+func (g *guarded) finalize(ctx context.Context, resp stores.Response) {
+	var err error
+	for attempt := 1; attempt <= finalizeAttempts; attempt++ {
+		err = g.h.store.Finalize(ctx, g.key, g.owner, resp)
+		if err == nil {
+			executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
+			g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", resp.Status))
+			return
+		}
+		if errors.Is(err, stores.ErrResponseTooLarge) {
+			g.log(zapcore.WarnLevel, "response too large for the store: delivered, not stored, key released",
+				zap.Int("status", resp.Status), zap.Int("bytes", len(resp.Body)), zap.Error(err))
+			g.release(ctx, "too large for the store")
+			return
+		}
+		if errors.Is(err, stores.ErrNotOwner) || ctx.Err() != nil || attempt == finalizeAttempts {
+			break
+		}
+		g.log(zapcore.WarnLevel, "finalize failed: retrying", zap.Int("attempt", attempt), zap.Error(err))
+		select {
+		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
+		case <-ctx.Done():
+		}
+	}
+	// The catalog executed but the store does not know its answer: a retry
+	// must hear "unknown", not execute again.
+	g.log(zapcore.ErrorLevel, "finalize failed: response delivered but not stored; the key's outcome is unknown",
+		zap.Int("status", resp.Status), zap.Error(err))
+	g.markUnknown(ctx, nil)
+}
+
+// markUnknown ends the key's lease now, so its record reads as abandoned and
+// a retry gets the abandoned policy's answer at once, the same way as when
+// the owner's node died. If the store cannot be reached either, the lease
+// lapses on its own.
+func (g *guarded) markUnknown(ctx context.Context, cause error) {
+	executions.WithLabelValues(g.binding.Operation, "unknown").Inc()
+	if cause != nil {
+		g.log(zapcore.WarnLevel, "the request may have reached the catalog but no response came back: outcome unknown",
+			zap.String("outcome", "unknown"), zap.Error(cause))
+	}
+	if err := g.h.store.Abandon(ctx, g.key, g.owner); err != nil && !errors.Is(err, stores.ErrNotOwner) {
+		g.log(zapcore.ErrorLevel, "marking the key abandoned failed: its lease will lapse instead", zap.Error(err))
+	}
 }
 
 func (g *guarded) release(ctx context.Context, why string) {
@@ -70,6 +160,47 @@ func (g *guarded) release(ctx context.Context, why string) {
 	}
 	g.log(zapcore.DebugLevel, "key released", zap.String("outcome", "release"), zap.String("reason", why))
 }
+
+// undoLostReply undoes, in the background, a store write whose reply was
+// lost: the statement may have committed although the call failed. After a
+// Reserve, the reservation is released, so that the client, told to retry
+// with the same key, does not then hear "unknown" for a request that never
+// reached the catalog. After a TakeOver, the record is marked abandoned again,
+// as it was. The owner token is this request's alone, so neither can touch
+// anybody else's record. It keeps trying for a while, since a store that just
+// failed is often briefly unreachable.
+func (g *guarded) undoLostReply(undo func(ctx context.Context, s stores.Store, key, owner string) error) {
+	store, key, owner := g.h.store, g.key, g.owner
+	leave := func() {}
+	if g.h.pooled != nil {
+		leave = g.h.pooled.enter()
+	}
+	go func() {
+		defer leave()
+		deadline := time.Now().Add(lostReplyWindow)
+		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+			ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
+			err := undo(ctx, store, key, owner)
+			cancel()
+			if err == nil || errors.Is(err, stores.ErrNotOwner) || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(wait)
+		}
+	}()
+}
+
+func releaseReservation(ctx context.Context, s stores.Store, key, owner string) error {
+	return s.Release(ctx, key, owner)
+}
+
+func abandonTakeOver(ctx context.Context, s stores.Store, key, owner string) error {
+	return s.Abandon(ctx, key, owner)
+}
+
+// lostReplyWindow bounds the background repair of a store write whose reply
+// was lost.
+const lostReplyWindow = 2 * time.Minute
 
 // replayHeaders picks the headers worth replaying from the response.
 func (g *guarded) replayHeaders() http.Header {

@@ -32,8 +32,9 @@ const ReplayedHeader = "Idempotent-Replayed"
 // (finalize, release): they must not hang forever on a dead database.
 const storeOpTimeout = 10 * time.Second
 
-// guard runs one mutation under its Idempotency-Key.
-func (h *Handler) guard(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, op string) error {
+// guard runs one mutation under its Idempotency-Key. path is the request's
+// normalized path, which the key is bound to.
+func (h *Handler) guard(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, op, path string) error {
 	values := r.Header.Values(IdempotencyKeyHeader)
 	if len(values) == 0 {
 		if h.RequireKey {
@@ -79,9 +80,9 @@ func (h *Handler) guard(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		h: h, w: w, r: r, next: next, key: key,
 		binding: stores.Binding{
 			Operation:   op,
-			Path:        r.URL.EscapedPath(),
+			Path:        path,
 			Principal:   sha256Hex([]byte(repl.ReplaceAll(h.Principal, ""))),
-			Fingerprint: requestFingerprint(r.Method, r.URL.EscapedPath(), r.URL.RawQuery, body),
+			Fingerprint: requestFingerprint(r.Method, path, r.URL.RawQuery, body),
 		},
 	}
 	return g.run()
@@ -130,9 +131,11 @@ func (g *guarded) run() error {
 			Binding: g.binding,
 			Owner:   g.owner,
 			Lease:   time.Duration(h.Lease),
-			TTL:     time.Duration(h.Lifetime + h.Grace),
+			TTL:     time.Duration(h.Lifetime + *h.Grace),
 		})
 		if err != nil {
+			// The reservation may have committed with its reply lost.
+			g.undoLostReply(releaseReservation)
 			return g.storeFailed("reserve", err)
 		}
 		if res.Reserved {
@@ -172,6 +175,7 @@ func (g *guarded) run() error {
 		case h.Abandoned == abandonedReexecute:
 			ok, err := h.store.TakeOver(g.r.Context(), g.key, rec.Owner, g.owner, time.Duration(h.Lease))
 			if err != nil {
+				g.undoLostReply(abandonTakeOver)
 				return g.storeFailed("take over", err)
 			}
 			if ok {

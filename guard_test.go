@@ -36,12 +36,7 @@ func (s *scriptedStore) Await(context.Context, string) (*stores.Record, error) {
 func newTestHandler(t *testing.T, s stores.Store) *Handler {
 	t.Helper()
 	h := &Handler{store: s, logger: zap.NewNop()}
-	h.setDefaults()
-	var err error
-	if h.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {
-		t.Fatal(err)
-	}
-	if h.releaseSet, err = parseStatusSet(h.ReleaseStatuses); err != nil {
+	if err := h.prepare(); err != nil {
 		t.Fatal(err)
 	}
 	return h
@@ -75,7 +70,7 @@ func TestWaiterRechecksBindingAfterAwait(t *testing.T) {
 		t.Fatal("the catalog was called")
 		return nil
 	})
-	if err := h.guard(rec, req, next, "createNamespace"); err != nil {
+	if err := h.guard(rec, req, next, "createNamespace", "/v1/namespaces"); err != nil {
 		t.Fatal(err)
 	}
 	if rec.Code != http.StatusUnprocessableEntity || rec.Header().Get(ReplayedHeader) != "" {

@@ -48,8 +48,8 @@ type Handler struct {
 	Lifetime caddy.Duration `json:"lifetime,omitempty"`
 
 	// Extra time a record is kept past Lifetime, for clock skew and slow
-	// retries. Default: 5m.
-	Grace caddy.Duration `json:"grace,omitempty"`
+	// retries; 0 keeps records exactly Lifetime. Default: 5m (when unset).
+	Grace *caddy.Duration `json:"grace,omitempty"`
 
 	// How long a duplicate of a request that is still executing waits for
 	// its result before it is answered with InFlightStatus. Default: 10s.
@@ -124,7 +124,8 @@ type Handler struct {
 	store       stores.Store
 	pooled      *pooledStore // store's pool entry; nil in tests that set store directly
 	storeKey    string
-	configPath  string // BasePath + "/v1/config"
+	basePath    string // BasePath, normalized like request paths
+	configPath  string // basePath + "/v1/config"
 	finalizeSet statusSet
 	releaseSet  statusSet
 	replayHdrs  []string
@@ -146,28 +147,14 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets defaults and acquires the shared store.
+// Provision prepares the configuration and acquires the shared store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	h.setDefaults()
-	h.configPath = h.BasePath + "/v1/config"
+	if err := h.prepare(); err != nil {
+		return err
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
-	}
-
-	var err error
-	if h.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {
-		return fmt.Errorf("finalize_statuses: %w", err)
-	}
-	if h.releaseSet, err = parseStatusSet(h.ReleaseStatuses); err != nil {
-		return fmt.Errorf("release_statuses: %w", err)
-	}
-	// Content-Encoding is always kept: the stored body is unreadable without it.
-	h.replayHdrs = []string{"Content-Encoding"}
-	for _, name := range h.ReplayHeaders {
-		if name = http.CanonicalHeaderKey(name); !slices.Contains(h.replayHdrs, name) {
-			h.replayHdrs = append(h.replayHdrs, name)
-		}
 	}
 
 	var provider StoreProvider = &MemoryStore{}
@@ -197,9 +184,41 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// prepare sets defaults and derives what requests need from the options.
+// It touches nothing outside the handler, so tests use it as Provision does.
+func (h *Handler) prepare() error {
+	if h.logger == nil {
+		h.logger = zap.NewNop()
+	}
+	h.setDefaults()
+	h.basePath = ""
+	if h.BasePath != "" {
+		h.basePath = normalizePath(h.BasePath)
+	}
+	h.configPath = h.basePath + "/v1/config"
+	var err error
+	if h.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {
+		return fmt.Errorf("finalize_statuses: %w", err)
+	}
+	if h.releaseSet, err = parseStatusSet(h.ReleaseStatuses); err != nil {
+		return fmt.Errorf("release_statuses: %w", err)
+	}
+	// Content-Encoding is always kept: the stored body is unreadable without it.
+	h.replayHdrs = []string{"Content-Encoding"}
+	for _, name := range h.ReplayHeaders {
+		if name = http.CanonicalHeaderKey(name); !slices.Contains(h.replayHdrs, name) {
+			h.replayHdrs = append(h.replayHdrs, name)
+		}
+	}
+	return nil
+}
+
 func (h *Handler) setDefaults() {
 	setDuration(&h.Lifetime, DefaultLifetime)
-	setDuration(&h.Grace, DefaultGrace)
+	if h.Grace == nil {
+		grace := caddy.Duration(DefaultGrace)
+		h.Grace = &grace
+	}
 	setDuration(&h.InFlightWait, DefaultInFlightWait)
 	setDuration(&h.RetryAfter, DefaultRetryAfter)
 	setDuration(&h.ExecutionTimeout, DefaultExecutionTimeout)
@@ -245,7 +264,7 @@ const (
 // Validate checks the configuration.
 func (h *Handler) Validate() error {
 	for name, d := range map[string]caddy.Duration{
-		"lifetime": h.Lifetime, "grace": h.Grace, "in_flight_wait": h.InFlightWait,
+		"lifetime": h.Lifetime, "grace": *h.Grace, "in_flight_wait": h.InFlightWait,
 		"retry_after": h.RetryAfter, "execution_timeout": h.ExecutionTimeout, "lease": h.Lease,
 	} {
 		if d < 0 {
@@ -282,7 +301,7 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	path := r.URL.EscapedPath()
+	path := normalizePath(r.URL.EscapedPath())
 	if r.Method == http.MethodGet && path == h.configPath {
 		return h.advertise(w, r, next)
 	}
@@ -290,13 +309,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if op == "" {
 		return next.ServeHTTP(w, r)
 	}
-	return h.guard(w, r, next, op)
+	return h.guard(w, r, next, op, path)
 }
 
 // classifyPath returns the mutation's operationId, or "" for requests that
 // pass straight through (outside the base path, reads, unknown paths).
 func (h *Handler) classifyPath(method, path string) string {
-	rel, ok := strings.CutPrefix(path, h.BasePath)
+	rel, ok := strings.CutPrefix(path, h.basePath)
 	if !ok {
 		return ""
 	}

@@ -83,6 +83,9 @@ func replacePrefix(path, prefix string) string {
 // The base path is stripped before classification; requests outside it pass.
 func TestBasePath(t *testing.T) {
 	h := &Handler{BasePath: "/api/catalog"}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
 	for path, want := range map[string]string{
 		"/api/catalog/v1/namespaces":    "createNamespace",
 		"/api/catalog/v1/wh/namespaces": "createNamespace",

@@ -1,0 +1,423 @@
+package icebergidempotency
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// These tests put Caddy's real reverse_proxy handler behind the handler, in
+// process, in front of an httptest catalog stand-in: the faults under test
+// (a connection that breaks after the catalog executed, an execution that
+// outlives execution_timeout, a refused dial) are what reverse_proxy itself
+// reports, so they need the real reverse_proxy; the catalog is a stand-in
+// because it must count executions and break connections on purpose.
+
+// countingCatalog is a catalog stand-in that counts the requests it
+// executes and then does what answer says.
+type countingCatalog struct {
+	srv      *httptest.Server
+	executed atomic.Int32
+}
+
+func newCountingCatalog(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)) *countingCatalog {
+	t.Helper()
+	c := &countingCatalog{}
+	c.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		c.executed.Add(1)
+		answer(w, r)
+	}))
+	t.Cleanup(c.srv.Close)
+	return c
+}
+
+func (c *countingCatalog) addr() string { return strings.TrimPrefix(c.srv.URL, "http://") }
+
+// answerOK answers like a catalog that committed.
+func answerOK(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"metadata-location":"s3://w/t/metadata/00001.json"}`)
+}
+
+// answerNothing commits, then drops the connection before any answer: the
+// response is lost on the way back.
+func answerNothing(w http.ResponseWriter, _ *http.Request) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err == nil {
+		_ = conn.Close()
+	}
+}
+
+var loadCaddyOnce sync.Once
+
+// runningCaddyContext returns the context of a running (empty) Caddy
+// config: reverse_proxy's Provision looks up other apps, which only a loaded
+// config has.
+func runningCaddyContext(t *testing.T) caddy.Context {
+	t.Helper()
+	loadCaddyOnce.Do(func() {
+		if err := caddy.Load([]byte(`{"admin":{"disabled":true}}`), true); err != nil {
+			t.Fatalf("loading an empty Caddy config: %v", err)
+		}
+	})
+	ctx, cancel := caddy.NewContext(caddy.ActiveContext())
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newReverseProxy provisions Caddy's reverse_proxy handler for one upstream.
+func newReverseProxy(t *testing.T, upstream string) caddyhttp.Handler {
+	t.Helper()
+	ctx := runningCaddyContext(t)
+	rp := &reverseproxy.Handler{Upstreams: reverseproxy.UpstreamPool{{Dial: upstream}}}
+	if err := rp.Provision(ctx); err != nil {
+		t.Fatalf("provisioning reverse_proxy: %v", err)
+	}
+	t.Cleanup(func() { _ = rp.Cleanup() })
+	end := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return rp.ServeHTTP(w, r, end)
+	})
+}
+
+// deadAddr is an address that refuses connections.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return addr
+}
+
+// result is what one request through the handler produced: the response
+// written, or the error returned for Caddy to answer with.
+type result struct {
+	status int
+	header http.Header
+	body   string
+	err    error
+}
+
+// code is the status the client sees: Caddy answers a returned handler
+// error with its status.
+func (r result) code() int {
+	var herr caddyhttp.HandlerError
+	if errors.As(r.err, &herr) {
+		return herr.StatusCode
+	}
+	if r.err != nil {
+		return http.StatusInternalServerError
+	}
+	return r.status
+}
+
+func (r result) errorType() string {
+	var body icebergError
+	_ = json.Unmarshal([]byte(r.body), &body)
+	return body.Error.Type
+}
+
+// serve sends one request through h the way Caddy's server does.
+func serve(t *testing.T, h *Handler, next caddyhttp.Handler, method, target, key, body string, headers ...string) result {
+	t.Helper()
+	req := httptest.NewRequest(method, target, strings.NewReader(body))
+	if key != "" {
+		req.Header.Set(IdempotencyKeyHeader, key)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	rec := httptest.NewRecorder()
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+	err := h.ServeHTTP(rec, req, next)
+	return result{status: rec.Code, header: rec.Header(), body: rec.Body.String(), err: err}
+}
+
+const commitPath = "/v1/wh/namespaces/ns/tables/t"
+const commitBody = `{"requirements":[],"updates":[]}`
+
+// A commit whose answer is lost after the catalog executed it is "outcome
+// unknown": the first client gets Caddy's 502, and a retry with the key gets
+// 500 CommitStateUnknownException at once, without executing again. Before,
+// the key was released on any reverse_proxy error, the retry executed the
+// commit a second time and the client heard 409 CommitFailed for a commit
+// that was in the table.
+func TestResponseLostAfterCommitIsUnknown(t *testing.T) {
+	catalog := newCountingCatalog(t, answerNothing)
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+
+	first := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if first.code() != http.StatusBadGateway {
+		t.Fatalf("first answer = %d %v, want reverse_proxy's 502", first.code(), first.err)
+	}
+	for range 3 {
+		retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+		if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
+			t.Fatalf("retry = %d %s %v, want 500 %s", retry.code(), retry.body, retry.err, typeCommitStateUnknown)
+		}
+	}
+	if n := catalog.executed.Load(); n != 1 {
+		t.Fatalf("catalog executed the commit %d times, want 1", n)
+	}
+}
+
+// With `abandoned reexecute`, the operator's choice, the retry executes.
+func TestResponseLostAfterCommitReexecutes(t *testing.T) {
+	catalog := newCountingCatalog(t, answerNothing)
+	h := newTestHandler(t, newMemoryStore(t))
+	h.Abandoned = abandonedReexecute
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	ok := newReverseProxy(t, newCountingCatalog(t, answerOK).addr())
+	if retry := serve(t, h, ok, "POST", commitPath, key, commitBody); retry.code() != http.StatusOK {
+		t.Fatalf("retry under reexecute = %d %v, want 200", retry.code(), retry.err)
+	}
+}
+
+// execution_timeout firing while the catalog is still committing is
+// "outcome unknown" too: 504 first, then 500 unknown at once. The retry does
+// not wait out the 30 s lease.
+func TestExecutionTimeoutIsUnknown(t *testing.T) {
+	release := make(chan struct{})
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		<-release // still committing when the proxy gives up
+		answerOK(w, r)
+	})
+	t.Cleanup(func() { close(release) })
+	h := newTestHandler(t, newMemoryStore(t))
+	h.ExecutionTimeout = caddy.Duration(200 * time.Millisecond)
+	h.InFlightWait = caddy.Duration(5 * time.Second)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusGatewayTimeout {
+		t.Fatalf("first answer = %d %v, want 504", first.code(), first.err)
+	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
+		t.Fatalf("retry = %d %s %v, want 500 %s", retry.code(), retry.body, retry.err, typeCommitStateUnknown)
+	}
+	if n := catalog.executed.Load(); n != 1 {
+		t.Fatalf("catalog executed %d times, want 1", n)
+	}
+}
+
+// Nothing reached the catalog when reverse_proxy could not dial it: the key
+// is released and the retry executes.
+func TestDialFailureReleases(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	key := storetest.NewKey(t)
+	first := serve(t, h, newReverseProxy(t, deadAddr(t)), "POST", commitPath, key, commitBody)
+	if first.code() != http.StatusBadGateway {
+		t.Fatalf("first answer = %d %v, want 502", first.code(), first.err)
+	}
+	catalog := newCountingCatalog(t, answerOK)
+	retry := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %v, executed %d; want 200, executed once", retry.code(), retry.err, catalog.executed.Load())
+	}
+}
+
+// An error from a handler that ran before any upstream was chosen (here one
+// that rejects the request itself) proves nothing was sent: released.
+func TestErrorBeforeProxyingReleases(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	key := storetest.NewKey(t)
+	reject := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
+		return caddyhttp.Error(http.StatusForbidden, errors.New("denied by a handler before reverse_proxy"))
+	})
+	if first := serve(t, h, reject, "POST", commitPath, key, commitBody); first.code() != http.StatusForbidden {
+		t.Fatalf("first answer = %d, want 403", first.code())
+	}
+	catalog := newCountingCatalog(t, answerOK)
+	if retry := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody); retry.code() != http.StatusOK {
+		t.Fatalf("retry = %d %v, want 200", retry.code(), retry.err)
+	}
+}
+
+// A chain that writes nothing (no reverse_proxy after the directive) is not
+// a final response: the client gets a 502 ErrorModel and the key is
+// released, so that once the config is fixed the retry executes. Before, an
+// empty 200 was stored and replayed, telling the client that a namespace
+// exists that was never created.
+func TestNoResponseIsNotFinal(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	key := storetest.NewKey(t)
+	nothing := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	first := serve(t, h, nothing, "POST", "/v1/namespaces", key, `{"namespace":["a"]}`)
+	if first.code() != http.StatusBadGateway || first.errorType() != typeServiceFailure {
+		t.Fatalf("first answer = %d %q, want 502 %s", first.code(), first.body, typeServiceFailure)
+	}
+	catalog := newCountingCatalog(t, answerOK)
+	retry := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", "/v1/namespaces", key, `{"namespace":["a"]}`)
+	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "" || catalog.executed.Load() != 1 {
+		t.Fatalf("retry after the fix = %d replayed=%q executed=%d; want a fresh 200", retry.code(),
+			retry.header.Get(ReplayedHeader), catalog.executed.Load())
+	}
+}
+
+// flakyStore injects store failures that a real database produces only
+// under rare timing.
+type flakyStore struct {
+	stores.Store
+	reserveLostReplies atomic.Int32 // Reserve commits, then reports an error
+	finalizeFailures   atomic.Int32 // Finalize fails before writing
+	finalizeTooLarge   bool
+}
+
+var errInjected = errors.New("injected: connection reset by peer")
+
+func (s *flakyStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	res, err := s.Store.Reserve(ctx, r)
+	if err == nil && s.reserveLostReplies.Add(-1) >= 0 {
+		return stores.ReserveResult{}, errInjected
+	}
+	return res, err
+}
+
+func (s *flakyStore) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	if s.finalizeTooLarge {
+		return stores.ErrResponseTooLarge
+	}
+	if s.finalizeFailures.Add(-1) >= 0 {
+		return errInjected
+	}
+	return s.Store.Finalize(ctx, key, owner, resp)
+}
+
+// A Reserve that committed but whose reply was lost leaves no stranded
+// record: the client hears 503 "retry with the same key", and the retry
+// executes. Before, the retry found the record in flight, unrenewed, and
+// heard 503 and then "outcome unknown" for a request never sent.
+func TestLostReserveReplyIsReleased(t *testing.T) {
+	s := &flakyStore{Store: newMemoryStore(t)}
+	s.reserveLostReplies.Store(1)
+	h := newTestHandler(t, s)
+	h.InFlightWait = caddy.Duration(5 * time.Second)
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusServiceUnavailable {
+		t.Fatalf("first answer = %d %s, want 503", first.code(), first.body)
+	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %s, executed %d; want 200, executed once", retry.code(), retry.body, catalog.executed.Load())
+	}
+}
+
+// A Finalize that fails transiently is tried again, so the retry replays
+// the stored answer instead of hearing "unknown".
+func TestFinalizeRetried(t *testing.T) {
+	s := &flakyStore{Store: newMemoryStore(t)}
+	s.finalizeFailures.Store(finalizeAttempts - 1)
+	h := newTestHandler(t, s)
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
+		t.Fatalf("first answer = %d, want 200", first.code())
+	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d replayed=%q executed=%d; want the stored 200", retry.code(), retry.header.Get(ReplayedHeader), catalog.executed.Load())
+	}
+}
+
+// A Finalize that keeps failing leaves the key "unknown" at once: the
+// catalog did execute.
+func TestFinalizeFailureIsUnknown(t *testing.T) {
+	s := &flakyStore{Store: newMemoryStore(t)}
+	s.finalizeFailures.Store(finalizeAttempts)
+	h := newTestHandler(t, s)
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
+		t.Fatalf("first answer = %d, want the catalog's 200 delivered", first.code())
+	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %s executed=%d; want 500 unknown, executed once", retry.code(), retry.body, catalog.executed.Load())
+	}
+}
+
+// A response the store cannot hold (MySQL's max_allowed_packet) is handled
+// like one over max_response_size: delivered, not stored, key released.
+func TestResponseTooLargeForStoreReleases(t *testing.T) {
+	s := &flakyStore{Store: newMemoryStore(t), finalizeTooLarge: true}
+	h := newTestHandler(t, s)
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
+		t.Fatalf("first answer = %d, want 200", first.code())
+	}
+	if rec, _ := s.Load(context.Background(), key); rec != nil {
+		t.Fatalf("record after a too-large response = %+v, want released", rec)
+	}
+}
+
+func newMemoryStore(t *testing.T) *memory.Store {
+	t.Helper()
+	s, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// grace 0 is a valid choice (records live exactly the lifetime); before, it
+// was rejected as not positive.
+func TestGraceZero(t *testing.T) {
+	h := new(Handler)
+	d := caddyfile.NewTestDispenser("iceberg_idempotency {\n\tlifetime 10m\n\tgrace 0\n}")
+	if err := h.UnmarshalCaddyfile(d); err != nil {
+		t.Fatalf("grace 0: %v", err)
+	}
+	s := newMemoryStore(t)
+	h.store = s
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	key := storetest.NewKey(t)
+	catalog := newCountingCatalog(t, answerOK)
+	if res := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody); res.code() != http.StatusOK {
+		t.Fatalf("commit = %d %v", res.code(), res.err)
+	}
+	rec, err := s.Load(context.Background(), key)
+	if err != nil || rec == nil {
+		t.Fatalf("Load = %v, %v", rec, err)
+	}
+	if life := rec.ExpiresAt.Sub(rec.CreatedAt); life != 10*time.Minute {
+		t.Fatalf("record lives %v, want exactly the 10m lifetime", life)
+	}
+}

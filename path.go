@@ -1,0 +1,95 @@
+package icebergidempotency
+
+import "strings"
+
+// normalizePath returns the form of an escaped URL path that the handler
+// classifies and binds keys to, so that every spelling a catalog treats as
+// one path is guarded as that path:
+//
+//   - percent-encoded unreserved characters (RFC 3986: ALPHA, DIGIT, "-", ".",
+//     "_", "~") are decoded, since decoding them never changes a URI's meaning:
+//     "/v1/wh/%6Eamespaces" is "/v1/wh/namespaces";
+//   - other escapes keep their encoding with upper-case hex digits ("%2f" and
+//     "%2F" are one character): "%2F" and "%1F" stay inside their segment, as
+//     Iceberg's namespace separator must;
+//   - empty segments ("//") and a trailing "/" are dropped, and "." and ".."
+//     segments are resolved: servlet containers, Go's ServeMux and most web
+//     frameworks route such paths to the same handler or redirect to it, so a
+//     guard that missed them could be walked around. A path the catalog
+//     rejects instead (404) gains nothing from this but a stored 404.
+//
+// Reading more paths as mutations than the catalog does costs at most a
+// stored 4xx; reading fewer would let a retry execute twice.
+func normalizePath(escaped string) string {
+	if escaped == "" {
+		return "/"
+	}
+	segs := strings.Split(escaped, "/")
+	out := make([]string, 0, len(segs))
+	for _, seg := range segs {
+		seg = normalizeEscapes(seg)
+		switch seg {
+		case "", ".":
+			continue
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+			continue
+		}
+		out = append(out, seg)
+	}
+	return "/" + strings.Join(out, "/")
+}
+
+// normalizeEscapes decodes escaped unreserved characters in one path segment
+// and upper-cases the hex digits of the escapes it keeps. A malformed escape
+// is kept as it is.
+func normalizeEscapes(seg string) string {
+	if !strings.Contains(seg, "%") {
+		return seg
+	}
+	var b strings.Builder
+	b.Grow(len(seg))
+	for i := 0; i < len(seg); i++ {
+		c := seg[i]
+		if c != '%' || i+2 >= len(seg) {
+			b.WriteByte(c)
+			continue
+		}
+		hi, lo := unhex(seg[i+1]), unhex(seg[i+2])
+		if hi < 0 || lo < 0 {
+			b.WriteByte(c)
+			continue
+		}
+		decoded := byte(hi<<4 | lo)
+		if isUnreserved(decoded) {
+			b.WriteByte(decoded)
+		} else {
+			b.WriteByte('%')
+			b.WriteByte(upperHex[hi])
+			b.WriteByte(upperHex[lo])
+		}
+		i += 2
+	}
+	return b.String()
+}
+
+const upperHex = "0123456789ABCDEF"
+
+func unhex(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c - 'a' + 10)
+	case 'A' <= c && c <= 'F':
+		return int(c - 'A' + 10)
+	}
+	return -1
+}
+
+func isUnreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~'
+}

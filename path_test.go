@@ -1,0 +1,113 @@
+package icebergidempotency
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+func TestNormalizePath(t *testing.T) {
+	for in, want := range map[string]string{
+		"/v1/wh/namespaces":                "/v1/wh/namespaces",
+		"/v1/wh/%6Eamespaces":              "/v1/wh/namespaces",
+		"/v1/wh/%6eamespaces":              "/v1/wh/namespaces",
+		"/%76%31/wh/namespaces":            "/v1/wh/namespaces",
+		"/v1//wh///namespaces":             "/v1/wh/namespaces",
+		"/v1/wh/namespaces/":               "/v1/wh/namespaces",
+		"/v1/./wh/x/../namespaces":         "/v1/wh/namespaces",
+		"/v1/wh/%2E%2E/namespaces":         "/v1/namespaces",
+		"/v1/namespaces/a%1Fb/tables/t":    "/v1/namespaces/a%1Fb/tables/t",
+		"/v1/namespaces/a%1fb/tables/t":    "/v1/namespaces/a%1Fb/tables/t",
+		"/v1/namespaces/a%2fb/tables":      "/v1/namespaces/a%2Fb/tables",
+		"/v1/namespaces/%zz/tables":        "/v1/namespaces/%zz/tables",
+		"/v1/namespaces/abc%":              "/v1/namespaces/abc%",
+		"/v1/namespaces/abc%4":             "/v1/namespaces/abc%4",
+		"":                                 "/",
+		"/":                                "/",
+		"/../..":                           "/",
+		"/api/catalog/v1/wh/tables/rename": "/api/catalog/v1/wh/tables/rename",
+	} {
+		if got := normalizePath(in); got != want {
+			t.Errorf("normalizePath(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// Spellings of one path classify the same: before, "/v1/wh/%6Eamespaces"
+// reached the catalog as "/v1/wh/namespaces" but was not classified, so it
+// went unguarded and bypassed require_key.
+func TestClassifyPathSpellings(t *testing.T) {
+	h := &Handler{}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{
+		"/v1/wh/namespaces", "/v1/wh/%6Eamespaces", "/v1//wh/namespaces", "/v1/wh/namespaces/",
+		"/v1/wh/./namespaces", "/v1/%77h/namespaces",
+	} {
+		if got := h.classifyPath("POST", normalizePath(p)); got != "createNamespace" {
+			t.Errorf("classify(POST %s) = %q, want createNamespace", p, got)
+		}
+	}
+}
+
+// require_key applies to every spelling of a mutation's path.
+func TestRequireKeyOnEscapedPath(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.RequireKey = true
+	called := false
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { called = true; return nil })
+	res := serve(t, h, next, "POST", "/v1/wh/%6Eamespaces", "", `{"namespace":["a"]}`)
+	if res.code() != http.StatusBadRequest || called {
+		t.Fatalf("unkeyed POST /v1/wh/%%6Eamespaces = %d (catalog called: %v), want 400", res.code(), called)
+	}
+}
+
+// FuzzClassify: the classifier never panics, and two spellings of a path
+// that the catalog reads as one (escaped unreserved characters, doubled and
+// trailing slashes) classify the same.
+func FuzzClassify(f *testing.F) {
+	for _, seed := range []string{
+		"/v1/namespaces", "/v1/wh/namespaces/ns/tables/t", "/v1/wh/%6Eamespaces", "/v1//namespaces/",
+		"/v1/wh/namespaces/a%1Fb/tables/t/plan/p1", "/v1/transactions/commit", "/v1/%2e%2e/x", "%", "/v1/a%zz",
+	} {
+		f.Add("POST", seed)
+		f.Add("DELETE", seed)
+	}
+	h := &Handler{BasePath: "/api/catalog"}
+	if err := h.prepare(); err != nil {
+		f.Fatal(err)
+	}
+	plain := &Handler{}
+	if err := plain.prepare(); err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, method, path string) {
+		norm := normalizePath(path)
+		op := plain.classifyPath(method, norm)
+		_ = h.classifyPath(method, norm)
+		if normalizePath(norm) != norm {
+			t.Fatalf("normalizePath is not idempotent: %q → %q → %q", path, norm, normalizePath(norm))
+		}
+		// Another spelling of the same path: escape every unreserved
+		// character of it, double its slashes, add a trailing slash.
+		var b strings.Builder
+		for i := 0; i < len(norm); i++ {
+			c := norm[i]
+			switch {
+			case c == '/':
+				b.WriteString("//")
+			case isUnreserved(c) && c != '.':
+				b.WriteString("%" + strings.ToLower(string(upperHex[c>>4])+string(upperHex[c&15])))
+			default:
+				b.WriteByte(c)
+			}
+		}
+		other := b.String() + "/"
+		if got := plain.classifyPath(method, normalizePath(other)); got != op {
+			t.Fatalf("%q classifies as %q but its spelling %q as %q", path, op, other, got)
+		}
+	})
+}
