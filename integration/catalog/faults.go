@@ -14,6 +14,7 @@ type faults struct {
 	executions map[string]int
 	requests   map[string]int
 	failNext   map[string]int
+	dropNext   map[string]int
 	stalls     map[string][]*Stall
 }
 
@@ -22,6 +23,7 @@ func newFaults() *faults {
 		executions: map[string]int{},
 		requests:   map[string]int{},
 		failNext:   map[string]int{},
+		dropNext:   map[string]int{},
 		stalls:     map[string][]*Stall{},
 	}
 }
@@ -97,10 +99,19 @@ func (f *faults) arrive(op string) (fail bool) {
 	return false
 }
 
-func (f *faults) executed(op string) {
+// executed counts a performed mutation of op and reports whether its answer
+// must be dropped instead of sent.
+func (f *faults) executed(op string) (drop bool) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.executions[op]++
-	f.mu.Unlock()
+	if f.dropNext[op] > 0 {
+		f.dropNext[op]--
+
+		return true
+	}
+
+	return false
 }
 
 func sum(m map[string]int) int {
@@ -156,6 +167,18 @@ func (s *Server) FailNext(op string) {
 	s.faults.mu.Unlock()
 }
 
+// DropNextCommit makes the next successful execution of op commit and then
+// close the connection with a TCP reset instead of answering: the mutation is
+// in the catalog (and counted in Executions) but its caller never hears of
+// it, as when the catalog's process or a middlebox dies right after the
+// commit. Requests that fail (4xx, injected 503s) do not use it up. Calls
+// accumulate.
+func (s *Server) DropNextCommit(op string) {
+	s.faults.mu.Lock()
+	s.faults.dropNext[op]++
+	s.faults.mu.Unlock()
+}
+
 // StallNext holds the next request of op before it is executed until the
 // returned Stall is released, the request is cancelled or the server closes.
 // Stalled requests hold no catalog lock, so other requests proceed.
@@ -171,6 +194,7 @@ func (s *Server) ResetFaults() {
 	s.faults.executions = map[string]int{}
 	s.faults.requests = map[string]int{}
 	s.faults.failNext = map[string]int{}
+	s.faults.dropNext = map[string]int{}
 	s.faults.stalls = map[string][]*Stall{}
 	s.faults.mu.Unlock()
 	for _, q := range stalls {

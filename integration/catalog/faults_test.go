@@ -1,7 +1,9 @@
 package catalog
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -125,6 +127,56 @@ func TestFailNext(t *testing.T) {
 	if err := cat.CreateNamespace(ctx, table.Identifier{"db2"}, nil); err != nil {
 		t.Fatalf("createNamespace with an updateTable failure pending: %v", err)
 	}
+}
+
+// TestDropNextCommit checks that the dropped commit is in the table although
+// its caller got no answer, and that only the next successful execution is
+// dropped.
+func TestDropNextCommit(t *testing.T) {
+	ctx := context.Background()
+	s, hs := newTestServer(t, Options{})
+	cat := newRESTClient(t, hs.URL)
+	if err := cat.CreateNamespace(ctx, table.Identifier{"db"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ident := table.Identifier{"db", "t"}
+	if _, err := cat.CreateTable(ctx, ident, catalogtest.Schema); err != nil {
+		t.Fatal(err)
+	}
+	url := hs.URL + "/v1/namespaces/db/tables/t"
+	setProp := func(v string) map[string]any {
+		return map[string]any{"updates": []any{map[string]any{"action": "set-properties", "updates": map[string]string{"a": v}}}}
+	}
+
+	s.DropNextCommit(OpUpdateTable)
+	// A failing commit does not use the drop up.
+	stale := map[string]any{
+		"requirements": []any{map[string]any{"type": "assert-current-schema-id", "current-schema-id": 42}},
+		"updates":      setProp("stale")["updates"],
+	}
+	if st, body := doJSON(t, http.MethodPost, url, stale); st != http.StatusConflict {
+		t.Fatalf("stale commit: %d %s, want 409", st, body)
+	}
+
+	data, _ := json.Marshal(setProp("dropped"))
+	rsp, err := http.Post(url, "application/json", bytes.NewReader(data))
+	if err == nil {
+		_ = rsp.Body.Close()
+		t.Fatalf("commit with a pending drop answered %s, want no answer", rsp.Status)
+	}
+	after, err := cat.LoadTable(ctx, ident)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := after.Properties()["a"]; got != "dropped" {
+		t.Fatalf("property a = %q after the dropped commit, want it committed", got)
+	}
+	expectCount(t, "Executions(updateTable)", s.Executions(OpUpdateTable), 1)
+
+	if st, body := doJSON(t, http.MethodPost, url, setProp("next")); st != http.StatusOK {
+		t.Fatalf("commit after the drop: %d %s", st, body)
+	}
+	expectCount(t, "Executions(updateTable)", s.Executions(OpUpdateTable), 2)
 }
 
 // TestStall holds one request in flight while others proceed, then lets it

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -191,6 +192,20 @@ func (c *call) decode(v any) error {
 	return nil
 }
 
+// dropConnection closes the request's connection without an answer; SO_LINGER
+// 0 turns the close into a TCP reset. Where the connection cannot be taken
+// over, aborting the handler still leaves the caller without a response.
+func dropConnection(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
+}
+
 // wrap applies the test hooks and locking around a handler. Order matters:
 // a stall holds the request before anything else (and without any lock), an
 // injected 503 is answered before the catalog is touched, and an execution is
@@ -226,8 +241,10 @@ func (s *Server) wrap(rt route) http.HandlerFunc {
 
 			return
 		}
-		if rt.mutates && !c.skipCount {
-			s.faults.executed(rt.op)
+		if rt.mutates && !c.skipCount && s.faults.executed(rt.op) {
+			dropConnection(w)
+
+			return
 		}
 		if body == nil {
 			w.WriteHeader(status)
