@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -43,6 +44,14 @@ type Reply struct {
 	Body []byte
 	// Pad grows the default JSON body to at least this many bytes.
 	Pad int
+	// Delay holds the request this long after it was counted (executed)
+	// and before it is answered: a catalog that commits slowly. A
+	// cancelled request still counts as executed.
+	Delay time.Duration
+	// Drop executes (counts) the request and then closes the connection
+	// with a TCP reset instead of answering: a catalog that committed and
+	// whose answer never left it. Status, Header and Body are ignored.
+	Drop bool
 }
 
 // ExecutionHeader carries the execution number; it is not one an
@@ -55,14 +64,40 @@ const maxStall = 30 * time.Second
 
 // NewBackend starts a Backend, closed when the test ends.
 func NewBackend(t testing.TB) *Backend {
-	b := &Backend{
+	b := newBackend()
+	b.srv = httptest.NewServer(http.HandlerFunc(b.serve))
+	b.cleanup(t)
+	return b
+}
+
+// NewBackendAt starts a Backend listening on addr (host:port), e.g. the
+// address a proxy was already pointed at while nothing listened there.
+func NewBackendAt(t testing.TB, addr string) *Backend {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("caddyproc: backend listening on %s: %v", addr, err)
+	}
+	b := newBackend()
+	b.srv = httptest.NewUnstartedServer(http.HandlerFunc(b.serve))
+	_ = b.srv.Listener.Close()
+	b.srv.Listener = l
+	b.srv.Start()
+	b.cleanup(t)
+	return b
+}
+
+func newBackend() *Backend {
+	return &Backend{
 		counts:    map[string]int{},
 		cancelled: map[string]int{},
 		sent:      map[string][][]byte{},
 		scripts:   map[string][]Reply{},
 		gates:     map[string]*Gate{},
 	}
-	b.srv = httptest.NewServer(http.HandlerFunc(b.serve))
+}
+
+func (b *Backend) cleanup(t testing.TB) {
 	t.Cleanup(func() {
 		b.mu.Lock()
 		for _, g := range b.gates {
@@ -71,7 +106,6 @@ func NewBackend(t testing.TB) *Backend {
 		b.mu.Unlock()
 		b.srv.Close()
 	})
-	return b
 }
 
 // URL is the backend's base URL.
@@ -155,6 +189,18 @@ func (b *Backend) serve(w http.ResponseWriter, r *http.Request) {
 		case <-time.After(maxStall):
 		}
 	}
+	if reply.Delay > 0 {
+		// The execution is counted already; a proxy giving up early only
+		// shortens the wait, as a catalog would carry on with the commit.
+		select {
+		case <-time.After(min(reply.Delay, maxStall)):
+		case <-r.Context().Done():
+		}
+	}
+	if reply.Drop {
+		drop(w)
+		return
+	}
 
 	body := reply.Body
 	if body == nil {
@@ -184,6 +230,20 @@ func (b *Backend) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+}
+
+// drop closes the request's connection without a word: SO_LINGER 0 makes
+// the close a TCP reset, as when a catalog process or a middlebox dies after
+// the commit.
+func drop(w http.ResponseWriter) {
+	conn, _, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler) // no hijacking: abort the response instead
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
 }
 
 func defaultBody(method, path string, reqBody []byte, n, pad int) []byte {
