@@ -22,9 +22,10 @@ type Config struct {
 	// MaxConns bounds the connection pool (0: pgx's default, the greater of
 	// 4 and the number of CPUs). ListenNotify uses one more connection.
 	MaxConns int
-	// AutoMigrate applies missing schema versions at Open (under an advisory
-	// lock, so nodes may start together). Without it Open only checks the
-	// schema version and names the file to apply.
+	// AutoMigrate applies missing schema versions at the first contact with
+	// the database (under an advisory lock, so nodes may start together).
+	// Without it the first contact only checks the schema version, and
+	// operations fail naming the file to apply until it is applied.
 	AutoMigrate bool
 	// StatementTimeout bounds each database call, connecting included, and
 	// is also set as the server-side statement_timeout. Default 5s.
@@ -40,6 +41,11 @@ type Config struct {
 	// NotifyFallback is Await's polling interval with ListenNotify.
 	// Default 1s.
 	NotifyFallback time.Duration
+
+	// RetryMin and RetryMax bound the backoff of Warm's attempts to reach
+	// the database; RetryCooldown is how long operations fail fast after
+	// a failed attempt. Defaults: see sqlstore.Lazy.
+	RetryMin, RetryMax, RetryCooldown time.Duration
 
 	// tracer is set by tests to count statements.
 	tracer pgx.QueryTracer

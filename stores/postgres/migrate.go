@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
 
 // migrate applies the missing versions of sql/postgres/ (auto) or checks that
@@ -99,8 +100,8 @@ func checkVersion(table string, have int, ms []schema.Migration, s *Store) error
 	if table != schema.Placeholder {
 		hint = fmt.Sprintf(" with %s replaced by %s", schema.Placeholder, table)
 	}
-	return fmt.Errorf("postgres: table %s is at schema version %d, this build needs %d: apply %s%s (psql --single-transaction -f FILE), or enable auto_migrate",
-		table, have, schema.Latest(ms), strings.Join(missing, ", then "), hint)
+	return &sqlstore.SchemaError{Msg: fmt.Sprintf("postgres: table %s is at schema version %d, this build needs %d: apply %s%s (psql --single-transaction -f FILE), or enable auto_migrate",
+		table, have, schema.Latest(ms), strings.Join(missing, ", then "), hint)}
 }
 
 // lockKey maps a table name to an advisory lock key. Other applications'

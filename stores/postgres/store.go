@@ -20,12 +20,15 @@ import (
 type Store struct {
 	pool     *pgxpool.Pool
 	q        queries
+	cfg      Config
 	timeout  time.Duration
 	backoff  sqlstore.Backoff
-	listener *listener // nil unless Config.ListenNotify
+	listener *listener // nil unless Config.ListenNotify; set by the first contact
 	dsn      string
 	password string
 	log      *zap.Logger
+	lazy     sqlstore.Lazy
+	migrated bool // by an earlier attempt of the first contact
 
 	closeOnce sync.Once
 	// lostRaces counts Reserve statements re-run after seeing neither a
@@ -35,8 +38,12 @@ type Store struct {
 
 var _ stores.Store = (*Store)(nil)
 
-// Open connects, checks or migrates the schema, and, with ListenNotify,
-// starts listening. Errors never contain the DSN's password.
+// Open checks the configuration and sets up the connection pool without
+// connecting: the database need not be up. The first contact — connect,
+// check or migrate the schema, LISTEN — happens when Warm's background
+// loop or the first operation gets through (see sqlstore.Lazy); until then
+// operations fail with errors matching sqlstore.ErrNotReady. Errors never
+// contain the DSN's password.
 func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -50,6 +57,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 		return nil, fmt.Errorf("postgres: parse dsn: %w", sqlstore.RedactError(err, cfg.DSN, ""))
 	}
 	s := &Store{
+		cfg:      cfg,
 		timeout:  cfg.StatementTimeout,
 		backoff:  sqlstore.Backoff{Min: cfg.PollMin, Max: cfg.PollMax},
 		dsn:      cfg.DSN,
@@ -72,47 +80,72 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	if cfg.tracer != nil {
 		cc.Tracer = cfg.tracer
 	}
+	channel := ""
+	if cfg.ListenNotify {
+		channel = cfg.Table + "_changed"
+		s.backoff = sqlstore.Backoff{Min: cfg.NotifyFallback, Max: cfg.NotifyFallback}
+	}
+	s.q = newQueries(cfg.Table, channel)
 
+	// No connection is made here (pgxpool connects on first use, unless
+	// the DSN asks for pool_min_conns).
 	s.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, s.wrap("open", err)
 	}
-	if err := s.init(ctx, cfg); err != nil {
-		s.Close()
-		return nil, err
+	s.lazy = sqlstore.Lazy{
+		Name:    "postgres",
+		DSN:     cfg.DSN,
+		Attempt: s.firstContact,
+		// Connect, the migration transaction, the LISTEN connection.
+		AttemptTimeout: 3 * cfg.StatementTimeout,
+		Retry:          sqlstore.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax},
+		Cooldown:       cfg.RetryCooldown,
+		Log:            s.log,
 	}
 	return s, nil
 }
 
-func (s *Store) init(ctx context.Context, cfg Config) error {
+// Warm starts connecting in the background (see sqlstore.Lazy.Warm). The
+// Caddy app calls it from Start: never at provisioning, so that `caddy
+// validate` does not migrate.
+func (s *Store) Warm() { s.lazy.Warm() }
+
+// Ready makes the first contact now if it has not succeeded yet (see
+// sqlstore.Lazy.Ready); every operation calls it first.
+func (s *Store) Ready(ctx context.Context) error { return s.lazy.Ready(ctx) }
+
+// firstContact pings, checks or migrates the schema and starts listening.
+// sqlstore.Lazy runs it once at a time, until it succeeds.
+func (s *Store) firstContact(ctx context.Context) error {
 	pctx, cancel := s.opCtx(ctx)
 	err := s.pool.Ping(pctx)
 	cancel()
 	if err != nil {
 		return s.wrap("connect", err)
 	}
-	if err := s.migrate(ctx, cfg.Table, cfg.AutoMigrate); err != nil {
-		return err
+	if !s.migrated {
+		if err := s.migrate(ctx, s.cfg.Table, s.cfg.AutoMigrate); err != nil {
+			return err
+		}
+		s.migrated = true
 	}
-	channel := ""
-	if cfg.ListenNotify {
-		channel = cfg.Table + "_changed"
-		l, err := startListener(ctx, s.pool.Config().ConnConfig.Copy(), channel, s.log)
+	if s.cfg.ListenNotify && s.listener == nil {
+		l, err := startListener(ctx, s.pool.Config().ConnConfig.Copy(), s.cfg.Table+"_changed", s.log)
 		if err != nil {
 			return s.wrap("listen", err)
 		}
 		s.listener = l
-		s.backoff = sqlstore.Backoff{Min: cfg.NotifyFallback, Max: cfg.NotifyFallback}
 	}
-	s.q = newQueries(cfg.Table, channel)
 	s.log.Info("postgres idempotency store ready",
-		zap.String("dsn", sqlstore.RedactDSN(cfg.DSN)), zap.Bool("listen_notify", cfg.ListenNotify))
+		zap.String("dsn", sqlstore.RedactDSN(s.cfg.DSN)), zap.Bool("listen_notify", s.cfg.ListenNotify))
 	return nil
 }
 
-// Close stops listening and closes the pool.
+// Close stops connecting, stops listening and closes the pool.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.lazy.Close() // no first contact runs after this
 		if s.listener != nil {
 			s.listener.stop()
 		}
@@ -127,9 +160,14 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// wrap names the operation and keeps the DSN's password out of the error.
+// wrap names the operation, keeps the DSN's password out of the error and
+// marks it transient when it is (see sqlstore.IsTransient).
 func (s *Store) wrap(op string, err error) error {
-	return fmt.Errorf("postgres %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
+	out := fmt.Errorf("postgres %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
+	if transient(err) {
+		return sqlstore.MarkTransient(out)
+	}
+	return out
 }
 
 // maxReserveAttempts bounds Reserve's re-runs after losing the race
@@ -141,6 +179,9 @@ const maxReserveAttempts = 10
 func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
 	if err := sqlstore.CheckKey(r.Key); err != nil {
 		return stores.ReserveResult{}, fmt.Errorf("postgres reserve: %w", err)
+	}
+	if err := s.lazy.Ready(ctx); err != nil {
+		return stores.ReserveResult{}, err
 	}
 	for range maxReserveAttempts {
 		res, err := s.reserveOnce(ctx, r)
@@ -187,6 +228,9 @@ func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.R
 
 // load reads key's live record and its remaining lease.
 func (s *Store) load(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
+	if err := s.lazy.Ready(ctx); err != nil {
+		return nil, 0, err
+	}
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
 	var row sqlstore.Row
@@ -213,6 +257,9 @@ func (s *Store) Load(ctx context.Context, key string) (*stores.Record, error) {
 // Await implements stores.Store: polling with backoff, or, with
 // ListenNotify, waking on NOTIFY with a slow fallback poll.
 func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
+	if err := s.lazy.Ready(ctx); err != nil {
+		return nil, err
+	}
 	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
 	var sub sqlstore.SubscribeFunc
 	if s.listener != nil {
@@ -223,6 +270,9 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 
 // exec runs a compare-and-swap statement and returns how many rows it hit.
 func (s *Store) exec(ctx context.Context, op, sql string, args ...any) (int64, error) {
+	if err := s.lazy.Ready(ctx); err != nil {
+		return 0, err
+	}
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
 	tag, err := s.pool.Exec(ctx, sql, args...)

@@ -1,0 +1,36 @@
+package postgres
+
+import (
+	"errors"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// transient reports whether a pgx error is worth another call: see
+// sqlstore.IsTransient.
+func transient(err error) bool {
+	if sqlstore.NetworkError(err) || pgconn.Timeout(err) || pgconn.SafeToRetry(err) {
+		return true
+	}
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	if len(pe.Code) == 5 && pe.Code[:2] == "08" { // connection_exception
+		return true
+	}
+	switch pe.Code {
+	case "40001", // serialization_failure
+		"40P01", // deadlock_detected
+		"53300", // too_many_connections
+		"55P03", // lock_not_available
+		"57014", // query_canceled (statement_timeout)
+		"57P01", // admin_shutdown
+		"57P02", // crash_shutdown
+		"57P03": // cannot_connect_now
+		return true
+	}
+	return false
+}
