@@ -23,9 +23,10 @@ type Config struct {
 	Table string
 	// MaxConns bounds the connection pool (0: 10).
 	MaxConns int
-	// AutoMigrate applies missing schema versions at Open (under GET_LOCK,
-	// so nodes may start together). Without it Open only checks the schema
-	// version and names the file to apply.
+	// AutoMigrate applies missing schema versions at the first contact with
+	// the database (under GET_LOCK, so nodes may start together). Without
+	// it the first contact only checks the schema version, and operations
+	// fail naming the file to apply until it is applied.
 	AutoMigrate bool
 	// StatementTimeout bounds each database call, connecting included.
 	// Default 5s.
@@ -33,6 +34,13 @@ type Config struct {
 	// PollMin and PollMax bound Await's polling backoff, which doubles from
 	// PollMin to PollMax. Defaults 10ms and 200ms.
 	PollMin, PollMax time.Duration
+	// RetryMin and RetryMax bound the backoff of Warm's attempts to reach
+	// the database; RetryCooldown is how long operations fail fast after
+	// a failed attempt. Defaults: see sqlstore.Lazy.
+	RetryMin, RetryMax, RetryCooldown time.Duration
+
+	// packetLimit replaces the server's max_allowed_packet in tests.
+	packetLimit int64
 }
 
 func (c *Config) setDefaults() error {

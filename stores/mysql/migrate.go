@@ -12,11 +12,16 @@ import (
 	"go.uber.org/zap"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
 
-// migrateLockWait bounds how long a starting node waits for another node's
-// migration.
-const migrateLockWait = 60 * time.Second
+// migrateLockWait bounds how long a node waits for another node's
+// migration: two statement timeouts (GET_LOCK counts whole seconds), so
+// that the wait fits in one attempt of the first contact. A node that gives
+// up tries again later, and finds the migration done.
+func migrateLockWait(statementTimeout time.Duration) time.Duration {
+	return max(time.Second, (2 * statementTimeout).Truncate(time.Second))
+}
 
 // migrate applies the missing versions of sql/mysql/ (auto) or checks that
 // none is missing. Nodes starting together serialize on a named lock
@@ -50,11 +55,12 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 	}
 	lock := lockName(dbName, table)
 	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, int(migrateLockWait.Seconds())).Scan(&got); err != nil {
+	wait := migrateLockWait(s.timeout)
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", lock, int(wait.Seconds())).Scan(&got); err != nil {
 		return s.wrap("migrate lock", err)
 	}
 	if !got.Valid || got.Int64 != 1 {
-		return fmt.Errorf("mysql migrate: another node held the migration lock for table %s longer than %v", table, migrateLockWait)
+		return fmt.Errorf("mysql migrate: another node held the migration lock for table %s longer than %v", table, wait)
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
@@ -121,8 +127,8 @@ func (s *Store) checkVersion(table string, have int, ms []schema.Migration) erro
 	if table != schema.Placeholder {
 		hint = fmt.Sprintf(" with %s replaced by %s", schema.Placeholder, table)
 	}
-	return fmt.Errorf("mysql: table %s is at schema version %d, this build needs %d: apply %s%s (mysql DATABASE < FILE), or enable auto_migrate",
-		table, have, schema.Latest(ms), strings.Join(missing, ", then "), hint)
+	return &sqlstore.SchemaError{Msg: fmt.Sprintf("mysql: table %s is at schema version %d, this build needs %d: apply %s%s (mysql DATABASE < FILE), or enable auto_migrate",
+		table, have, schema.Latest(ms), strings.Join(missing, ", then "), hint)}
 }
 
 // lockName is the GET_LOCK name for migrating table. Lock names are

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -18,12 +19,20 @@ import (
 // Store is a stores.Store in MySQL or MariaDB. Use Open.
 type Store struct {
 	db       *sql.DB
-	stmts    statements
+	stmts    statements // prepared by the first contact
+	cfg      Config
 	timeout  time.Duration
 	backoff  sqlstore.Backoff
 	dsn      string
 	password string
 	log      *zap.Logger
+	lazy     sqlstore.Lazy
+	migrated bool // by an earlier attempt of the first contact
+
+	// maxRow is the largest encoded row Finalize sends, derived from the
+	// server's max_allowed_packet at the first contact.
+	maxRow            atomic.Int64
+	clientPacketLimit int64 // the driver's cap on packets it sends
 
 	closeOnce sync.Once
 }
@@ -37,8 +46,12 @@ type statements struct {
 
 var _ stores.Store = (*Store)(nil)
 
-// Open connects, checks or migrates the schema, and prepares the
-// statements. Errors never contain the DSN's password.
+// Open checks the configuration and sets up the connection pool without
+// connecting: the database need not be up. The first contact — connect,
+// read max_allowed_packet, check or migrate the schema, prepare — happens
+// when Warm's background loop or the first operation gets through (see
+// sqlstore.Lazy); until then operations fail with errors matching
+// sqlstore.ErrNotReady. Errors never contain the DSN's password.
 func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
@@ -51,12 +64,14 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 		return nil, fmt.Errorf("mysql: parse dsn: %w", sqlstore.RedactError(err, cfg.DSN, ""))
 	}
 	s := &Store{
+		cfg:      cfg,
 		timeout:  cfg.StatementTimeout,
 		backoff:  sqlstore.Backoff{Min: cfg.PollMin, Max: cfg.PollMax},
 		dsn:      cfg.DSN,
 		password: mc.Passwd,
 		log:      logger.With(zap.String("table", cfg.Table)),
 	}
+	s.clientPacketLimit = int64(mc.MaxAllowedPacket)
 	mc.ParseTime = true
 	mc.Loc = time.UTC // the columns hold UTC; the driver must not shift them
 	mc.ClientFoundRows = false
@@ -67,30 +82,50 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	if err != nil {
 		return nil, s.wrap("open", err)
 	}
+	// sql.OpenDB connects to nothing until the first call.
 	s.db = sql.OpenDB(connector)
 	s.db.SetMaxOpenConns(cfg.MaxConns)
 	s.db.SetMaxIdleConns(cfg.MaxConns)
 	// Below the servers' and middleboxes' idle cut-offs, so the pool rarely
 	// hands out a connection that is already dead.
 	s.db.SetConnMaxLifetime(3 * time.Minute)
-	if err := s.init(ctx, cfg); err != nil {
-		s.Close()
-		return nil, err
+	s.lazy = sqlstore.Lazy{
+		Name:    "mysql",
+		DSN:     cfg.DSN,
+		Attempt: s.firstContact,
+		// Connect, read the packet limit, the migration (whose lock wait
+		// is bounded by two statement timeouts), prepare.
+		AttemptTimeout: 4 * cfg.StatementTimeout,
+		Retry:          sqlstore.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax},
+		Cooldown:       cfg.RetryCooldown,
+		Log:            s.log,
 	}
 	return s, nil
 }
 
-func (s *Store) init(ctx context.Context, cfg Config) error {
-	pctx, cancel := s.opCtx(ctx)
-	err := s.db.PingContext(pctx)
-	cancel()
-	if err != nil {
-		return s.wrap("connect", err)
-	}
-	if err := s.migrate(ctx, cfg.Table, cfg.AutoMigrate); err != nil {
+// Warm starts connecting in the background (see sqlstore.Lazy.Warm). The
+// Caddy app calls it from Start: never at provisioning, so that `caddy
+// validate` does not migrate.
+func (s *Store) Warm() { s.lazy.Warm() }
+
+// Ready makes the first contact now if it has not succeeded yet (see
+// sqlstore.Lazy.Ready); every operation calls it first.
+func (s *Store) Ready(ctx context.Context) error { return s.lazy.Ready(ctx) }
+
+// firstContact pings, reads the server's packet limit, checks or migrates
+// the schema and prepares the statements. sqlstore.Lazy runs it once at a
+// time, until it succeeds.
+func (s *Store) firstContact(ctx context.Context) error {
+	if err := s.readPacketLimit(ctx); err != nil {
 		return err
 	}
-	q := newQueries(cfg.Table)
+	if !s.migrated {
+		if err := s.migrate(ctx, s.cfg.Table, s.cfg.AutoMigrate); err != nil {
+			return err
+		}
+		s.migrated = true
+	}
+	q := newQueries(s.cfg.Table)
 	for _, p := range []struct {
 		dst **sql.Stmt
 		sql string
@@ -99,6 +134,9 @@ func (s *Store) init(ctx context.Context, cfg Config) error {
 		{&s.stmts.finalize, q.finalize}, {&s.stmts.release, q.release}, {&s.stmts.extend, q.extend},
 		{&s.stmts.takeOver, q.takeOver}, {&s.stmts.purge, q.purge}, {&s.stmts.abandon, q.abandon},
 	} {
+		if *p.dst != nil {
+			continue // prepared by an earlier attempt
+		}
 		pctx, cancel := s.opCtx(ctx)
 		stmt, err := s.db.PrepareContext(pctx, p.sql)
 		cancel()
@@ -107,14 +145,15 @@ func (s *Store) init(ctx context.Context, cfg Config) error {
 		}
 		*p.dst = stmt
 	}
-	s.log.Info("mysql idempotency store ready", zap.String("dsn", sqlstore.RedactDSN(cfg.DSN)))
+	s.log.Info("mysql idempotency store ready", zap.String("dsn", sqlstore.RedactDSN(s.cfg.DSN)))
 	return nil
 }
 
-// Close closes the statements and the pool.
+// Close stops connecting, closes the statements and the pool.
 func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
+		s.lazy.Close() // no first contact runs after this
 		for _, st := range []*sql.Stmt{s.stmts.reserve, s.stmts.load, s.stmts.owned, s.stmts.finalize,
 			s.stmts.release, s.stmts.extend, s.stmts.takeOver, s.stmts.purge, s.stmts.abandon} {
 			if st != nil {
@@ -133,9 +172,14 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// wrap names the operation and keeps the DSN's password out of the error.
+// wrap names the operation, keeps the DSN's password out of the error and
+// marks it transient when it is (see sqlstore.IsTransient).
 func (s *Store) wrap(op string, err error) error {
-	return fmt.Errorf("mysql %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
+	out := fmt.Errorf("mysql %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
+	if transient(err) {
+		return sqlstore.MarkTransient(out)
+	}
+	return out
 }
 
 // maxAttempts bounds re-runs after an InnoDB deadlock (which rolls the
@@ -152,9 +196,15 @@ func retryable(err error) bool {
 	return errors.As(err, &me) && me.Number == errDeadlock
 }
 
+// ready makes sure the first contact was made: see sqlstore.Lazy.
+func (s *Store) ready(ctx context.Context) error { return s.lazy.Ready(ctx) }
+
 // exec runs a write statement, re-running it after a deadlock, and returns
 // the number of rows it changed.
 func (s *Store) exec(ctx context.Context, op string, stmt *sql.Stmt, args ...any) (int64, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
 	for attempt := 1; ; attempt++ {
 		n, err := s.execOnce(ctx, stmt, args...)
 		if err == nil {
@@ -183,6 +233,9 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if err := sqlstore.CheckKey(r.Key); err != nil {
 		return stores.ReserveResult{}, fmt.Errorf("mysql reserve: %w", err)
 	}
+	if err := s.ready(ctx); err != nil {
+		return stores.ReserveResult{}, err
+	}
 	for range maxAttempts {
 		n, err := s.exec(ctx, "reserve", s.stmts.reserve,
 			r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
@@ -206,6 +259,9 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 }
 
 func (s *Store) load(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, 0, err
+	}
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
 	var row sqlstore.Row
@@ -233,6 +289,9 @@ func (s *Store) Load(ctx context.Context, key string) (*stores.Record, error) {
 
 // Await implements stores.Store by polling with backoff.
 func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, err
+	}
 	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
 	return sqlstore.Await(ctx, s.backoff, load, nil)
 }
@@ -248,9 +307,22 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 	if body == nil {
 		body = []byte{} // an empty body, not an unknown one
 	}
-	n, err := s.exec(ctx, "finalize", s.stmts.finalize, resp.Status, string(headers), body, key, owner)
-	if err != nil {
+	if err := s.ready(ctx); err != nil {
 		return err
+	}
+	if err := s.checkRowSize(key, owner, headers, body); err != nil {
+		return err
+	}
+	n, err := s.execOnce(ctx, s.stmts.finalize, resp.Status, string(headers), body, key, owner)
+	for attempt := 2; err != nil && retryable(err) && attempt <= maxAttempts && ctx.Err() == nil; attempt++ {
+		n, err = s.execOnce(ctx, s.stmts.finalize, resp.Status, string(headers), body, key, owner)
+	}
+	if err != nil {
+		if packetTooLarge(err) {
+			// The server refused it unexecuted: the record is still ours.
+			return fmt.Errorf("%w: %w", s.wrap("finalize", err), stores.ErrResponseTooLarge)
+		}
+		return s.wrap("finalize", err)
 	}
 	if n == 0 {
 		return stores.ErrNotOwner
@@ -301,6 +373,9 @@ func (s *Store) Abandon(ctx context.Context, key, owner string) error {
 // row needed no change from one that matched none because the key is not
 // in flight under owner (ErrNotOwner).
 func (s *Store) confirmOwned(ctx context.Context, op, key, owner string) error {
+	if err := s.ready(ctx); err != nil {
+		return err
+	}
 	qctx, cancel := s.opCtx(ctx)
 	defer cancel()
 	var owned int

@@ -1,0 +1,125 @@
+package mysql
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// TestStartWithDatabaseDown opens a Store while its database is
+// unreachable (refusing, then swallowing connections): Open succeeds
+// without touching it, operations fail fast with a transient ErrNotReady,
+// Warm logs that it will retry (password redacted), and once the database
+// answers the store migrates and works without being reopened.
+func TestStartWithDatabaseDown(t *testing.T) {
+	mc, err := mysql.ParseDSN(testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc.Net != "tcp" {
+		t.Skipf("the test DSN uses %s, not tcp", mc.Net)
+	}
+	if mc.Passwd != "" {
+		t.Skip("the test DSN has a password; this test puts its own in")
+	}
+	proxy := sqltest.NewProxy(t, mc.Addr)
+	mc.Addr = proxy.Addr()
+	dsn := mc.FormatDSN()
+	// A password containing '?' and '@': the server refuses it until
+	// the test puts the real (empty) one back, so check redaction only.
+	const pw = "S3cr?t@startup"
+	badDSN := strings.Replace(dsn, mc.User+"@", mc.User+":"+pw+"@", 1)
+	table := sqltest.TableName(t)
+	dropOnCleanup(t, table)
+	const timeout = time.Second
+	proxy.Stop()
+
+	core, logs := observer.New(zap.DebugLevel)
+	cfg := Config{
+		DSN: dsn, Table: table, AutoMigrate: true, StatementTimeout: timeout,
+		RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond,
+	}
+	s, err := Open(context.Background(), cfg, zap.New(core))
+	if err != nil {
+		t.Fatalf("Open with the database down: %v", err)
+	}
+	defer s.Close()
+
+	ctx := context.Background()
+	reserve := func() error {
+		_, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+		return err
+	}
+	for _, mode := range []string{"refused", "blackhole"} {
+		if mode == "blackhole" {
+			proxy.Blackhole()
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, 10)
+		start := time.Now()
+		for range 10 {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs <- reserve() }()
+		}
+		wg.Wait()
+		close(errs)
+		if el := time.Since(start); el > timeout+time.Second {
+			t.Errorf("%s: operations took %v with the database down (timeout %v)", mode, el, timeout)
+		}
+		for err := range errs {
+			if err == nil || !errors.Is(err, sqlstore.ErrNotReady) || !sqlstore.IsTransient(err) {
+				t.Fatalf("%s: Reserve = %v, want a transient ErrNotReady", mode, err)
+			}
+		}
+		t.Logf("%s: %v", mode, reserve())
+	}
+	proxy.Stop()
+
+	// The warning names the server, never the password.
+	badCore, badLogs := observer.New(zap.DebugLevel)
+	bad, err := Open(context.Background(), Config{DSN: badDSN, Table: table, StatementTimeout: timeout,
+		RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond}, zap.New(badCore))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.Warm()
+	waitLogged(t, badLogs, "database unreachable, will retry")
+	bad.Close()
+	for _, e := range badLogs.All() {
+		if line := fmt.Sprint(e.Message, e.ContextMap()); strings.Contains(line, pw) || strings.Contains(line, "S3cr") {
+			t.Fatalf("password in log: %s", line)
+		}
+	}
+	warned := badLogs.FilterMessage("database unreachable, will retry").All()[0]
+	if got := fmt.Sprint(warned.ContextMap()["dsn"]); got != sqlstore.RedactDSN(badDSN) || !strings.Contains(got, proxy.Addr()) {
+		t.Errorf("logged dsn %v, want %s", got, sqlstore.RedactDSN(badDSN))
+	}
+	if warned.Level != zap.WarnLevel {
+		t.Errorf("logged at %v, want warn", warned.Level)
+	}
+
+	s.Warm()
+	waitLogged(t, logs, "database unreachable, will retry")
+	proxy.Start()
+	waitLogged(t, logs, "database reachable, store ready")
+	r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve after recovery = %+v, %v", res, err)
+	}
+	if err := s.Finalize(ctx, r.Key, r.Owner, stores.Response{Status: 200}); err != nil {
+		t.Fatalf("Finalize after recovery: %v", err)
+	}
+}

@@ -1,0 +1,32 @@
+package mysql
+
+import (
+	"errors"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// transient reports whether a driver error is worth another call: see
+// sqlstore.IsTransient.
+func transient(err error) bool {
+	if sqlstore.NetworkError(err) || errors.Is(err, mysql.ErrInvalidConn) {
+		return true
+	}
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case 1040, // ER_CON_COUNT_ERROR: too many connections
+		1053, // ER_SERVER_SHUTDOWN
+		1205, // ER_LOCK_WAIT_TIMEOUT
+		1213, // ER_LOCK_DEADLOCK
+		1927, // ER_CONNECTION_KILLED (MariaDB)
+		1969, // ER_STATEMENT_TIMEOUT (MariaDB max_statement_time)
+		3024: // ER_QUERY_TIMEOUT (MySQL max_execution_time)
+		return true
+	}
+	return false
+}
