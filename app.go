@@ -77,6 +77,21 @@ func (a *App) Validate() error {
 	return nil
 }
 
+// Warmer is implemented by stores that make their first contact with their
+// backend lazily (the SQL stores: connect, check or migrate the schema).
+// Warm starts trying in the background and returns at once; the attempts
+// end when the store is ready or closed, and calling Warm again meanwhile
+// does nothing.
+//
+// The app calls it from Start, never from Provision: `caddy validate`
+// provisions a config without starting it, and must not write to the
+// database (migrate). Handlers track their stores during Provision, before
+// Start; a request arriving before the warm-up succeeded makes the first
+// contact itself.
+type Warmer interface {
+	Warm()
+}
+
 // track adds a store to the purge rounds of this config.
 func (a *App) track(key string, s stores.Store) {
 	a.mu.Lock()
@@ -84,8 +99,24 @@ func (a *App) track(key string, s stores.Store) {
 	a.stores[key] = s
 }
 
-// Start starts the purge loop.
+// warmable returns the store under s's pool wrapper if it is a Warmer.
+func warmable(s stores.Store) (Warmer, bool) {
+	if p, ok := s.(*pooledStore); ok {
+		s = p.Store
+	}
+	w, ok := s.(Warmer)
+	return w, ok
+}
+
+// Start warms the tracked stores up and starts the purge loop.
 func (a *App) Start() error {
+	a.mu.Lock()
+	for _, s := range a.stores {
+		if w, ok := warmable(s); ok {
+			w.Warm()
+		}
+	}
+	a.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.done = make(chan struct{})

@@ -3,8 +3,13 @@ package icebergidempotency
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"os"
+	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -33,9 +38,12 @@ type SQLStoreConfig struct {
 	// greater of 4 and the CPU count; MySQL: 10).
 	MaxConns int `json:"max_conns,omitempty"`
 
-	// Apply missing schema versions at startup, under a database lock so
-	// several nodes may start at once. When false, startup only checks the
-	// schema and names the file in sql/ to apply. Default: true.
+	// Apply missing schema versions at the first contact with the
+	// database (when Caddy starts, or when the database first answers),
+	// under a database lock so several nodes may start at once. Never at
+	// provisioning: `caddy validate` writes nothing. When false, the first
+	// contact only checks the schema, and until the file in sql/ it names
+	// is applied, keyed requests get store errors. Default: true.
 	AutoMigrate *bool `json:"auto_migrate,omitempty"`
 
 	// Bound of each database call, connecting included. Default: 5s.
@@ -47,7 +55,7 @@ type SQLStoreConfig struct {
 func (c *SQLStoreConfig) provision(backend string) error {
 	c.dsn = caddy.NewReplacer().ReplaceKnown(c.DSN, "")
 	if c.dsn == "" {
-		return fmt.Errorf("%s store: dsn is required", backend)
+		return emptyDSNError(backend, c.DSN)
 	}
 	if c.Table == "" {
 		c.Table = sqlstore.DefaultTable
@@ -60,6 +68,35 @@ func (c *SQLStoreConfig) provision(backend string) error {
 		c.AutoMigrate = &on
 	}
 	return nil
+}
+
+// envPlaceholder matches Caddy's {env.NAME} placeholders.
+var envPlaceholder = regexp.MustCompile(`\{env\.([^{}]+)\}`)
+
+// emptyDSNError says why the DSN is empty: unset, or made only of
+// placeholders that expanded to nothing, naming the environment variables
+// to check. A DSN that expands to nothing has no literal text, so quoting
+// it shows no secret.
+func emptyDSNError(backend, raw string) error {
+	if strings.TrimSpace(raw) == "" {
+		return fmt.Errorf("%s store: dsn is required", backend)
+	}
+	var unset []string
+	for _, m := range envPlaceholder.FindAllStringSubmatch(raw, -1) {
+		if os.Getenv(m[1]) == "" && !slices.Contains(unset, m[1]) {
+			unset = append(unset, m[1])
+		}
+	}
+	// "dsn is required" first: it is what an operator searches for.
+	msg := fmt.Sprintf("%s store: dsn is required, and dsn %q is empty after replacing placeholders", backend, raw)
+	switch len(unset) {
+	case 0:
+		return errors.New(msg)
+	case 1:
+		return fmt.Errorf("%s: is the environment variable %s set?", msg, unset[0])
+	default:
+		return fmt.Errorf("%s: are the environment variables %s set?", msg, strings.Join(unset, ", "))
+	}
 }
 
 // storeKey identifies the pool by everything that shapes it; the DSN only as
@@ -201,7 +238,9 @@ func (p *PostgresStore) StoreKey() string {
 	return p.storeKey("postgres", strconv.FormatBool(*p.ListenNotify))
 }
 
-// OpenStore implements StoreProvider.
+// OpenStore implements StoreProvider. It needs no database: the store
+// connects and migrates when the app starts or a request needs it, so a
+// config whose database is down still loads.
 func (p *PostgresStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 	logger := ctx.Logger()
 	s, err := postgres.Open(ctx, postgres.Config{
@@ -253,7 +292,8 @@ func (m *MySQLStore) Provision(caddy.Context) error { return m.provision("mysql"
 // StoreKey implements StoreProvider.
 func (m *MySQLStore) StoreKey() string { return m.storeKey("mysql") }
 
-// OpenStore implements StoreProvider.
+// OpenStore implements StoreProvider. It needs no database: see
+// PostgresStore.OpenStore.
 func (m *MySQLStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 	logger := ctx.Logger()
 	// The driver reports dropped connections on its own process-wide logger,

@@ -1,0 +1,227 @@
+package icebergidempotency
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// sqlBackend is one SQL store's test server, reached directly or through a
+// sqltest.Proxy.
+type sqlBackend struct {
+	name string
+	// dsn returns the test DSN, skipping (failing under CI) when the
+	// server is unreachable.
+	dsn func(t *testing.T) string
+	// viaProxy rewrites dsn to go through a proxy at addr, and returns the
+	// server's host:port to proxy to.
+	viaProxy func(t *testing.T, dsn, addr string) (proxied, target string)
+	// tableExists tells whether table is in the test database.
+	tableExists func(t *testing.T, dsn, table string) bool
+	// drop drops table and its version table.
+	drop func(t *testing.T, dsn, table string)
+}
+
+var sqlBackends = []sqlBackend{
+	{
+		name: "postgres",
+		dsn: func(t *testing.T) string {
+			dsn := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/iceberg_idempotency_test?sslmode=disable")
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				sqltest.Unavailable(t, "PostgreSQL", "ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN",
+					"psql -h 127.0.0.1 -U postgres -c 'CREATE DATABASE iceberg_idempotency_test'", err)
+			}
+			conn.Close(ctx)
+			return dsn
+		},
+		viaProxy: func(t *testing.T, dsn, addr string) (string, string) {
+			cc, err := pgx.ParseConfig(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", cc.User, addr, cc.Database),
+				net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
+		},
+		tableExists: func(t *testing.T, dsn, table string) bool {
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			var exists bool
+			if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL OR to_regclass($2) IS NOT NULL", table, table+"_schema").Scan(&exists); err != nil {
+				t.Fatal(err)
+			}
+			return exists
+		},
+		drop: func(t *testing.T, dsn, table string) {
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(ctx)
+			if _, err := conn.Exec(ctx, "DROP TABLE IF EXISTS "+table+", "+table+"_schema"); err != nil {
+				t.Error(err)
+			}
+		},
+	},
+	{
+		name: "mysql",
+		dsn: func(t *testing.T) string {
+			dsn := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/iceberg_idempotency_test")
+			db, err := sql.Open("mysql", dsn)
+			if err == nil {
+				defer db.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				err = db.PingContext(ctx)
+			}
+			if err != nil {
+				sqltest.Unavailable(t, "MySQL/MariaDB", "ICEBERG_IDEMPOTENCY_TEST_MYSQL_DSN",
+					"mysql -h 127.0.0.1 -u root -e 'CREATE DATABASE IF NOT EXISTS iceberg_idempotency_test'", err)
+			}
+			return dsn
+		},
+		viaProxy: func(t *testing.T, dsn, addr string) (string, string) {
+			mc, err := mysqldriver.ParseDSN(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if mc.Net != "tcp" {
+				t.Skipf("the test DSN uses %s, not tcp", mc.Net)
+			}
+			target := mc.Addr
+			mc.Addr = addr
+			return mc.FormatDSN(), target
+		},
+		tableExists: func(t *testing.T, dsn, table string) bool {
+			db, err := sql.Open("mysql", dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			var n int
+			if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name IN (?, ?)", table, table+"_schema").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		},
+		drop: func(t *testing.T, dsn, table string) {
+			db, err := sql.Open("mysql", dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			if _, err := db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_schema"); err != nil {
+				t.Error(err)
+			}
+		},
+	},
+}
+
+// `caddy validate` provisions the config — the handler opens its store —
+// but never starts it: nothing may be written to the database, the schema
+// migration included. caddy.Validate is what the command runs.
+func TestValidateDoesNotWriteToTheDatabase(t *testing.T) {
+	for _, b := range sqlBackends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			table := sqltest.TableName(t)
+			t.Cleanup(func() { b.drop(t, dsn, table) })
+			store, _ := json.Marshal(map[string]any{"backend": b.name, "dsn": dsn, "table": table, "auto_migrate": true})
+			cfg := fmt.Sprintf(`{"apps": {"http": {"servers": {"validate": {
+				"listen": ["127.0.0.1:0"],
+				"routes": [{"handle": [{"handler": "iceberg_idempotency", "store": %s}]}]
+			}}}}}`, store)
+			var c caddy.Config
+			if err := json.Unmarshal([]byte(cfg), &c); err != nil {
+				t.Fatal(err)
+			}
+			if err := caddy.Validate(&c); err != nil {
+				t.Fatalf("validate: %v", err)
+			}
+			if b.tableExists(t, dsn, table) {
+				t.Fatalf("caddy validate created table %s", table)
+			}
+		})
+	}
+}
+
+// A config whose database is down loads (every other site keeps working),
+// the store answers errors meanwhile, and once the database answers the
+// app's warm-up makes the first contact — the schema is created — without
+// a restart.
+func TestSQLStoreStartsWithDatabaseDown(t *testing.T) {
+	for _, b := range sqlBackends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			_, target := b.viaProxy(t, dsn, "")
+			proxy := sqltest.NewProxy(t, target)
+			proxied, _ := b.viaProxy(t, dsn, proxy.Addr())
+			proxy.Stop() // the database is down from the start
+
+			table := sqltest.TableName(t)
+			t.Cleanup(func() { b.drop(t, dsn, table) })
+			cfg := SQLStoreConfig{DSN: proxied, Table: table, StatementTimeout: caddy.Duration(time.Second)}
+			var provider StoreProvider
+			switch b.name {
+			case "postgres":
+				provider = &PostgresStore{SQLStoreConfig: cfg}
+			default:
+				provider = &MySQLStore{SQLStoreConfig: cfg}
+			}
+			ctx := newCaddyContext(t)
+			if err := provider.(caddy.Provisioner).Provision(ctx); err != nil {
+				t.Fatal(err)
+			}
+			ps, err := acquireStore(ctx, provider)
+			if err != nil {
+				t.Fatalf("opening the store with the database down: %v", err)
+			}
+			t.Cleanup(func() { _ = (&Handler{storeKey: provider.StoreKey()}).Cleanup() })
+			app := &App{}
+			if err := app.Provision(ctx); err != nil {
+				t.Fatal(err)
+			}
+			app.track(provider.StoreKey(), ps)
+
+			r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+			if _, err := ps.Reserve(context.Background(), r); err == nil {
+				t.Fatal("Reserve succeeded with the database down")
+			}
+			if err := app.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer app.Stop()
+			proxy.Start()
+			deadline := time.Now().Add(30 * time.Second)
+			for !b.tableExists(t, dsn, table) {
+				if time.Now().After(deadline) {
+					t.Fatal("the warm-up did not create the schema after the database came back")
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			r = storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+			if res, err := ps.Reserve(context.Background(), r); err != nil || !res.Reserved {
+				t.Fatalf("Reserve after recovery = %+v, %v", res, err)
+			}
+		})
+	}
+}
