@@ -23,7 +23,21 @@ var (
 		Name:      "executions_total",
 		Help:      "Mutations executed under a key, by operation and whether the response was stored (finalized) or not (released).",
 	}, []string{"operation", "result"})
+
+	memoryEvictions = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "iceberg_idempotency",
+		Name:      "memory_evictions_total",
+		Help:      "Final records the memory store evicted before they expired, by the bound that pushed them out (entries: max_entries, bytes: max_bytes). Their keys execute again on retry.",
+	}, []string{"reason"})
 )
+
+// Both eviction series exist from the start, so that a rate over them works
+// before the first eviction.
+func init() {
+	memoryEvictions.WithLabelValues("entries")
+	memoryEvictions.WithLabelValues("bytes")
+}
 
 // Request outcomes, the "outcome" label of requests_total.
 const (
@@ -42,7 +56,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{decisions, executions} {
+	for _, c := range []prometheus.Collector{decisions, executions, memoryEvictions} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

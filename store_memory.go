@@ -3,6 +3,8 @@ package icebergidempotency
 import (
 	"fmt"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -12,20 +14,42 @@ import (
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
 )
 
-// DefaultMaxEntries bounds the in-memory store when max_entries is not set.
-const DefaultMaxEntries = 10000
+// Defaults of the in-memory store's bounds; see package memory for why.
+const (
+	DefaultMaxEntries = memory.DefaultMaxEntries
+	DefaultMaxBytes   = memory.DefaultMaxBytes
+)
+
+// memoryStoreKey is the one pool key of the in-memory store. It does not
+// carry the bounds: a reload that changes them resizes the store in place
+// (Reconfigure) instead of opening an empty one, whose keys would execute
+// again on retry.
+const memoryStoreKey = "memory"
 
 // MemoryStore configures the embedded in-memory store: correct for a single
 // Caddy node, lost on restart.
+//
+// Every handler on the memory store shares one store, across reloads. Within
+// one config the largest bounds any handler asks for apply, so no handler
+// gets less than its own setting whatever their order; a new config (a
+// reload) sets them afresh, so bounds can also shrink.
 type MemoryStore struct {
-	// Most records kept; the least recently used record is evicted beyond it
-	// (logged as a warning, since an evicted key executes again on retry).
-	// Handlers with the same max_entries share one store. Default: 10000.
+	// Most final (replayable) records kept; beyond it the least recently
+	// used is evicted. In-flight records do not count and are never
+	// evicted. Default: 250000.
 	MaxEntries int `json:"max_entries,omitempty"`
+
+	// Most bytes the final records may take, counting bodies, replayed
+	// headers, keys and bindings plus a fixed per-record overhead (an
+	// estimate of heap use). The least recently used records are evicted
+	// to fit; a single response larger than this is delivered, not stored.
+	// Default: 256 MiB.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
 }
 
 var (
 	_ StoreProvider         = (*MemoryStore)(nil)
+	_ StoreReconfigurer     = (*MemoryStore)(nil)
 	_ caddy.Provisioner     = (*MemoryStore)(nil)
 	_ caddyfile.Unmarshaler = (*MemoryStore)(nil)
 )
@@ -38,36 +62,113 @@ func (MemoryStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets defaults.
-func (m *MemoryStore) Provision(caddy.Context) error {
+// Provision sets defaults and registers the eviction counter.
+func (m *MemoryStore) Provision(ctx caddy.Context) error {
 	if m.MaxEntries == 0 {
 		m.MaxEntries = DefaultMaxEntries
+	}
+	if m.MaxBytes == 0 {
+		m.MaxBytes = DefaultMaxBytes
 	}
 	if m.MaxEntries < 0 {
 		return fmt.Errorf("max_entries must be positive, got %d", m.MaxEntries)
 	}
+	if m.MaxBytes < 0 {
+		return fmt.Errorf("max_bytes must be positive, got %d", m.MaxBytes)
+	}
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("registering metrics: %w", err)
+	}
 	return nil
 }
 
+func (m *MemoryStore) limits() memory.Limits {
+	return memory.Limits{MaxEntries: m.MaxEntries, MaxBytes: m.MaxBytes}
+}
+
 // StoreKey implements StoreProvider.
-func (m *MemoryStore) StoreKey() string { return "memory/" + strconv.Itoa(m.MaxEntries) }
+func (m *MemoryStore) StoreKey() string { return memoryStoreKey }
 
 // OpenStore implements StoreProvider.
 func (m *MemoryStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
-	logger := ctx.Logger()
-	return memory.New(memory.Options{
-		MaxEntries: m.MaxEntries,
-		OnEvict: func(key string, state stores.State) {
-			logger.Warn("record evicted before expiry; raise max_entries",
-				zap.String("key", key), zap.String("state", string(state)), zap.Int("max_entries", m.MaxEntries))
-		},
-	})
+	return openMemoryStore(m.limits(), ctx.Done(), ctx.Logger(), nil, nil)
+}
+
+// Reconfigure implements StoreReconfigurer: the shared store takes this
+// handler's bounds in place, keeping its records (shrinking evicts least
+// recently used final records).
+func (m *MemoryStore) Reconfigure(ctx caddy.Context, s stores.Store) error {
+	ms, ok := s.(*memoryStore)
+	if !ok {
+		return fmt.Errorf("store under key %q is a %T, not the memory store", memoryStoreKey, s)
+	}
+	return ms.configure(ctx.Done(), m.limits(), ctx.Logger())
+}
+
+// memoryStore is the pooled in-memory store with what reloads need: which
+// config set its bounds, and where its evictions are reported.
+type memoryStore struct {
+	*memory.Store
+	evictions *memory.EvictionLog
+
+	mu     sync.Mutex
+	config <-chan struct{} // Done channel of the config that last set the bounds
+}
+
+// openMemoryStore opens a store; now and after are for tests (nil: real time).
+func openMemoryStore(l memory.Limits, config <-chan struct{}, logger *zap.Logger,
+	now func() time.Time, after func(time.Duration, func()) (stop func() bool)) (*memoryStore, error) {
+	ev := memory.NewEvictionLog(logger, now, after)
+	onEvict := func(e memory.Eviction) {
+		memoryEvictions.WithLabelValues(string(e.Reason)).Inc()
+		ev.Record(e)
+	}
+	s, err := memory.New(memory.Options{MaxEntries: l.MaxEntries, MaxBytes: l.MaxBytes, Now: now, OnEvict: onEvict})
+	if err != nil {
+		return nil, err
+	}
+	return &memoryStore{Store: s, evictions: ev, config: config}, nil
+}
+
+// configure applies a handler's bounds. Handlers of one config share its
+// context, hence its Done channel: within a config the larger bounds win,
+// and the first handler of a new config replaces the old config's bounds.
+func (s *memoryStore) configure(config <-chan struct{}, want memory.Limits, logger *zap.Logger) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.Limits()
+	if config == s.config {
+		want.MaxEntries = max(want.MaxEntries, old.MaxEntries)
+		want.MaxBytes = max(want.MaxBytes, old.MaxBytes)
+	}
+	s.evictions.SetLogger(logger)
+	if want == old {
+		s.config = config
+		return nil
+	}
+	evicted, err := s.Resize(want)
+	if err != nil {
+		return err
+	}
+	s.config = config
+	logger.Info("memory store resized in place, records kept",
+		zap.Int("max_entries", want.MaxEntries), zap.Int64("max_bytes", want.MaxBytes),
+		zap.Int("old_max_entries", old.MaxEntries), zap.Int64("old_max_bytes", old.MaxBytes),
+		zap.Int("evicted", evicted))
+	return nil
+}
+
+// Close reports evictions not logged yet.
+func (s *memoryStore) Close() error {
+	s.evictions.Close()
+	return s.Store.Close()
 }
 
 // UnmarshalCaddyfile parses
 //
 //	store memory [{
 //	    max_entries <n>
+//	    max_bytes   <size>
 //	}]
 func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type name
@@ -77,16 +178,18 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for d.NextBlock(0) {
 		switch d.Val() {
 		case "max_entries":
-			if !d.NextArg() {
-				return d.ArgErr()
+			arg, err := singleArg(d)
+			if err != nil {
+				return err
 			}
-			n, err := strconv.Atoi(d.Val())
+			n, err := strconv.Atoi(arg)
 			if err != nil || n <= 0 {
-				return d.Errf("max_entries must be a positive integer, got %q", d.Val())
+				return d.Errf("max_entries must be a positive integer, got %q", arg)
 			}
 			m.MaxEntries = n
-			if d.NextArg() {
-				return d.ArgErr()
+		case "max_bytes":
+			if err := parseSize(d, &m.MaxBytes); err != nil {
+				return err
 			}
 		default:
 			return d.Errf("unknown memory store option %q", d.Val())

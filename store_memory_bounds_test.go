@@ -1,0 +1,220 @@
+package icebergidempotency
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// evictionCount reads caddy_iceberg_idempotency_memory_evictions_total for
+// reason through a registry, the way Caddy's /metrics sees it.
+func evictionCount(t *testing.T, reason string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "caddy_iceberg_idempotency_memory_evictions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "reason" && lp.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no eviction series for reason %q", reason)
+	return 0
+}
+
+// finalize stores a final answer with a body of n bytes under a fresh key.
+func finalize(t *testing.T, s stores.Store, n int) string {
+	t.Helper()
+	r := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
+	if res, err := s.Reserve(t.Context(), r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	if err := s.Finalize(t.Context(), r.Key, r.Owner, stores.Response{Status: 200, Body: make([]byte, n)}); err != nil {
+		t.Fatal(err)
+	}
+	return r.Key
+}
+
+// A flood of evictions moves the counter by exactly their number and writes
+// one warning at once, then one per interval with the count since the last:
+// not a line per eviction.
+func TestMemoryStoreEvictionsCountedAndLogRateLimited(t *testing.T) {
+	core, logs := observer.New(zap.WarnLevel)
+	clock := storetest.NewFakeClock()
+	var scheduled []func()
+	after := func(_ time.Duration, f func()) func() bool {
+		scheduled = append(scheduled, f)
+		return func() bool { return true }
+	}
+	s, err := openMemoryStore(memory.Limits{MaxEntries: 10, MaxBytes: 1 << 20}, nil, zap.New(core), clock.Now, after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beforeEntries, beforeBytes := evictionCount(t, "entries"), evictionCount(t, "bytes")
+
+	for range 1000 {
+		finalize(t, s, 10)
+	}
+	if got := evictionCount(t, "entries") - beforeEntries; got != 990 {
+		t.Fatalf("entries evictions counted %v, want 990", got)
+	}
+	if got := evictionCount(t, "bytes") - beforeBytes; got != 0 {
+		t.Fatalf("bytes evictions counted %v, want 0", got)
+	}
+	if n := logs.Len(); n != 1 {
+		t.Fatalf("%d warnings for a burst of 990 evictions, want 1 at once", n)
+	}
+	if len(scheduled) != 1 {
+		t.Fatalf("%d trailing warnings scheduled, want 1", len(scheduled))
+	}
+	scheduled[0]() // the interval passed
+	clock.Advance(memory.EvictionLogInterval)
+	finalize(t, s, 10) // the next eviction after the interval is told at once
+	entries := logs.AllUntimed()
+	if len(entries) != 3 {
+		t.Fatalf("%d warnings, want 3", len(entries))
+	}
+	total := int64(0)
+	for _, e := range entries {
+		total += e.ContextMap()["evicted"].(int64)
+	}
+	if total != 991 {
+		t.Fatalf("warnings report %d evictions, want 991", total)
+	}
+	if got := entries[0].ContextMap()["max_entries"]; got != int64(10) {
+		t.Fatalf("warning names max_entries %v, want 10", got)
+	}
+
+	// A burst cut short by Close is still told.
+	clock.Advance(time.Second)
+	finalize(t, s, 10)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if logs.Len() != 4 {
+		t.Fatalf("%d warnings after Close, want the pending one written", logs.Len())
+	}
+}
+
+// A reload that changes the bounds keeps the one shared store and its
+// records; within one config the larger bounds win; a later config shrinks
+// the store, evicting least recently used final records (counted).
+func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
+	provider := func(ctx caddy.Context, maxEntries int) *MemoryStore {
+		p := &MemoryStore{MaxEntries: maxEntries}
+		if err := p.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	release := func() {
+		if err := (&Handler{storeKey: memoryStoreKey}).Cleanup(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	cfg1 := newCaddyContext(t)
+	first, err := acquireStore(cfg1, provider(cfg1, 10_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for range 261 {
+		keys = append(keys, finalize(t, first, 10))
+	}
+
+	// Reload: the new config's two handlers acquire before the old one's
+	// cleanup.
+	cfg2 := newCaddyContext(t)
+	second, err := acquireStore(cfg2, provider(cfg2, 20_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	third, err := acquireStore(cfg2, provider(cfg2, 5_000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release() // the old config goes
+	if second != first || third != first {
+		t.Fatal("a reload that changed max_entries opened a new store")
+	}
+	for _, k := range keys {
+		if rec, _ := second.Load(t.Context(), k); rec == nil || rec.State != stores.StateFinal {
+			t.Fatalf("record %s lost across the reload: %+v", k, rec)
+		}
+	}
+	ms := second.Store.(*memoryStore)
+	if got := ms.Limits().MaxEntries; got != 20_000 {
+		t.Fatalf("max_entries %d after a config asking 20000 and 5000, want the larger", got)
+	}
+
+	// Reload to a smaller bound: the newest records stay.
+	before := evictionCount(t, "entries")
+	held := ms.Stats().Final
+	cfg3 := newCaddyContext(t)
+	fourth, err := acquireStore(cfg3, provider(cfg3, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	release()
+	defer release()
+	if fourth != first || ms.Limits().MaxEntries != 100 {
+		t.Fatalf("shrinking reload: same store %v, max_entries %d", fourth == first, ms.Limits().MaxEntries)
+	}
+	if got := evictionCount(t, "entries") - before; got != float64(held-100) {
+		t.Fatalf("shrinking counted %v evictions, want %d", got, held-100)
+	}
+	for i, k := range keys {
+		rec, _ := fourth.Load(t.Context(), k)
+		if kept := i >= len(keys)-100; kept != (rec != nil) {
+			t.Fatalf("record %d of %d: kept %v, want %v", i, len(keys), rec != nil, kept)
+		}
+	}
+}
+
+// Reconfigure refuses a store of another kind instead of misusing it.
+func TestMemoryStoreReconfigureRejectsOtherStore(t *testing.T) {
+	ctx := newCaddyContext(t)
+	err := (&MemoryStore{}).Reconfigure(ctx, &closeCounter{})
+	if err == nil || !strings.Contains(err.Error(), "not the memory store") {
+		t.Fatalf("Reconfigure(other store) = %v", err)
+	}
+}
+
+func TestMemoryStoreDefaults(t *testing.T) {
+	p := &MemoryStore{}
+	if err := p.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if p.MaxEntries != DefaultMaxEntries || p.MaxBytes != DefaultMaxBytes {
+		t.Fatalf("defaults %+v", p)
+	}
+	if DefaultMaxBytes > 256<<20 {
+		t.Fatalf("default max_bytes %d above 256 MiB", DefaultMaxBytes)
+	}
+	if p.StoreKey() != (&MemoryStore{MaxEntries: 1, MaxBytes: 1}).StoreKey() {
+		t.Fatal("StoreKey depends on the bounds: a reload changing them would open an empty store")
+	}
+}
