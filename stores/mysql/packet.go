@@ -80,3 +80,26 @@ func packetTooLarge(err error) bool {
 	var me *mysql.MySQLError
 	return errors.Is(err, mysql.ErrPktTooLarge) || (errors.As(err, &me) && me.Number == errPacketTooLarge)
 }
+
+// shrunkPacketLimit handles the other face of the server's refusal: it may
+// drop the connection while a large packet is still being written, so the
+// driver sees a reset rather than the error. After a broken connection
+// under a large row, it reads the limit again (the global value, which the
+// pool's next connections get) and reports whether the row no longer fits.
+func (s *Store) shrunkPacketLimit(ctx context.Context, err error, key, owner string, headers, body []byte) bool {
+	size := int64(len(body) + len(headers) + len(key) + len(owner))
+	if !transient(err) || size < 1<<20 {
+		return false
+	}
+	qctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	var limit int64
+	if s.db.QueryRowContext(qctx, "SELECT @@global.max_allowed_packet").Scan(&limit) != nil {
+		return false
+	}
+	if s.cfg.packetLimit == 0 && limit-rowHeadroom < s.maxRow.Load() {
+		s.maxRow.Store(limit - rowHeadroom)
+		s.log.Warn("mysql max_allowed_packet was lowered", zap.Int64("max_allowed_packet", limit))
+	}
+	return size > s.maxRow.Load()
+}

@@ -139,3 +139,33 @@ func TestPacketLimitOfTheServer(t *testing.T) {
 	s.maxRow.Store(1 << 40)
 	finalizeTooLarge(t, s, bytes.Repeat([]byte{0}, limit+10))
 }
+
+// The limit lowered after the first contact: the server drops the
+// connection under a row just below its limit (the driver sees a reset,
+// not the error), and Finalize reads the limit again.
+func TestPacketLimitLoweredLater(t *testing.T) {
+	db := admin(t)
+	var orig int64
+	if err := db.QueryRow("SELECT @@global.max_allowed_packet").Scan(&orig); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := openObserved(t, func(c *Config) { c.MaxConns = 1 })
+	const limit = 1 << 20
+	if _, err := db.Exec("SET GLOBAL max_allowed_packet = ?", limit); err != nil {
+		t.Skipf("cannot lower max_allowed_packet: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.Exec("SET GLOBAL max_allowed_packet = ?", orig); err != nil {
+			t.Errorf("restoring max_allowed_packet to %d: %v", orig, err)
+		}
+	})
+	// The pool's one connection predates the change: replace it.
+	if _, err := s.db.Exec("DO 1"); err != nil {
+		t.Fatal(err)
+	}
+	s.db.SetMaxIdleConns(0)
+	s.db.SetMaxIdleConns(1)
+	for _, size := range []int{limit - 10, limit + 10} {
+		finalizeTooLarge(t, s, bytes.Repeat([]byte{0}, size))
+	}
+}

@@ -318,8 +318,13 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 		n, err = s.execOnce(ctx, s.stmts.finalize, resp.Status, string(headers), body, key, owner)
 	}
 	if err != nil {
-		if packetTooLarge(err) {
+		if packetTooLarge(err) || s.shrunkPacketLimit(ctx, err, key, owner, headers, body) {
 			// The server refused it unexecuted: the record is still ours.
+			// It also closed that connection, which the driver may have
+			// put back in the pool: drop the idle ones, so that the
+			// Release which follows does not meet it.
+			s.db.SetMaxIdleConns(0)
+			s.db.SetMaxIdleConns(s.cfg.MaxConns)
 			return fmt.Errorf("%w: %w", s.wrap("finalize", err), stores.ErrResponseTooLarge)
 		}
 		return s.wrap("finalize", err)
