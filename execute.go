@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -121,6 +122,12 @@ func (g *guarded) finalize(ctx context.Context, resp stores.Response) {
 			g.release(ctx, "too large for the store")
 			return
 		}
+		if errors.Is(err, stores.ErrNotOwner) && attempt > 1 && g.storedAlready(ctx, resp) {
+			// The previous try committed, but its reply was lost.
+			executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
+			g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", resp.Status))
+			return
+		}
 		if errors.Is(err, stores.ErrNotOwner) || ctx.Err() != nil || attempt == finalizeAttempts {
 			break
 		}
@@ -135,6 +142,14 @@ func (g *guarded) finalize(ctx context.Context, resp stores.Response) {
 	g.log(zapcore.ErrorLevel, "finalize failed: response delivered but not stored; the key's outcome is unknown",
 		zap.Int("status", resp.Status), zap.Error(err))
 	g.markUnknown(ctx, nil)
+}
+
+// storedAlready reports whether the key's record is final with this
+// request's response: a Finalize whose reply was lost may have committed.
+func (g *guarded) storedAlready(ctx context.Context, resp stores.Response) bool {
+	rec, err := g.h.store.Load(ctx, g.key)
+	return err == nil && rec != nil && rec.State == stores.StateFinal && rec.Binding == g.binding &&
+		rec.Response != nil && rec.Response.Status == resp.Status && bytes.Equal(rec.Response.Body, resp.Body)
 }
 
 // markUnknown ends the key's lease now, so its record reads as abandoned and

@@ -287,6 +287,7 @@ type flakyStore struct {
 	stores.Store
 	reserveLostReplies atomic.Int32 // Reserve commits, then reports an error
 	finalizeFailures   atomic.Int32 // Finalize fails before writing
+	finalizeLostReply  atomic.Int32 // Finalize writes, then reports an error
 	finalizeTooLarge   bool
 }
 
@@ -307,7 +308,11 @@ func (s *flakyStore) Finalize(ctx context.Context, key, owner string, resp store
 	if s.finalizeFailures.Add(-1) >= 0 {
 		return errInjected
 	}
-	return s.Store.Finalize(ctx, key, owner, resp)
+	err := s.Store.Finalize(ctx, key, owner, resp)
+	if err == nil && s.finalizeLostReply.Add(-1) >= 0 {
+		return errInjected
+	}
+	return err
 }
 
 // A Reserve that committed but whose reply was lost leaves no stranded
@@ -343,6 +348,23 @@ func TestFinalizeRetried(t *testing.T) {
 	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
 		t.Fatalf("first answer = %d, want 200", first.code())
 	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d replayed=%q executed=%d; want the stored 200", retry.code(), retry.header.Get(ReplayedHeader), catalog.executed.Load())
+	}
+}
+
+// A Finalize that committed but whose reply was lost is recognised when the
+// retried Finalize finds the record final: the response is stored, and a
+// retry replays it.
+func TestFinalizeLostReply(t *testing.T) {
+	s := &flakyStore{Store: newMemoryStore(t)}
+	s.finalizeLostReply.Store(1)
+	h := newTestHandler(t, s)
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	serve(t, h, proxy, "POST", commitPath, key, commitBody)
 	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
 	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" || catalog.executed.Load() != 1 {
 		t.Fatalf("retry = %d replayed=%q executed=%d; want the stored 200", retry.code(), retry.header.Get(ReplayedHeader), catalog.executed.Load())
