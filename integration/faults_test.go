@@ -1,0 +1,116 @@
+package integration_test
+
+// Shared pieces of the single-node fault suite (faults_*_test.go,
+// iceberg_faults_test.go): a tally of what clients sent and were told, which
+// becomes the scenario's row in the fault summary, and the checks every
+// fault scenario makes.
+//
+// The guarantee under test: a key's request reaches the catalog at most
+// once, unless nothing of it reached the catalog.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+)
+
+// tally counts the requests of one scenario as the clients saw them.
+type tally struct {
+	mu      sync.Mutex
+	sent    int
+	keys    map[string]bool
+	answers map[int]int
+}
+
+func newTally() *tally { return &tally{keys: map[string]bool{}, answers: map[int]int{}} }
+
+// add records one request sent with key (empty: none) and its status, 0 for
+// a transport error.
+func (y *tally) add(key string, status int) {
+	y.mu.Lock()
+	defer y.mu.Unlock()
+	y.sent++
+	if key != "" {
+		y.keys[key] = true
+	}
+	y.answers[status]++
+}
+
+// send sends one keyed request and tallies its answer; a transport error is
+// returned, not fatal, since some faults produce them on purpose.
+func (y *tally) send(ctx context.Context, method, url, body, key string, headers ...string) (response, error) {
+	r, err := request(ctx, method, url, body, append([]string{keyHeader, key}, headers...)...)
+	y.add(key, r.Status)
+	return r, err
+}
+
+// mustSend is send that fails the test on a transport error.
+func (y *tally) mustSend(t *testing.T, method, url, body, key string, headers ...string) response {
+	t.Helper()
+	r, err := y.send(context.Background(), method, url, body, key, headers...)
+	if err != nil {
+		t.Fatalf("%s %s (key %s): %v", method, url, key, err)
+	}
+	return r
+}
+
+// record adds the scenario's row to the fault summary. executions are
+// counted at the catalog; duplicates are executions beyond one per key.
+func (y *tally) record(fault string, executions int, note string) faultRow {
+	y.mu.Lock()
+	defer y.mu.Unlock()
+	answers := make(map[int]int, len(y.answers))
+	for c, n := range y.answers {
+		answers[c] = n
+	}
+	row := faultRow{
+		Fault:      fault,
+		Sent:       y.sent,
+		Keys:       len(y.keys),
+		Executions: executions,
+		Duplicates: max(0, executions-len(y.keys)),
+		Answers:    answers,
+		Note:       note,
+	}
+	recordFault(row)
+	return row
+}
+
+// wantNoDuplicates fails the test when a key executed more than once.
+func wantNoDuplicates(t *testing.T, row faultRow) {
+	t.Helper()
+	if row.Duplicates != 0 {
+		t.Errorf("%s: %d duplicate executions (%d executions for %d keys), want 0",
+			row.Fault, row.Duplicates, row.Executions, row.Keys)
+	}
+}
+
+// wantUnknown checks the answer to a retry of an abandoned key: 500 with an
+// Iceberg CommitStateUnknownException body, not a replay.
+func wantUnknown(t *testing.T, what string, r response) {
+	t.Helper()
+	wantStatus(t, what, r, http.StatusInternalServerError)
+	var doc struct {
+		Error struct {
+			Type string `json:"type"`
+			Code int    `json:"code"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(r.Body, &doc); err != nil || doc.Error.Type != "CommitStateUnknownException" || doc.Error.Code != 500 {
+		t.Fatalf("%s: body %q, want an IcebergErrorResponse of type CommitStateUnknownException, code 500", what, r.Body)
+	}
+}
+
+// timed runs f and returns how long it took.
+func timed(f func()) time.Duration {
+	start := time.Now()
+	f()
+	return time.Since(start)
+}
+
+// mib formats a byte count in MiB for notes.
+func mib(n int64) string { return fmt.Sprintf("%.0f MiB", float64(n)/(1<<20)) }

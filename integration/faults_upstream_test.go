@@ -1,0 +1,150 @@
+package integration_test
+
+// Faults between Caddy and the catalog, one Caddy node on the memory store,
+// with caddyproc.Backend as the catalog: these scenarios need a catalog that
+// commits and then resets the connection, or commits slower than the
+// proxy's execution_timeout, on cue, and one that counts every execution.
+// (iceberg_faults_test.go drives the first fault with a real catalog and a
+// real client.)
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+)
+
+// promptly bounds how long a retry of an abandoned key may take: far below
+// faultInFlightWait, which is what a retry that waited for the lapsed
+// owner would take.
+const (
+	promptly          = 5 * time.Second
+	faultInFlightWait = "20s"
+)
+
+const faultCommitBody = `{"requirements":[{"type":"assert-table-uuid","uuid":"9c12d441-03fe-4693-9a96-a0705ddf69c1"}],` +
+	`"updates":[{"action":"set-properties","updates":{"owner":"faults"}}]}`
+
+// warmUpstream sends an unkeyed read through Caddy so the connection Caddy
+// keeps to the catalog is reused by the next request. A fault on a reused
+// connection is the case where Go's HTTP transport may resend a request
+// silently (it treats requests carrying an Idempotency-Key as replayable):
+// the scenarios must show that does not happen.
+func warmUpstream(t *testing.T, c *caddyproc.Instance) {
+	t.Helper()
+	wantStatus(t, "warm-up read", send(t, "GET", c.URL()+"/v1/config", ""), http.StatusOK)
+}
+
+// TestFaultResetAfterCommit: the catalog commits, then the connection to it
+// is reset before any answer. Nobody knows whether the commit happened, so
+// the key must never execute again under `abandoned unknown`: the first
+// client gets 502, every retry at once 500 CommitStateUnknownException.
+// Under `abandoned reexecute` the retry executes again, as configured.
+func TestFaultResetAfterCommit(t *testing.T) {
+	t.Parallel()
+	for _, policy := range []string{"unknown", "reexecute"} {
+		t.Run(policy, func(t *testing.T) {
+			t.Parallel()
+			c, b := startGuarded(t, "abandoned "+policy+"\nin_flight_wait "+faultInFlightWait)
+			const path = "/v1/namespaces/faults/tables/reset"
+			b.Script(path, caddyproc.Reply{Drop: true}, caddyproc.Reply{})
+			warmUpstream(t, c)
+
+			y := newTally()
+			key := newKey(t)
+			first := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
+			wantStatus(t, "commit whose connection was reset", first, http.StatusBadGateway)
+
+			var note string
+			switch policy {
+			case "unknown":
+				for i := 1; i <= 3; i++ {
+					var r response
+					took := timed(func() { r = y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key) })
+					what := fmt.Sprintf("retry %d", i)
+					wantUnknown(t, what, r)
+					if took > promptly {
+						t.Errorf("%s took %v: the abandoned key was not answered at once", what, took)
+					}
+				}
+				wantCount(t, b, path, 1)
+				note = "first 502; every retry at once 500 CommitStateUnknownException"
+			case "reexecute":
+				r := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
+				wantStatus(t, "retry", r, http.StatusOK)
+				wantExecuted(t, "retry", r)
+				replay := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
+				wantReplayOf(t, "retry after the re-execution", replay, r)
+				wantCount(t, b, path, 2)
+				note = "`abandoned reexecute`: the retry executed again (the 1 duplicate is that policy's point), 200, then replayed"
+			}
+			row := y.record("reset after commit (memory, abandoned "+policy+")", b.Count(path), note)
+			if policy == "unknown" {
+				wantNoDuplicates(t, row)
+			}
+		})
+	}
+}
+
+// TestFaultExecutionTimeout: the catalog is still committing when
+// execution_timeout fires. The first client gets 504; the commit may still
+// land, so a retry gets 500 CommitStateUnknownException at once, well
+// before the lease (30s) would have lapsed, and the catalog ran it once.
+func TestFaultExecutionTimeout(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "execution_timeout 1s\nin_flight_wait "+faultInFlightWait)
+	const path = "/v1/namespaces/faults/tables/slow"
+	b.Script(path, caddyproc.Reply{Delay: 2500 * time.Millisecond}, caddyproc.Reply{})
+
+	y := newTally()
+	key := newKey(t)
+	first := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
+	wantStatus(t, "commit past execution_timeout", first, http.StatusGatewayTimeout)
+	for i := 1; i <= 2; i++ {
+		var r response
+		took := timed(func() { r = y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key) })
+		what := fmt.Sprintf("retry %d", i)
+		wantUnknown(t, what, r)
+		if took > promptly {
+			t.Errorf("%s took %v: the abandoned key was not answered at once", what, took)
+		}
+	}
+	wantCount(t, b, path, 1)
+	wantNoDuplicates(t, y.record("execution_timeout during a commit (memory)", b.Count(path),
+		"first 504; retries at once 500 CommitStateUnknownException"))
+}
+
+// TestFaultDialFailure: the catalog is down, so nothing of the request
+// reached it; the key is released and, once the catalog is up on the same
+// address, the retry executes once and later retries replay it.
+func TestFaultDialFailure(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency\nreverse_proxy "+addr))
+
+	const path = "/v1/namespaces/faults/tables/down"
+	y := newTally()
+	key := newKey(t)
+	first := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
+	if first.Status != http.StatusBadGateway && first.Status != http.StatusServiceUnavailable {
+		t.Fatalf("commit to a catalog that is down: %s, want 502 or 503", first)
+	}
+
+	b := caddyproc.NewBackendAt(t, addr)
+	r := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
+	wantStatus(t, "retry with the catalog up", r, http.StatusOK)
+	wantExecuted(t, "retry with the catalog up", r)
+	replay := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
+	wantReplayOf(t, "retry after success", replay, r)
+	wantCount(t, b, path, 1)
+	wantNoDuplicates(t, y.record("dial failure, then catalog up (memory)", b.Count(path),
+		fmt.Sprintf("first %d (nothing sent); retry executed once, 200; next retry replayed", first.Status)))
+}
