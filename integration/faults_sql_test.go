@@ -215,8 +215,9 @@ func TestFaultSQLDatabaseGone(t *testing.T) {
 			Duplicates: out.Duplicates,
 			Answers:    load.Answers,
 			Note: fmt.Sprintf("503 + Retry-After while the database was away (%d commits rode it out, same key); "+
-				"%d commits did not end 200; afterwards %d keys that got 200 replayed from both nodes, %d did not",
-				rodeOut, bad, out.Replayed, out.Lost),
+				"%d commits did not end 200; afterwards %d keys that got 200 replayed from both nodes, %d did not "+
+				"(%d of them: Finalize failed through its retries, 200 delivered but not stored, retries hear 500 CommitStateUnknownException)",
+				rodeOut, bad, out.Replayed, out.Lost, out.Unstored),
 		})
 	})
 }
@@ -333,6 +334,7 @@ func testSQLReloadUnderLoad(t *testing.T, db *sqlDB, dsn, mode string) {
 		Duplicates: out.Duplicates,
 		Answers:    load.Answers,
 		Note: fmt.Sprintf("%d commits failed; %d connections closed by a reloading server were resent with the same key; "+
-			"afterwards %d keys that got 200 replayed from both nodes, %d did not", failed, lostConns, out.Replayed, out.Lost),
+			"afterwards %d keys that got 200 replayed from both nodes, %d did not (%d logged as delivered but not stored)",
+			failed, lostConns, out.Replayed, out.Lost, out.Unstored),
 	})
 }
