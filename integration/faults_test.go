@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -102,6 +103,27 @@ func wantUnknown(t *testing.T, what string, r response) {
 	}
 	if err := json.Unmarshal(r.Body, &doc); err != nil || doc.Error.Type != "CommitStateUnknownException" || doc.Error.Code != 500 {
 		t.Fatalf("%s: body %q, want an IcebergErrorResponse of type CommitStateUnknownException, code 500", what, r.Body)
+	}
+}
+
+// checkErrorModel reports, without stopping the test, an answer that is not
+// an IcebergErrorResponse with error.code equal to its status. The REST spec
+// gives every mutation's 502 and 504 such a body (its examples say
+// CommitStateUnknownException): a client reads the commit state from it.
+func checkErrorModel(t *testing.T, what string, r response) {
+	t.Helper()
+	var doc struct {
+		Error *struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+			Code    int    `json:"code"`
+		} `json:"error"`
+	}
+	ct := r.Header.Get("Content-Type")
+	if err := json.Unmarshal(r.Body, &doc); err != nil || doc.Error == nil || doc.Error.Type == "" ||
+		doc.Error.Code != r.Status || !strings.HasPrefix(ct, "application/json") {
+		t.Errorf("%s: %d with Content-Type %q and body %q, want an IcebergErrorResponse (application/json, error.code %d)",
+			what, r.Status, ct, r.Body, r.Status)
 	}
 }
 

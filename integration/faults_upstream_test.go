@@ -57,6 +57,7 @@ func TestFaultResetAfterCommit(t *testing.T) {
 			key := newKey(t)
 			first := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
 			wantStatus(t, "commit whose connection was reset", first, http.StatusBadGateway)
+			checkErrorModel(t, "commit whose connection was reset", first)
 
 			var note string
 			switch policy {
@@ -103,6 +104,7 @@ func TestFaultExecutionTimeout(t *testing.T) {
 	key := newKey(t)
 	first := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
 	wantStatus(t, "commit past execution_timeout", first, http.StatusGatewayTimeout)
+	checkErrorModel(t, "commit past execution_timeout", first)
 	for i := 1; i <= 2; i++ {
 		var r response
 		took := timed(func() { r = y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key) })
