@@ -38,17 +38,31 @@ func (g *guarded) execute() error {
 	defer storeCancel()
 
 	if err != nil {
-		if notSent(g.r, err) {
+		status := errorStatus(err)
+		switch notSent(g.r, err) {
+		case sentNothing:
+			// A handler before reverse_proxy failed: its error is the
+			// answer, as without this module.
+			g.release(storeCtx, "rejected before reaching the catalog")
+			return err
+		case sentNoConnection:
 			// Provably nothing reached the catalog: a retry must be able
 			// to execute.
-			g.release(storeCtx, "not sent to the catalog")
-			return err
+			g.log(zapcore.ErrorLevel, "catalog unreachable: key released", zap.Int("status", status), zap.Error(err))
+			g.release(storeCtx, "catalog unreachable")
+			writeError(g.w, status, typeFor(status),
+				"The catalog could not be reached; the request was not sent to it. Retry with the same Idempotency-Key.",
+				retryAfterFor(status, g.retryAfterSeconds()))
+			return nil
 		}
 		// The request may have reached the catalog: it may have
-		// committed. Caddy's error (502, 504) goes to this client; a
-		// retry gets the abandoned policy's answer at once.
+		// committed. This client gets Caddy's status (502, 504) with an
+		// Iceberg error saying so; a retry gets the abandoned policy's
+		// answer at once.
 		g.markUnknown(storeCtx, err)
-		return err
+		writeError(g.w, status, typeCommitStateUnknown,
+			"The request reached the catalog but no response came back; its outcome is unknown. Check the catalog's state before retrying.", 0)
+		return nil
 	}
 	if !cw.wroteHeader && cw.buf.Len() == 0 {
 		// Nothing after this handler wrote a response: most likely no
@@ -77,28 +91,64 @@ func (g *guarded) execute() error {
 	return nil
 }
 
-// notSent reports whether err proves that nothing of the request reached the
-// catalog. reverse_proxy sets the upstream placeholders just before it sends,
-// so without them no upstream was even chosen; a dial error means no
+// How much of a request reached the catalog, as far as an error from the
+// handlers after this one proves.
+const (
+	sentMaybe        = iota // the request may have reached the catalog
+	sentNothing             // no upstream was chosen: a handler before reverse_proxy failed
+	sentNoConnection        // reverse_proxy chose an upstream but could not connect, or had none
+)
+
+// notSent tells how much of the request err proves did not reach the
+// catalog. reverse_proxy sets the upstream placeholders just before it
+// sends, so without them no upstream was even chosen; a dial error means no
 // connection existed; "no upstreams available" means none was chosen. Any
-// other error (connection broken after sending, the execution timeout) leaves
-// the outcome unknown.
+// other error (connection broken after sending, the execution timeout)
+// leaves the outcome unknown.
 //
 // With lb_retry_match configured to retry POSTs after a transport error,
 // reverse_proxy may end with a dial error after an earlier attempt reached
 // the catalog; such a configuration defeats idempotency on its own.
-func notSent(r *http.Request, err error) bool {
-	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-		if _, chosen := repl.Get("http.reverse_proxy.upstream.address"); !chosen {
-			return true
-		}
-	}
+func notSent(r *http.Request, err error) int {
 	var dialErr reverseproxy.DialError
 	if errors.As(err, &dialErr) {
-		return true
+		return sentNoConnection
 	}
 	var herr caddyhttp.HandlerError
-	return errors.As(err, &herr) && herr.Err != nil && herr.Err.Error() == "no upstreams available"
+	if errors.As(err, &herr) && herr.Err != nil && herr.Err.Error() == "no upstreams available" {
+		return sentNoConnection
+	}
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		if _, chosen := repl.Get("http.reverse_proxy.upstream.address"); !chosen {
+			return sentNothing
+		}
+	}
+	return sentMaybe
+}
+
+// errorStatus is the status Caddy would answer err with.
+func errorStatus(err error) int {
+	var herr caddyhttp.HandlerError
+	if errors.As(err, &herr) && herr.StatusCode >= 400 {
+		return herr.StatusCode
+	}
+	return http.StatusBadGateway
+}
+
+func typeFor(status int) string {
+	if status == http.StatusServiceUnavailable {
+		return typeUnavailable
+	}
+	return typeServiceFailure
+}
+
+// retryAfterFor adds Retry-After to a 503, which is what makes the Iceberg
+// Java client retry a POST.
+func retryAfterFor(status, seconds int) int {
+	if status == http.StatusServiceUnavailable {
+		return seconds
+	}
+	return 0
 }
 
 // finalizeAttempts bounds how often a Finalize that failed for a transient

@@ -171,8 +171,8 @@ func TestResponseLostAfterCommitIsUnknown(t *testing.T) {
 	key := storetest.NewKey(t)
 
 	first := serve(t, h, proxy, "POST", commitPath, key, commitBody)
-	if first.code() != http.StatusBadGateway {
-		t.Fatalf("first answer = %d %v, want reverse_proxy's 502", first.code(), first.err)
+	if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
+		t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
 	}
 	for range 3 {
 		retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
@@ -215,8 +215,8 @@ func TestExecutionTimeoutIsUnknown(t *testing.T) {
 	proxy := newReverseProxy(t, catalog.addr())
 	key := storetest.NewKey(t)
 
-	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusGatewayTimeout {
-		t.Fatalf("first answer = %d %v, want 504", first.code(), first.err)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusGatewayTimeout || first.errorType() != typeCommitStateUnknown {
+		t.Fatalf("first answer = %d %q %v, want 504 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
 	}
 	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
 	if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
@@ -233,8 +233,8 @@ func TestDialFailureReleases(t *testing.T) {
 	h := newTestHandler(t, newMemoryStore(t))
 	key := storetest.NewKey(t)
 	first := serve(t, h, newReverseProxy(t, deadAddr(t)), "POST", commitPath, key, commitBody)
-	if first.code() != http.StatusBadGateway {
-		t.Fatalf("first answer = %d %v, want 502", first.code(), first.err)
+	if first.code() != http.StatusBadGateway || first.errorType() != typeServiceFailure {
+		t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeServiceFailure)
 	}
 	catalog := newCountingCatalog(t, answerOK)
 	retry := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody)
