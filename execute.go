@@ -151,47 +151,95 @@ func retryAfterFor(status, seconds int) int {
 	return 0
 }
 
-// finalizeAttempts bounds how often a Finalize that failed for a transient
-// reason is tried; each try is bounded by storeOpTimeout's context.
-const finalizeAttempts = 3
+// defaultFinalizeWindow bounds how long a Finalize that keeps failing is
+// retried in the background, with the lease renewed, before the key is left
+// "unknown". A store outage of a few seconds must not turn answered commits
+// into unknown ones.
+const defaultFinalizeWindow = 2 * time.Minute
 
-// finalize stores the final response. It never releases: the catalog did
-// execute. A response the store cannot hold is treated like an oversize one.
+// finalizeResult is what one Finalize try settled.
+type finalizeResult int
+
+const (
+	finalizeDone  finalizeResult = iota // stored, released or given up: nothing more to do
+	finalizeRetry                       // failed in a way a later try may fix
+)
+
+// finalize stores the final response before the client sees it. It never
+// releases for a store failure: the catalog did execute. When the store
+// fails, the response is delivered all the same and Finalize is retried in
+// the background (see finalizeLater); meanwhile a retry of the key waits
+// for it as for any request in flight.
 func (g *guarded) finalize(ctx context.Context, resp stores.Response) {
-	var err error
-	for attempt := 1; attempt <= finalizeAttempts; attempt++ {
-		err = g.h.store.Finalize(ctx, g.key, g.owner, resp)
-		if err == nil {
-			executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
-			g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", resp.Status))
-			return
-		}
-		if errors.Is(err, stores.ErrResponseTooLarge) {
-			g.log(zapcore.WarnLevel, "response too large for the store: delivered, not stored, key released",
-				zap.Int("status", resp.Status), zap.Int("bytes", len(resp.Body)), zap.Error(err))
-			g.release(ctx, "too large for the store")
-			return
-		}
-		if errors.Is(err, stores.ErrNotOwner) && attempt > 1 && g.storedAlready(ctx, resp) {
-			// The previous try committed, but its reply was lost.
-			executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
-			g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", resp.Status))
-			return
-		}
-		if errors.Is(err, stores.ErrNotOwner) || ctx.Err() != nil || attempt == finalizeAttempts {
-			break
-		}
-		g.log(zapcore.WarnLevel, "finalize failed: retrying", zap.Int("attempt", attempt), zap.Error(err))
-		select {
-		case <-time.After(time.Duration(attempt) * 100 * time.Millisecond):
-		case <-ctx.Done():
-		}
+	if g.tryFinalize(ctx, resp, 1) == finalizeRetry {
+		g.finalizeLater(resp)
 	}
-	// The catalog executed but the store does not know its answer: a retry
-	// must hear "unknown", not execute again.
-	g.log(zapcore.ErrorLevel, "finalize failed: response delivered but not stored; the key's outcome is unknown",
-		zap.Int("status", resp.Status), zap.Error(err))
-	g.markUnknown(ctx, nil)
+}
+
+// tryFinalize makes one Finalize try; attempt counts them, from 1.
+func (g *guarded) tryFinalize(ctx context.Context, resp stores.Response, attempt int) finalizeResult {
+	err := g.h.store.Finalize(ctx, g.key, g.owner, resp)
+	switch {
+	case err == nil:
+	case errors.Is(err, stores.ErrResponseTooLarge):
+		g.log(zapcore.WarnLevel, "response too large for the store: delivered, not stored, key released",
+			zap.Int("status", resp.Status), zap.Int("bytes", len(resp.Body)), zap.Error(err))
+		g.release(ctx, "too large for the store")
+		return finalizeDone
+	case errors.Is(err, stores.ErrNotOwner):
+		if attempt > 1 && g.storedAlready(ctx, resp) {
+			break // the previous try committed, but its reply was lost
+		}
+		// Taken over (abandoned reexecute) or expired: the key is not
+		// this request's to finalize any more.
+		g.log(zapcore.ErrorLevel, "finalize refused: the key is no longer owned by this request; response delivered, not stored",
+			zap.Int("status", resp.Status), zap.Error(err))
+		return finalizeDone
+	default:
+		g.log(zapcore.WarnLevel, "finalize failed: will retry", zap.Int("attempt", attempt), zap.Error(err))
+		return finalizeRetry
+	}
+	executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
+	g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", resp.Status))
+	return finalizeDone
+}
+
+// finalizeLater keeps trying to store resp after the client has it, with
+// the lease renewed, for up to the finalize window; then it leaves the key
+// "unknown". The store stays open for it across a reload.
+func (g *guarded) finalizeLater(resp stores.Response) {
+	leave := func() {}
+	if g.h.pooled != nil {
+		leave = g.h.pooled.enter()
+	}
+	go func() {
+		defer leave()
+		window := g.h.finalizeWindow
+		ctx, cancel := context.WithTimeout(context.Background(), window)
+		defer cancel()
+		stopHeartbeat := g.heartbeat(ctx)
+		defer stopHeartbeat()
+		for attempt, wait := 2, 100*time.Millisecond; ; attempt, wait = attempt+1, min(2*wait, 2*time.Second) {
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				// The catalog executed but the store does not know its
+				// answer: a retry must hear "unknown", not execute again.
+				g.log(zapcore.ErrorLevel, "finalize failed for good: response delivered but not stored; the key's outcome is unknown",
+					zap.Int("status", resp.Status), zap.Duration("retried_for", window))
+				abandonCtx, abandonCancel := context.WithTimeout(context.Background(), storeOpTimeout)
+				g.markUnknown(abandonCtx, nil)
+				abandonCancel()
+				return
+			}
+			tryCtx, tryCancel := context.WithTimeout(ctx, storeOpTimeout)
+			res := g.tryFinalize(tryCtx, resp, attempt)
+			tryCancel()
+			if res == finalizeDone {
+				return
+			}
+		}
+	}()
 }
 
 // storedAlready reports whether the key's record is final with this

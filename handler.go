@@ -121,15 +121,16 @@ type Handler struct {
 	// of answering 503. Default: false (fail closed).
 	FailOpen bool `json:"fail_open,omitempty"`
 
-	store       stores.Store
-	pooled      *pooledStore // store's pool entry; nil in tests that set store directly
-	storeKey    string
-	basePath    string // BasePath, normalized like request paths
-	configPath  string // basePath + "/v1/config"
-	finalizeSet statusSet
-	releaseSet  statusSet
-	replayHdrs  []string
-	logger      *zap.Logger
+	store          stores.Store
+	pooled         *pooledStore // store's pool entry; nil in tests that set store directly
+	storeKey       string
+	basePath       string        // BasePath, normalized like request paths
+	finalizeWindow time.Duration // how long a failing Finalize is retried; tests shorten it
+	configPath     string        // basePath + "/v1/config"
+	finalizeSet    statusSet
+	releaseSet     statusSet
+	replayHdrs     []string
+	logger         *zap.Logger
 }
 
 var (
@@ -191,6 +192,7 @@ func (h *Handler) prepare() error {
 		h.logger = zap.NewNop()
 	}
 	h.setDefaults()
+	h.finalizeWindow = defaultFinalizeWindow
 	h.basePath = ""
 	if h.BasePath != "" {
 		h.basePath = normalizePath(h.BasePath)
