@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"testing"
 
 	"go.uber.org/zap"
@@ -100,50 +101,32 @@ func TestResponseAboveThePacketLimit(t *testing.T) {
 	}
 }
 
-// TestPacketLimitOfTheServer lowers the real server's max_allowed_packet
-// for the store's connection (a new connection takes the global value; it
-// is restored at once): a response just below the limit, which the server
-// would refuse with the rest of the row, is refused by Finalize before
-// sending, and the key can be released. Should the limit shrink after the
-// first contact, the server's own refusal maps to ErrResponseTooLarge too.
+// TestPacketLimitOfTheServer reads the real server's max_allowed_packet
+// at the first contact: a response just below it, which the server would
+// refuse with the rest of the row, is refused by Finalize before sending,
+// and the key can be released; a response within the headroom fits. The
+// server's setting is not changed: other packages' tests share the server
+// and run at the same time.
 func TestPacketLimitOfTheServer(t *testing.T) {
-	db := admin(t)
-	var orig int64
-	if err := db.QueryRow("SELECT @@global.max_allowed_packet").Scan(&orig); err != nil {
+	var limit int
+	if err := admin(t).QueryRow("SELECT @@global.max_allowed_packet").Scan(&limit); err != nil {
 		t.Fatal(err)
 	}
-	const limit = 1 << 20
-	if _, err := db.Exec("SET GLOBAL max_allowed_packet = ?", limit); err != nil {
-		t.Skipf("cannot lower max_allowed_packet: %v", err)
+	if limit > 64<<20 {
+		t.Skipf("max_allowed_packet is %d: too large to fill in a test", limit)
 	}
-	restore := func() {
-		if _, err := db.Exec("SET GLOBAL max_allowed_packet = ?", orig); err != nil {
-			t.Errorf("restoring max_allowed_packet to %d: %v", orig, err)
-		}
-	}
-	t.Cleanup(restore)
-	// One connection, opened now, keeps the lowered limit; other clients
-	// of the shared server get the original back right away.
-	s, logs := openObserved(t, func(c *Config) { c.MaxConns = 1 })
-	restore()
-	if logs.FilterMessage(packetWarning).Len() != 1 {
-		t.Errorf("no packet limit warning at the first contact: %v", logs.All())
-	}
-
-	finalizeFits(t, s, bytes.Repeat([]byte{0}, limit/2))
+	s, _ := openObserved(t, func(c *Config) { c.MaxConns = 1 })
+	finalizeFits(t, s, bytes.Repeat([]byte{0}, limit-rowHeadroom-1024))
 	finalizeTooLarge(t, s, bytes.Repeat([]byte{0}, limit-10))
-
-	// The backstop: pretend the first contact saw a larger limit. The
-	// server refuses the packet (and drops the connection; the next one
-	// has the original limit again).
-	s.maxRow.Store(1 << 40)
-	finalizeTooLarge(t, s, bytes.Repeat([]byte{0}, limit+10))
 }
 
 // The limit lowered after the first contact: the server drops the
 // connection under a row just below its limit (the driver sees a reset,
 // not the error), and Finalize reads the limit again.
 func TestPacketLimitLoweredLater(t *testing.T) {
+	if os.Getenv("ICEBERG_IDEMPOTENCY_TEST_MYSQL_GLOBALS") != "1" {
+		t.Skip("lowers the shared server's max_allowed_packet for a while; set ICEBERG_IDEMPOTENCY_TEST_MYSQL_GLOBALS=1 to run it alone: go test -run TestPacketLimitLoweredLater ./stores/mysql/")
+	}
 	db := admin(t)
 	var orig int64
 	if err := db.QueryRow("SELECT @@global.max_allowed_packet").Scan(&orig); err != nil {
