@@ -49,8 +49,12 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, input string) {
 		tokens, err := caddyfile.Tokenize([]byte(input), "Testfile")
-		if err != nil {
-			return // the lexer's domain, see above
+		if err != nil || len(tokens) == 0 {
+			// The lexer's errors are its domain, see above; and Caddy
+			// never hands a directive parser a stream without at least
+			// the directive's own name (a Dispenser over no tokens
+			// reports errors "at :0").
+			return
 		}
 		maxLine := 0
 		for _, tok := range tokens {
