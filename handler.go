@@ -311,7 +311,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if op == "" {
 		return next.ServeHTTP(w, r)
 	}
-	return h.guard(w, r, next, op, path)
+	return h.admit(w, r, next, op, path)
 }
 
 // classifyPath returns the mutation's operationId, or "" for requests that

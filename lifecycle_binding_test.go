@@ -70,7 +70,7 @@ func TestWaiterRechecksBindingAfterAwait(t *testing.T) {
 		t.Fatal("the catalog was called")
 		return nil
 	})
-	if err := h.guard(rec, req, next, "createNamespace", "/v1/namespaces"); err != nil {
+	if err := h.admit(rec, req, next, "createNamespace", "/v1/namespaces"); err != nil {
 		t.Fatal(err)
 	}
 	if rec.Code != http.StatusUnprocessableEntity || rec.Header().Get(ReplayedHeader) != "" {

@@ -33,10 +33,3 @@ func parseStatusSet(items []string) (statusSet, error) {
 func (s statusSet) has(code int) bool {
 	return s.codes[code] || s.classes[code/100]
 }
-
-// shouldFinalize reports whether a response with this status is stored and
-// replayed. Release wins over finalize, and a status in neither list (1xx,
-// 3xx) is released: only what the spec calls final is ever replayed.
-func (h *Handler) shouldFinalize(status int) bool {
-	return !h.releaseSet.has(status) && h.finalizeSet.has(status)
-}

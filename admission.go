@@ -1,0 +1,153 @@
+package icebergidempotency
+
+// Admission: what a keyed mutation must bring before it may reserve its key.
+// The key must be a UUIDv7, the body must fit max_request_size, and the key is
+// bound to the operation, the normalized path, the principal and a
+// fingerprint of the request, so that a retry is recognised as the same
+// request and anything else with the key is refused (422).
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// IdempotencyKeyHeader is the request header defined by the Iceberg REST spec.
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// admit checks what a keyed mutation brings (its key, its body) and binds
+// the key to it, then hands the request to its lifecycle (lifecycle.go). path is the request's
+// normalized path, which the key is bound to.
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, op, path string) error {
+	values := r.Header.Values(IdempotencyKeyHeader)
+	if len(values) == 0 {
+		if h.RequireKey {
+			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header is required for "+op, 0)
+			return nil
+		}
+		if c := h.logger.Check(zapcore.DebugLevel, "no key: passing through"); c != nil {
+			c.Write(zap.String("operation", op))
+		}
+		decisions.WithLabelValues(op, outcomeNoKey).Inc()
+		return next.ServeHTTP(w, r)
+	}
+	for _, v := range values[1:] {
+		if v != values[0] {
+			decisions.WithLabelValues(op, outcomeInvalidKey).Inc()
+			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header must have a single value", 0)
+			return nil
+		}
+	}
+	key, err := parseKey(values[0])
+	if err != nil {
+		decisions.WithLabelValues(op, outcomeInvalidKey).Inc()
+		writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+err.Error(), 0)
+		return nil
+	}
+
+	body, err := io.ReadAll(io.LimitReader(r.Body, h.MaxRequestSize+1))
+	if err != nil {
+		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
+	}
+	if int64(len(body)) > h.MaxRequestSize {
+		writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge,
+			fmt.Sprintf("request body exceeds %d bytes, the largest accepted with an Idempotency-Key", h.MaxRequestSize), 0)
+		return nil
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+
+	if h.pooled != nil {
+		// The store stays open across a reload until this request is done.
+		defer h.pooled.enter()()
+	}
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	g := &guarded{
+		h: h, w: w, r: r, next: next, key: key,
+		binding: stores.Binding{
+			Operation:   op,
+			Path:        path,
+			Principal:   sha256Hex([]byte(repl.ReplaceAll(h.Principal, ""))),
+			Fingerprint: requestFingerprint(r.Method, path, r.URL.RawQuery, body),
+		},
+	}
+	return g.run()
+}
+
+// parseKey checks that s is a UUIDv7 in the 36-character hyphenated form the
+// spec requires, with the RFC 9562 variant, and returns it in lower case.
+// Any letter case is accepted: the spec's own example is upper case.
+func parseKey(s string) (string, error) {
+	if len(s) != 36 {
+		return "", fmt.Errorf("must be 36 characters, got %d", len(s))
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if i == 8 || i == 13 || i == 18 || i == 23 {
+			if c != '-' {
+				return "", fmt.Errorf("must be hyphenated as 8-4-4-4-12 hex digits")
+			}
+			continue
+		}
+		if !isHex(c) {
+			return "", fmt.Errorf("must contain only hex digits and hyphens")
+		}
+	}
+	if s[14] != '7' {
+		return "", fmt.Errorf("must be a version 7 UUID, got version %c", s[14])
+	}
+	switch s[19] {
+	case '8', '9', 'a', 'b', 'A', 'B':
+	default:
+		return "", errors.New("must have the RFC 9562 variant (10xx)")
+	}
+	return strings.ToLower(s), nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// requestFingerprint hashes what makes two requests "the same request".
+// Lengths prefix every part so no two different requests share an input.
+func requestFingerprint(method, path, query string, body []byte) string {
+	hash := sha256.New()
+	for _, part := range [][]byte{[]byte(method), []byte(path), []byte(query), body} {
+		_, _ = fmt.Fprintf(hash, "%d:", len(part))
+		hash.Write(part)
+	}
+	return hex.EncodeToString(hash.Sum(nil))
+}
+
+// mismatch explains why a request may not use a record's key, or returns "".
+// A different principal is checked first and told nothing about the record.
+func mismatch(stored, req stores.Binding) string {
+	switch {
+	case stored.Principal != req.Principal:
+		return "Idempotency-Key is already in use by another principal; use a new key"
+	case stored.Operation != req.Operation:
+		return fmt.Sprintf("Idempotency-Key was first used for operation %s, not %s; use a new key for a different operation", stored.Operation, req.Operation)
+	case stored.Path != req.Path:
+		return fmt.Sprintf("Idempotency-Key was first used for path %s, not %s; use a new key for a different request", stored.Path, req.Path)
+	case stored.Fingerprint != req.Fingerprint:
+		return "Idempotency-Key was first used with a different request body or query; use a new key for a different request"
+	}
+	return ""
+}

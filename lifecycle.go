@@ -1,0 +1,535 @@
+package icebergidempotency
+
+// The life of one admitted keyed request, top to bottom: reserve the key or
+// find its record (run), wait for an owner still in flight, replay a final
+// record or answer for an abandoned one; as the owner, execute the request
+// through the handlers after this one while renewing the lease (execute,
+// heartbeat), then finalize, release, or mark the outcome unknown, and answer.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// ReplayedHeader marks a response served from the store.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// storeOpTimeout bounds store calls made after the client may have left
+// (finalize, release): they must not hang forever on a dead database.
+const storeOpTimeout = 10 * time.Second
+
+// guarded is one keyed mutation on its way through the handler.
+type guarded struct {
+	h       *Handler
+	w       http.ResponseWriter
+	r       *http.Request
+	next    caddyhttp.Handler
+	key     string
+	binding stores.Binding
+	owner   string
+}
+
+// maxAttempts bounds how often a request goes round reserve → wait when the
+// owner keeps releasing; each round waits, so the bound is rarely reached.
+const maxAttempts = 5
+
+func (g *guarded) run() error {
+	h := g.h
+	g.owner = uuid.NewString()
+	waitCtx, cancel := context.WithTimeout(g.r.Context(), time.Duration(h.InFlightWait))
+	defer cancel()
+
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		res, err := h.store.Reserve(g.r.Context(), stores.Reservation{
+			Key:     g.key,
+			Binding: g.binding,
+			Owner:   g.owner,
+			Lease:   time.Duration(h.Lease),
+			TTL:     time.Duration(h.Lifetime + *h.Grace),
+		})
+		if err != nil {
+			// The reservation may have committed with its reply lost.
+			g.undoLostReply(releaseReservation)
+			return g.storeFailed("reserve", err)
+		}
+		if res.Reserved {
+			return g.execute()
+		}
+		rec := res.Existing
+		if msg := mismatch(rec.Binding, g.binding); msg != "" {
+			g.log(zapcore.DebugLevel, "key reused for another request", zap.String("outcome", "mismatch"))
+			g.count(outcomeMismatch)
+			writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
+			return nil
+		}
+		if rec.State == stores.StateInFlight && !rec.Abandoned {
+			g.log(zapcore.DebugLevel, "key in flight: waiting for its owner", zap.String("outcome", "wait"))
+			rec, err = h.store.Await(waitCtx, g.key)
+			switch {
+			case g.r.Context().Err() != nil:
+				return nil // the client left while waiting; nothing to answer
+			case errors.Is(err, context.DeadlineExceeded):
+				return g.stillInFlight()
+			case err != nil:
+				return g.storeFailed("await", err)
+			case rec == nil:
+				continue // the owner released the key: try to reserve it
+			}
+			// The owner may have released and another request taken the
+			// key since Reserve: bind against what is there now.
+			if msg := mismatch(rec.Binding, g.binding); msg != "" {
+				g.count(outcomeMismatch)
+				writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
+				return nil
+			}
+		}
+		switch {
+		case rec.State == stores.StateFinal:
+			return g.replay(rec)
+		case h.Abandoned == abandonedReexecute:
+			ok, err := h.store.TakeOver(g.r.Context(), g.key, rec.Owner, g.owner, time.Duration(h.Lease))
+			if err != nil {
+				g.undoLostReply(abandonTakeOver)
+				return g.storeFailed("take over", err)
+			}
+			if ok {
+				g.log(zapcore.WarnLevel, "abandoned key taken over: executing again", zap.String("outcome", "takeover"))
+				return g.execute()
+			}
+			// Somebody else took it over first; see what they made of it.
+		default:
+			g.log(zapcore.WarnLevel, "abandoned key: outcome unknown", zap.String("outcome", "abandoned"))
+			g.count(outcomeAbandoned)
+			writeError(g.w, http.StatusInternalServerError, typeCommitStateUnknown,
+				"The original request with this Idempotency-Key was interrupted before it finished; its outcome is unknown. Check the catalog's state before retrying with a new key.", 0)
+			return nil
+		}
+	}
+	return g.stillInFlight()
+}
+
+// execute runs the request as the key's owner, then finalizes, releases, or
+// marks the outcome unknown.
+func (g *guarded) execute() error {
+	h := g.h
+	g.log(zapcore.DebugLevel, "key reserved: executing", zap.String("outcome", "execute"))
+	g.count(outcomeExecuted)
+
+	// Detached from the client: a commit must not be cut off half-way
+	// because the client gave up. The replacer and vars travel along.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.r.Context()), time.Duration(h.ExecutionTimeout))
+	defer cancel()
+	stopHeartbeat := g.heartbeat(ctx)
+
+	cw := newCaptureWriter(g.w, h.MaxResponseSize)
+	err := g.next.ServeHTTP(cw, g.r.WithContext(ctx))
+	stopHeartbeat()
+
+	storeCtx, storeCancel := context.WithTimeout(context.WithoutCancel(g.r.Context()), storeOpTimeout)
+	defer storeCancel()
+
+	if err != nil {
+		status := errorStatus(err)
+		switch notSent(g.r, err) {
+		case sentNothing:
+			// A handler before reverse_proxy failed: its error is the
+			// answer, as without this module.
+			g.release(storeCtx, "rejected before reaching the catalog")
+			return err
+		case sentNoConnection:
+			// Provably nothing reached the catalog: a retry must be able
+			// to execute.
+			g.log(zapcore.ErrorLevel, "catalog unreachable: key released", zap.Int("status", status), zap.Error(err))
+			g.release(storeCtx, "catalog unreachable")
+			writeError(g.w, status, typeFor(status),
+				"The catalog could not be reached; the request was not sent to it. Retry with the same Idempotency-Key.",
+				retryAfterFor(status, g.retryAfterSeconds()))
+			return nil
+		}
+		// The request may have reached the catalog: it may have
+		// committed. This client gets Caddy's status (502, 504) with an
+		// Iceberg error saying so; a retry gets the abandoned policy's
+		// answer at once.
+		g.markUnknown(storeCtx, err)
+		writeError(g.w, status, typeCommitStateUnknown,
+			"The request reached the catalog but no response came back; its outcome is unknown. Check the catalog's state before retrying.", 0)
+		return nil
+	}
+	if !cw.wroteHeader && cw.buf.Len() == 0 {
+		// Nothing after this handler wrote a response: most likely no
+		// reverse_proxy follows it. That is not a final response.
+		g.log(zapcore.ErrorLevel, "the handlers after iceberg_idempotency wrote no response: is reverse_proxy missing, "+
+			"or placed before iceberg_idempotency inside a route block? Key released")
+		g.release(storeCtx, "no response")
+		writeError(g.w, http.StatusBadGateway, typeServiceFailure,
+			"The proxy produced no response for this request; it was not sent to the catalog. Retry with the same Idempotency-Key.", 0)
+		return nil
+	}
+	status := cw.finalStatus()
+	switch {
+	case cw.overflowed:
+		g.log(zapcore.WarnLevel, "response larger than max_response_size: delivered, not stored, key released",
+			zap.Int("status", status), zap.Int64("max_response_size", h.MaxResponseSize))
+		g.release(storeCtx, "oversize")
+		return nil
+	case !h.shouldFinalize(status):
+		g.release(storeCtx, "status "+strconv.Itoa(status))
+	default:
+		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}
+		g.finalize(storeCtx, resp)
+	}
+	cw.deliver()
+	return nil
+}
+
+// How much of a request reached the catalog, as far as an error from the
+// handlers after this one proves.
+const (
+	sentMaybe        = iota // the request may have reached the catalog
+	sentNothing             // no upstream was chosen: a handler before reverse_proxy failed
+	sentNoConnection        // reverse_proxy chose an upstream but could not connect, or had none
+)
+
+// notSent tells how much of the request err proves did not reach the
+// catalog. reverse_proxy sets the upstream placeholders just before it
+// sends, so without them no upstream was even chosen; a dial error means no
+// connection existed; "no upstreams available" means none was chosen. Any
+// other error (connection broken after sending, the execution timeout)
+// leaves the outcome unknown.
+//
+// With lb_retry_match configured to retry POSTs after a transport error,
+// reverse_proxy may end with a dial error after an earlier attempt reached
+// the catalog; such a configuration defeats idempotency on its own.
+func notSent(r *http.Request, err error) int {
+	var dialErr reverseproxy.DialError
+	if errors.As(err, &dialErr) {
+		return sentNoConnection
+	}
+	var herr caddyhttp.HandlerError
+	if errors.As(err, &herr) && herr.Err != nil && herr.Err.Error() == "no upstreams available" {
+		return sentNoConnection
+	}
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		if _, chosen := repl.Get("http.reverse_proxy.upstream.address"); !chosen {
+			return sentNothing
+		}
+	}
+	return sentMaybe
+}
+
+// errorStatus is the status Caddy would answer err with.
+func errorStatus(err error) int {
+	var herr caddyhttp.HandlerError
+	if errors.As(err, &herr) && herr.StatusCode >= 400 {
+		return herr.StatusCode
+	}
+	return http.StatusBadGateway
+}
+
+func typeFor(status int) string {
+	if status == http.StatusServiceUnavailable {
+		return typeUnavailable
+	}
+	return typeServiceFailure
+}
+
+// retryAfterFor adds Retry-After to a 503, which is what makes the Iceberg
+// Java client retry a POST.
+func retryAfterFor(status, seconds int) int {
+	if status == http.StatusServiceUnavailable {
+		return seconds
+	}
+	return 0
+}
+
+// shouldFinalize reports whether a response with this status is stored and
+// replayed. Release wins over finalize, and a status in neither list (1xx,
+// 3xx) is released: only what the spec calls final is ever replayed.
+func (h *Handler) shouldFinalize(status int) bool {
+	return !h.releaseSet.has(status) && h.finalizeSet.has(status)
+}
+
+// replayHeaders picks the headers worth replaying from the response.
+func (g *guarded) replayHeaders() http.Header {
+	src := g.w.Header()
+	out := make(http.Header, len(g.h.replayHdrs)+1)
+	for _, name := range g.h.replayHdrs {
+		if vals, ok := src[name]; ok {
+			out[name] = append([]string(nil), vals...)
+		}
+	}
+	return out
+}
+
+// defaultFinalizeWindow bounds how long a Finalize that keeps failing is
+// retried in the background, with the lease renewed, before the key is left
+// "unknown". A store outage of a few seconds must not turn answered commits
+// into unknown ones.
+const defaultFinalizeWindow = 2 * time.Minute
+
+// finalizeResult is what one Finalize try settled.
+type finalizeResult int
+
+const (
+	finalizeDone  finalizeResult = iota // stored, released or given up: nothing more to do
+	finalizeRetry                       // failed in a way a later try may fix
+)
+
+// finalize stores the final response before the client sees it. It never
+// releases for a store failure: the catalog did execute. When the store
+// fails, the response is delivered all the same and Finalize is retried in
+// the background (see finalizeLater); meanwhile a retry of the key waits
+// for it as for any request in flight.
+func (g *guarded) finalize(ctx context.Context, resp stores.Response) {
+	if g.tryFinalize(ctx, resp, 1) == finalizeRetry {
+		g.finalizeLater(resp)
+	}
+}
+
+// tryFinalize makes one Finalize try; attempt counts them, from 1.
+func (g *guarded) tryFinalize(ctx context.Context, resp stores.Response, attempt int) finalizeResult {
+	err := g.h.store.Finalize(ctx, g.key, g.owner, resp)
+	switch {
+	case err == nil:
+	case errors.Is(err, stores.ErrResponseTooLarge):
+		g.log(zapcore.WarnLevel, "response too large for the store: delivered, not stored, key released",
+			zap.Int("status", resp.Status), zap.Int("bytes", len(resp.Body)), zap.Error(err))
+		g.release(ctx, "too large for the store")
+		return finalizeDone
+	case errors.Is(err, stores.ErrNotOwner):
+		if attempt > 1 && g.storedAlready(ctx, resp) {
+			break // the previous try committed, but its reply was lost
+		}
+		// Taken over (abandoned reexecute) or expired: the key is not
+		// this request's to finalize any more.
+		g.log(zapcore.ErrorLevel, "finalize refused: the key is no longer owned by this request; response delivered, not stored",
+			zap.Int("status", resp.Status), zap.Error(err))
+		return finalizeDone
+	default:
+		g.log(zapcore.WarnLevel, "finalize failed: will retry", zap.Int("attempt", attempt), zap.Error(err))
+		return finalizeRetry
+	}
+	executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
+	g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", resp.Status))
+	return finalizeDone
+}
+
+// finalizeLater keeps trying to store resp after the client has it, with
+// the lease renewed, for up to the finalize window; then it leaves the key
+// "unknown". The store stays open for it across a reload.
+func (g *guarded) finalizeLater(resp stores.Response) {
+	leave := func() {}
+	if g.h.pooled != nil {
+		leave = g.h.pooled.enter()
+	}
+	go func() {
+		defer leave()
+		window := g.h.finalizeWindow
+		ctx, cancel := context.WithTimeout(context.Background(), window)
+		defer cancel()
+		stopHeartbeat := g.heartbeat(ctx)
+		defer stopHeartbeat()
+		for attempt, wait := 2, 100*time.Millisecond; ; attempt, wait = attempt+1, min(2*wait, 2*time.Second) {
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				// The catalog executed but the store does not know its
+				// answer: a retry must hear "unknown", not execute again.
+				g.log(zapcore.ErrorLevel, "finalize failed for good: response delivered but not stored; the key's outcome is unknown",
+					zap.Int("status", resp.Status), zap.Duration("retried_for", window))
+				abandonCtx, abandonCancel := context.WithTimeout(context.Background(), storeOpTimeout)
+				g.markUnknown(abandonCtx, nil)
+				abandonCancel()
+				return
+			}
+			tryCtx, tryCancel := context.WithTimeout(ctx, storeOpTimeout)
+			res := g.tryFinalize(tryCtx, resp, attempt)
+			tryCancel()
+			if res == finalizeDone {
+				return
+			}
+		}
+	}()
+}
+
+// storedAlready reports whether the key's record is final with this
+// request's response: a Finalize whose reply was lost may have committed.
+func (g *guarded) storedAlready(ctx context.Context, resp stores.Response) bool {
+	rec, err := g.h.store.Load(ctx, g.key)
+	return err == nil && rec != nil && rec.State == stores.StateFinal && rec.Binding == g.binding &&
+		rec.Response != nil && rec.Response.Status == resp.Status && bytes.Equal(rec.Response.Body, resp.Body)
+}
+
+// markUnknown ends the key's lease now, so its record reads as abandoned and
+// a retry gets the abandoned policy's answer at once, the same way as when
+// the owner's node died. If the store cannot be reached either, the lease
+// lapses on its own.
+func (g *guarded) markUnknown(ctx context.Context, cause error) {
+	executions.WithLabelValues(g.binding.Operation, "unknown").Inc()
+	if cause != nil {
+		g.log(zapcore.WarnLevel, "the request may have reached the catalog but no response came back: outcome unknown",
+			zap.String("outcome", "unknown"), zap.Error(cause))
+	}
+	if err := g.h.store.Abandon(ctx, g.key, g.owner); err != nil && !errors.Is(err, stores.ErrNotOwner) {
+		g.log(zapcore.ErrorLevel, "marking the key abandoned failed: its lease will lapse instead", zap.Error(err))
+	}
+}
+
+func (g *guarded) release(ctx context.Context, why string) {
+	executions.WithLabelValues(g.binding.Operation, "released").Inc()
+	if err := g.h.store.Release(ctx, g.key, g.owner); err != nil {
+		g.log(zapcore.ErrorLevel, "release failed", zap.String("reason", why), zap.Error(err))
+		return
+	}
+	g.log(zapcore.DebugLevel, "key released", zap.String("outcome", "release"), zap.String("reason", why))
+}
+
+// undoLostReply undoes, in the background, a store write whose reply was
+// lost: the statement may have committed although the call failed. After a
+// Reserve, the reservation is released, so that the client, told to retry
+// with the same key, does not then hear "unknown" for a request that never
+// reached the catalog. After a TakeOver, the record is marked abandoned again,
+// as it was. The owner token is this request's alone, so neither can touch
+// anybody else's record. It keeps trying for a while, since a store that just
+// failed is often briefly unreachable.
+func (g *guarded) undoLostReply(undo func(ctx context.Context, s stores.Store, key, owner string) error) {
+	store, key, owner := g.h.store, g.key, g.owner
+	leave := func() {}
+	if g.h.pooled != nil {
+		leave = g.h.pooled.enter()
+	}
+	go func() {
+		defer leave()
+		deadline := time.Now().Add(lostReplyWindow)
+		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+			ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
+			err := undo(ctx, store, key, owner)
+			cancel()
+			if err == nil || errors.Is(err, stores.ErrNotOwner) || time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(wait)
+		}
+	}()
+}
+
+func releaseReservation(ctx context.Context, s stores.Store, key, owner string) error {
+	return s.Release(ctx, key, owner)
+}
+
+func abandonTakeOver(ctx context.Context, s stores.Store, key, owner string) error {
+	return s.Abandon(ctx, key, owner)
+}
+
+// lostReplyWindow bounds the background repair of a store write whose reply
+// was lost.
+const lostReplyWindow = 2 * time.Minute
+
+// heartbeat renews the lease every third of it until stopped, so that other
+// nodes can tell a long upstream call from a dead owner.
+func (g *guarded) heartbeat(ctx context.Context) (stop func()) {
+	lease := time.Duration(g.h.Lease)
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		ticker := time.NewTicker(lease / 3)
+		defer ticker.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-ticker.C:
+				err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease)
+				if errors.Is(err, stores.ErrNotOwner) {
+					g.log(zapcore.WarnLevel, "lost ownership of key while executing", zap.Error(err))
+					return
+				}
+				if err != nil {
+					g.log(zapcore.ErrorLevel, "lease renewal failed", zap.Error(err))
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
+// replay answers with a stored final response.
+func (g *guarded) replay(rec *stores.Record) error {
+	g.log(zapcore.DebugLevel, "replaying stored response", zap.String("outcome", "replay"), zap.Int("status", rec.Response.Status))
+	g.count(outcomeReplayed)
+	hdr := g.w.Header()
+	for name, vals := range rec.Response.Header {
+		hdr[name] = append([]string(nil), vals...)
+	}
+	hdr.Set(ReplayedHeader, "true")
+	hdr.Set("Content-Length", strconv.Itoa(len(rec.Response.Body)))
+	g.w.WriteHeader(rec.Response.Status)
+	_, _ = g.w.Write(rec.Response.Body)
+	return nil
+}
+
+func (g *guarded) stillInFlight() error {
+	g.log(zapcore.DebugLevel, "key still in flight after waiting", zap.String("outcome", "in_flight"))
+	g.count(outcomeInFlight)
+	msg := "A request with this Idempotency-Key is still being processed; retry with the same key"
+	if g.h.InFlightStatus == http.StatusConflict {
+		writeError(g.w, http.StatusConflict, typeConflict, msg, 0)
+		return nil
+	}
+	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable, msg, g.retryAfterSeconds())
+	return nil
+}
+
+// storeFailed fails closed (503 + Retry-After) unless fail_open is set.
+func (g *guarded) storeFailed(step string, err error) error {
+	if g.r.Context().Err() != nil {
+		// The client left and took the store call with it: not a failure
+		// of the store, and nobody is there to answer.
+		g.log(zapcore.DebugLevel, "client left during a store call", zap.String("step", step))
+		return nil
+	}
+	if g.h.FailOpen {
+		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
+		g.count(outcomeFailOpen)
+		return g.next.ServeHTTP(g.w, g.r)
+	}
+	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.Error(err))
+	g.count(outcomeStoreUnavailable)
+	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable,
+		"Idempotency store is unavailable; retry with the same Idempotency-Key", g.retryAfterSeconds())
+	return nil
+}
+
+func (g *guarded) retryAfterSeconds() int {
+	return int(math.Ceil(time.Duration(g.h.RetryAfter).Seconds()))
+}
+
+func (g *guarded) log(level zapcore.Level, msg string, fields ...zap.Field) {
+	if c := g.h.logger.Check(level, msg); c != nil {
+		c.Write(append(fields, zap.String("key", g.key), zap.String("operation", g.binding.Operation))...)
+	}
+}
+
+func (g *guarded) count(outcome string) {
+	decisions.WithLabelValues(g.binding.Operation, outcome).Inc()
+}
