@@ -1,7 +1,6 @@
 package icebergidempotency
 
 import (
-	"net/http"
 	"strconv"
 	"strings"
 
@@ -117,17 +116,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			code, err := strconv.Atoi(arg)
-			if err != nil || (code != http.StatusServiceUnavailable && code != http.StatusConflict) {
-				return d.Errf("in_flight_status must be 503 or 409, got %q", arg)
+			if err != nil {
+				return d.Errf("in_flight_status must be a status code, got %q", arg)
 			}
 			h.InFlightStatus = code
 		case "abandoned":
 			arg, err := singleArg(d)
 			if err != nil {
 				return err
-			}
-			if arg != abandonedUnknown && arg != abandonedReexecute {
-				return d.Errf("abandoned must be %q or %q, got %q", abandonedUnknown, abandonedReexecute, arg)
 			}
 			h.Abandoned = arg
 		case "max_request_size":
@@ -153,9 +149,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			if len(arg) < 2 || arg[0] != '/' || arg[len(arg)-1] == '/' {
-				return d.Errf("base_path must start with / and not end with /, got %q", arg)
-			}
 			h.BasePath = arg
 		case "principal":
 			arg, err := singleArg(d)
@@ -167,9 +160,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			args := d.RemainingArgs()
 			if len(args) == 0 {
 				return d.ArgErr()
-			}
-			if _, err := parseStatusSet(args); err != nil {
-				return d.Errf("%s: %v", opt, err)
 			}
 			if opt == "finalize_statuses" {
 				h.FinalizeStatuses = args
@@ -184,6 +174,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.ReplayHeaders = args
 		default:
 			return d.Errf("unknown iceberg_idempotency option %q", opt)
+		}
+		// Values are checked in one place, Validate's; here with the line.
+		if err := h.validateOption(opt); err != nil {
+			return d.Err(err.Error())
 		}
 	}
 	return nil

@@ -263,30 +263,81 @@ const (
 	abandonedReexecute = "reexecute"
 )
 
+// validatedOptions are the options Validate checks, in the order it
+// reports them.
+var validatedOptions = []string{
+	"lifetime", "grace", "in_flight_wait", "retry_after", "execution_timeout", "lease", "in_flight_status",
+	"abandoned", "max_request_size", "max_response_size", "base_path", "finalize_statuses", "release_statuses",
+}
+
 // Validate checks the configuration.
 func (h *Handler) Validate() error {
-	for name, d := range map[string]caddy.Duration{
-		"lifetime": h.Lifetime, "grace": *h.Grace, "in_flight_wait": h.InFlightWait,
-		"retry_after": h.RetryAfter, "execution_timeout": h.ExecutionTimeout, "lease": h.Lease,
-	} {
-		if d < 0 {
-			return fmt.Errorf("%s must not be negative, got %v", name, time.Duration(d))
+	for _, opt := range validatedOptions {
+		if err := h.validateOption(opt); err != nil {
+			return err
 		}
 	}
-	if time.Duration(h.Lease) < 3*time.Millisecond {
-		return fmt.Errorf("lease must be at least 3ms, got %v", time.Duration(h.Lease))
+	return nil
+}
+
+// validateOption checks the value of one option, named as in the Caddyfile
+// and JSON; an unset option (its zero value, before defaults) passes. It is
+// the one place where option values are checked: Validate runs it for every
+// option, and the Caddyfile parser for each option it reads, to name the
+// line.
+func (h *Handler) validateOption(opt string) error {
+	switch opt {
+	case "lifetime":
+		return nonNegative(opt, h.Lifetime)
+	case "grace":
+		if h.Grace != nil {
+			return nonNegative(opt, *h.Grace)
+		}
+	case "in_flight_wait":
+		return nonNegative(opt, h.InFlightWait)
+	case "retry_after":
+		return nonNegative(opt, h.RetryAfter)
+	case "execution_timeout":
+		return nonNegative(opt, h.ExecutionTimeout)
+	case "lease":
+		if h.Lease != 0 && time.Duration(h.Lease) < 3*time.Millisecond {
+			return fmt.Errorf("lease must be at least 3ms, got %v", time.Duration(h.Lease))
+		}
+	case "in_flight_status":
+		if h.InFlightStatus != 0 && h.InFlightStatus != http.StatusServiceUnavailable && h.InFlightStatus != http.StatusConflict {
+			return fmt.Errorf("in_flight_status must be 503 or 409, got %d", h.InFlightStatus)
+		}
+	case "abandoned":
+		if h.Abandoned != "" && h.Abandoned != abandonedUnknown && h.Abandoned != abandonedReexecute {
+			return fmt.Errorf("abandoned must be %q or %q, got %q", abandonedUnknown, abandonedReexecute, h.Abandoned)
+		}
+	case "max_request_size":
+		if h.MaxRequestSize < 0 {
+			return fmt.Errorf("max_request_size must be positive, got %d", h.MaxRequestSize)
+		}
+	case "max_response_size":
+		if h.MaxResponseSize < 0 {
+			return fmt.Errorf("max_response_size must be positive, got %d", h.MaxResponseSize)
+		}
+	case "base_path":
+		if h.BasePath != "" && (len(h.BasePath) < 2 || !strings.HasPrefix(h.BasePath, "/") || strings.HasSuffix(h.BasePath, "/")) {
+			return fmt.Errorf("base_path must start with / and not end with /, got %q", h.BasePath)
+		}
+	case "finalize_statuses":
+		if _, err := parseStatusSet(h.FinalizeStatuses); err != nil {
+			return fmt.Errorf("finalize_statuses: %w", err)
+		}
+	case "release_statuses":
+		if _, err := parseStatusSet(h.ReleaseStatuses); err != nil {
+			return fmt.Errorf("release_statuses: %w", err)
+		}
 	}
-	if h.InFlightStatus != http.StatusServiceUnavailable && h.InFlightStatus != http.StatusConflict {
-		return fmt.Errorf("in_flight_status must be 503 or 409, got %d", h.InFlightStatus)
-	}
-	if h.Abandoned != abandonedUnknown && h.Abandoned != abandonedReexecute {
-		return fmt.Errorf("abandoned must be %q or %q, got %q", abandonedUnknown, abandonedReexecute, h.Abandoned)
-	}
-	if h.MaxRequestSize < 0 || h.MaxResponseSize < 0 {
-		return fmt.Errorf("max_request_size and max_response_size must be positive")
-	}
-	if h.BasePath != "" && (!strings.HasPrefix(h.BasePath, "/") || strings.HasSuffix(h.BasePath, "/")) {
-		return fmt.Errorf("base_path must start with / and not end with /, got %q", h.BasePath)
+	return nil
+}
+
+func nonNegative(opt string, d caddy.Duration) error {
+	if d < 0 {
+		return fmt.Errorf("%s must not be negative, got %v", opt, time.Duration(d))
 	}
 	return nil
 }

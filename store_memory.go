@@ -62,20 +62,14 @@ func (MemoryStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets defaults and registers the eviction counter.
+// Provision applies the store's defaults and registers the eviction
+// counter.
 func (m *MemoryStore) Provision(ctx caddy.Context) error {
-	if m.MaxEntries == 0 {
-		m.MaxEntries = DefaultMaxEntries
+	limits, err := memory.Limits{MaxEntries: m.MaxEntries, MaxBytes: m.MaxBytes}.WithDefaults()
+	if err != nil {
+		return err
 	}
-	if m.MaxBytes == 0 {
-		m.MaxBytes = DefaultMaxBytes
-	}
-	if m.MaxEntries < 0 {
-		return fmt.Errorf("max_entries must be positive, got %d", m.MaxEntries)
-	}
-	if m.MaxBytes < 0 {
-		return fmt.Errorf("max_bytes must be positive, got %d", m.MaxBytes)
-	}
+	m.MaxEntries, m.MaxBytes = limits.MaxEntries, limits.MaxBytes
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}

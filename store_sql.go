@@ -24,6 +24,14 @@ import (
 )
 
 // SQLStoreConfig holds the options the PostgreSQL and MySQL stores share.
+//
+// The modules here only carry options from JSON and the Caddyfile to the
+// store packages: each package's Config.WithDefaults is the one place where
+// its options are defaulted and checked (the Caddyfile parser calls the same
+// checks to name the line). The modules live in this package rather than in
+// the store packages so that those stay plain Go libraries, usable and
+// testable without Caddy. Only the defaults of on/off options, which a Go
+// bool cannot leave unset, are decided here.
 type SQLStoreConfig struct {
 	// Connection string. Placeholders such as {env.ICEBERG_IDEMPOTENCY_DSN}
 	// are expanded at provision time. Passwords never appear in logs or
@@ -56,12 +64,6 @@ func (c *SQLStoreConfig) provision(backend string) error {
 	c.dsn = caddy.NewReplacer().ReplaceKnown(c.DSN, "")
 	if c.dsn == "" {
 		return emptyDSNError(backend, c.DSN)
-	}
-	if c.Table == "" {
-		c.Table = sqlstore.DefaultTable
-	}
-	if err := sqlstore.ValidateTable(c.Table); err != nil {
-		return fmt.Errorf("%s store: %w", backend, err)
 	}
 	if c.AutoMigrate == nil {
 		on := true
@@ -99,15 +101,15 @@ func emptyDSNError(backend, raw string) error {
 	}
 }
 
-// storeKey identifies the pool by everything that shapes it; the DSN only as
-// a hash, so the key can be logged.
-func (c *SQLStoreConfig) storeKey(backend string, extra ...string) string {
+// storeKey identifies the pool by everything that shapes it, with defaults
+// applied (an unset table and the default table are one pool); the DSN only
+// as a hash, so the key can be logged.
+func storeKey(backend, table string, parts ...string) string {
 	h := sha256.New()
-	for _, part := range append([]string{c.dsn, c.Table, strconv.Itoa(c.MaxConns), strconv.FormatBool(*c.AutoMigrate),
-		time.Duration(c.StatementTimeout).String()}, extra...) {
+	for _, part := range parts {
 		fmt.Fprintf(h, "%d:%s", len(part), part)
 	}
-	return backend + "/" + c.Table + "/" + hex.EncodeToString(h.Sum(nil))[:16]
+	return backend + "/" + table + "/" + hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // unmarshalOption parses one shared option; false means it is not one.
@@ -124,7 +126,7 @@ func (c *SQLStoreConfig) unmarshalOption(d *caddyfile.Dispenser) (bool, error) {
 		if err != nil {
 			return true, err
 		}
-		if err := sqlstore.ValidateTable(arg); err != nil {
+		if err := sqlstore.ValidateTable(arg); err != nil { // the store's own check, with the line
 			return true, d.Errf("table: %v", err)
 		}
 		c.Table = arg
@@ -199,12 +201,16 @@ type PostgresStore struct {
 	// costs one extra connection per node and no extra statement per
 	// request. Default: true.
 	ListenNotify *bool `json:"listen_notify,omitempty"`
+
+	cfg postgres.Config // with defaults applied
 }
 
 // MySQLStore configures the MySQL/MariaDB store (go-sql-driver/mysql),
 // shared by every Caddy node that points at the same database.
 type MySQLStore struct {
 	SQLStoreConfig
+
+	cfg mysql.Config // with defaults applied
 }
 
 var (
@@ -224,18 +230,35 @@ func (PostgresStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision expands placeholders and sets defaults.
+// Provision expands placeholders and applies the store's defaults.
 func (p *PostgresStore) Provision(caddy.Context) error {
 	if p.ListenNotify == nil {
 		on := true
 		p.ListenNotify = &on
 	}
-	return p.provision("postgres")
+	if err := p.provision("postgres"); err != nil {
+		return err
+	}
+	cfg, err := postgres.Config{
+		DSN:              p.dsn,
+		Table:            p.Table,
+		MaxConns:         p.MaxConns,
+		AutoMigrate:      *p.AutoMigrate,
+		StatementTimeout: time.Duration(p.StatementTimeout),
+		ListenNotify:     *p.ListenNotify,
+	}.WithDefaults()
+	if err != nil {
+		return fmt.Errorf("postgres store: %w", err)
+	}
+	p.cfg = cfg
+	return nil
 }
 
 // StoreKey implements StoreProvider.
 func (p *PostgresStore) StoreKey() string {
-	return p.storeKey("postgres", strconv.FormatBool(*p.ListenNotify))
+	c := p.cfg
+	return storeKey("postgres", c.Table, c.DSN, c.Table, strconv.Itoa(c.MaxConns), strconv.FormatBool(c.AutoMigrate),
+		c.StatementTimeout.String(), strconv.FormatBool(c.ListenNotify))
 }
 
 // OpenStore implements StoreProvider. It needs no database: the store
@@ -243,16 +266,9 @@ func (p *PostgresStore) StoreKey() string {
 // config whose database is down still loads.
 func (p *PostgresStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 	logger := ctx.Logger()
-	s, err := postgres.Open(ctx, postgres.Config{
-		DSN:              p.dsn,
-		Table:            p.Table,
-		MaxConns:         p.MaxConns,
-		AutoMigrate:      *p.AutoMigrate,
-		StatementTimeout: time.Duration(p.StatementTimeout),
-		ListenNotify:     *p.ListenNotify,
-	}, logger)
+	s, err := postgres.Open(ctx, p.cfg, logger)
 	if err == nil {
-		logger.Info("opened postgres store", zap.String("dsn", sqlstore.RedactDSN(p.dsn)), zap.String("table", p.Table))
+		logger.Info("opened postgres store", zap.String("dsn", sqlstore.RedactDSN(p.cfg.DSN)), zap.String("table", p.cfg.Table))
 	}
 	return s, err
 }
@@ -286,11 +302,31 @@ func (MySQLStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision expands placeholders and sets defaults.
-func (m *MySQLStore) Provision(caddy.Context) error { return m.provision("mysql") }
+// Provision expands placeholders and applies the store's defaults.
+func (m *MySQLStore) Provision(caddy.Context) error {
+	if err := m.provision("mysql"); err != nil {
+		return err
+	}
+	cfg, err := mysql.Config{
+		DSN:              m.dsn,
+		Table:            m.Table,
+		MaxConns:         m.MaxConns,
+		AutoMigrate:      *m.AutoMigrate,
+		StatementTimeout: time.Duration(m.StatementTimeout),
+	}.WithDefaults()
+	if err != nil {
+		return fmt.Errorf("mysql store: %w", err)
+	}
+	m.cfg = cfg
+	return nil
+}
 
 // StoreKey implements StoreProvider.
-func (m *MySQLStore) StoreKey() string { return m.storeKey("mysql") }
+func (m *MySQLStore) StoreKey() string {
+	c := m.cfg
+	return storeKey("mysql", c.Table, c.DSN, c.Table, strconv.Itoa(c.MaxConns), strconv.FormatBool(c.AutoMigrate),
+		c.StatementTimeout.String())
+}
 
 // OpenStore implements StoreProvider. It needs no database: see
 // PostgresStore.OpenStore.
@@ -299,15 +335,9 @@ func (m *MySQLStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 	// The driver reports dropped connections on its own process-wide logger,
 	// which writes to stderr; send those lines through Caddy's logs instead.
 	_ = mysqldriver.SetLogger(zap.NewStdLog(logger.Named("driver")))
-	s, err := mysql.Open(ctx, mysql.Config{
-		DSN:              m.dsn,
-		Table:            m.Table,
-		MaxConns:         m.MaxConns,
-		AutoMigrate:      *m.AutoMigrate,
-		StatementTimeout: time.Duration(m.StatementTimeout),
-	}, logger)
+	s, err := mysql.Open(ctx, m.cfg, logger)
 	if err == nil {
-		logger.Info("opened mysql store", zap.String("dsn", sqlstore.RedactDSN(m.dsn)), zap.String("table", m.Table))
+		logger.Info("opened mysql store", zap.String("dsn", sqlstore.RedactDSN(m.cfg.DSN)), zap.String("table", m.cfg.Table))
 	}
 	return s, err
 }

@@ -29,7 +29,7 @@ func (s *Store) Limits() Limits {
 // final records (reported like any eviction) until the new bounds hold; it
 // returns how many it evicted. Zero values take the defaults.
 func (s *Store) Resize(l Limits) (int, error) {
-	l, err := l.withDefaults()
+	l, err := l.WithDefaults()
 	if err != nil {
 		return 0, err
 	}

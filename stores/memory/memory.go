@@ -54,7 +54,10 @@ type Limits struct {
 	MaxBytes int64
 }
 
-func (l Limits) withDefaults() (Limits, error) {
+// WithDefaults returns l with unset bounds defaulted, or an error for a
+// negative one. It is the one place where the bounds are defaulted and
+// checked; the Caddy module calls it too.
+func (l Limits) WithDefaults() (Limits, error) {
 	if l.MaxEntries == 0 {
 		l.MaxEntries = DefaultMaxEntries
 	}
@@ -119,7 +122,7 @@ var _ stores.Store = (*Store)(nil)
 
 // New returns an empty Store.
 func New(opts Options) (*Store, error) {
-	limits, err := Limits{MaxEntries: opts.MaxEntries, MaxBytes: opts.MaxBytes}.withDefaults()
+	limits, err := Limits{MaxEntries: opts.MaxEntries, MaxBytes: opts.MaxBytes}.WithDefaults()
 	if err != nil {
 		return nil, err
 	}

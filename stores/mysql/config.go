@@ -29,7 +29,7 @@ type Config struct {
 	// fail naming the file to apply until it is applied.
 	AutoMigrate bool
 	// StatementTimeout bounds each database call, connecting included.
-	// Default 5s.
+	// Default sqlstore.DefaultStatementTimeout.
 	StatementTimeout time.Duration
 	// PollMin and PollMax bound Await's polling backoff, which doubles from
 	// PollMin to PollMax. Defaults 10ms and 200ms.
@@ -41,6 +41,16 @@ type Config struct {
 
 	// packetLimit replaces the server's max_allowed_packet in tests.
 	packetLimit int64
+}
+
+// WithDefaults returns c with every unset option set to its default, or
+// an error naming the first invalid option. Open applies it; the Caddy
+// module calls it too, so that the pool it shares across reloads is keyed
+// by the values in force. It is the one place where the store's options are
+// defaulted and checked.
+func (c Config) WithDefaults() (Config, error) {
+	err := c.setDefaults()
+	return c, err
 }
 
 func (c *Config) setDefaults() error {
@@ -60,7 +70,7 @@ func (c *Config) setDefaults() error {
 		c.MaxConns = 10
 	}
 	if c.StatementTimeout == 0 {
-		c.StatementTimeout = 5 * time.Second
+		c.StatementTimeout = sqlstore.DefaultStatementTimeout
 	}
 	if c.PollMin == 0 {
 		c.PollMin = sqlstore.DefaultPollMin

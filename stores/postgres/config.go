@@ -28,7 +28,8 @@ type Config struct {
 	// operations fail naming the file to apply until it is applied.
 	AutoMigrate bool
 	// StatementTimeout bounds each database call, connecting included, and
-	// is also set as the server-side statement_timeout. Default 5s.
+	// is also set as the server-side statement_timeout. Default
+	// sqlstore.DefaultStatementTimeout.
 	StatementTimeout time.Duration
 	// PollMin and PollMax bound Await's polling backoff, which doubles from
 	// PollMin to PollMax. Defaults 10ms and 200ms.
@@ -51,6 +52,16 @@ type Config struct {
 	tracer pgx.QueryTracer
 }
 
+// WithDefaults returns c with every unset option set to its default, or
+// an error naming the first invalid option. Open applies it; the Caddy
+// module calls it too, so that the pool it shares across reloads is keyed
+// by the values in force. It is the one place where the store's options are
+// defaulted and checked.
+func (c Config) WithDefaults() (Config, error) {
+	err := c.setDefaults()
+	return c, err
+}
+
 func (c *Config) setDefaults() error {
 	if c.DSN == "" {
 		return fmt.Errorf("postgres: dsn is required")
@@ -65,7 +76,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("postgres: negative max_conns, timeout or interval")
 	}
 	if c.StatementTimeout == 0 {
-		c.StatementTimeout = 5 * time.Second
+		c.StatementTimeout = sqlstore.DefaultStatementTimeout
 	}
 	if c.PollMin == 0 {
 		c.PollMin = sqlstore.DefaultPollMin

@@ -3,7 +3,12 @@ package sqlstore
 import (
 	"fmt"
 	"regexp"
+	"time"
 )
+
+// DefaultStatementTimeout bounds each database call when no
+// statement_timeout is configured.
+const DefaultStatementTimeout = 5 * time.Second
 
 // DefaultTable is the table name used when none is configured.
 const DefaultTable = "iceberg_idempotency_records"
