@@ -1,0 +1,418 @@
+package icebergidempotency
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// The handler's behaviour, row by row of the README's "What it does" and
+// "Finalize or release" tables, through ServeHTTP with the memory store and
+// a counting caddyhttp.HandlerFunc in place of reverse_proxy (the pattern of
+// Caddy's reverseproxy/retries_test.go). Faults that need the real
+// reverse_proxy are in lifecycle_test.go.
+
+// upstream is a stand-in for reverse_proxy and the catalog behind it: it
+// counts the requests it executes and answers as told.
+type upstream struct {
+	calls  atomic.Int32
+	answer func(w http.ResponseWriter, r *http.Request) error
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	u.calls.Add(1)
+	return u.answer(w, r)
+}
+
+func answering(status int, body string, headers ...string) *upstream {
+	return &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		for i := 0; i+1 < len(headers); i += 2 {
+			w.Header().Set(headers[i], headers[i+1])
+		}
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, body)
+		return nil
+	}}
+}
+
+// newClockedHandler is a handler on a memory store whose clock the test
+// moves.
+func newClockedHandler(t *testing.T) (*Handler, *storetest.FakeClock) {
+	t.Helper()
+	clock := storetest.NewFakeClock()
+	s, err := memory.New(memory.Options{Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newTestHandler(t, s), clock
+}
+
+const nsBody = `{"namespace":["a"]}`
+
+// "Finalize or release": which catalog answers are stored and replayed, and
+// which release the key so that a retry executes again.
+func TestFinalizeOrRelease(t *testing.T) {
+	for _, tt := range []struct {
+		status int
+		stored bool
+	}{
+		{200, true}, {201, true}, {204, true},
+		{400, true}, {404, true}, {409, true}, {422, true},
+		{500, false}, {502, false}, {503, false}, {504, false},
+		{401, false}, {403, false}, {408, false}, {419, false}, {425, false}, {429, false}, {499, false},
+		{302, false}, // in neither list
+	} {
+		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
+			h := newTestHandler(t, newMemoryStore(t))
+			up := answering(tt.status, `{"status":`+fmt.Sprint(tt.status)+`}`, "Content-Type", "application/json")
+			key := storetest.NewKey(t)
+			first := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+			if first.code() != tt.status {
+				t.Fatalf("first answer %d, want the catalog's %d", first.code(), tt.status)
+			}
+			retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+			replayed := retry.header.Get(ReplayedHeader) == "true"
+			wantCalls := int32(2)
+			if tt.stored {
+				wantCalls = 1
+			}
+			if replayed != tt.stored || up.calls.Load() != wantCalls || retry.code() != tt.status {
+				t.Fatalf("retry: %d replayed=%v, catalog called %d times; want %d replayed=%v, %d calls",
+					retry.code(), replayed, up.calls.Load(), tt.status, tt.stored, wantCalls)
+			}
+			if tt.stored && retry.body != first.body {
+				t.Fatalf("replayed body %q, want %q", retry.body, first.body)
+			}
+		})
+	}
+}
+
+// A response larger than max_response_size is delivered untouched, not
+// stored, and its key released.
+func TestOversizeResponseDeliveredNotStored(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.MaxResponseSize = 10
+	big := strings.Repeat("x", 100)
+	up := answering(200, big)
+	key := storetest.NewKey(t)
+	if first := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); first.body != big {
+		t.Fatalf("oversize answer %d bytes, want %d delivered untouched", len(first.body), len(big))
+	}
+	if retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); retry.header.Get(ReplayedHeader) != "" || up.calls.Load() != 2 {
+		t.Fatalf("retry after an oversize answer: replayed=%q calls=%d, want executed again", retry.header.Get(ReplayedHeader), up.calls.Load())
+	}
+}
+
+// Replays carry the stored status and body, the allow-listed headers and
+// Idempotent-Replayed, and nothing else.
+func TestReplayHeaders(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	up := answering(201, `{"ok":true}`, "Content-Type", "application/json", "ETag", `"v1"`, "X-Secret", "no")
+	key := storetest.NewKey(t)
+	serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+	retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+	if retry.code() != 201 || retry.header.Get("ETag") != `"v1"` || retry.header.Get("Content-Type") != "application/json" ||
+		retry.header.Get("X-Secret") != "" || retry.header.Get(ReplayedHeader) != "true" || retry.header.Get("Content-Length") != "11" {
+		t.Fatalf("replay = %d %v", retry.code(), retry.header)
+	}
+}
+
+// "Which requests" and "Key": what passes through, what is guarded, what is
+// refused.
+func TestAdmission(t *testing.T) {
+	key := storetest.NewKey(t)
+	for _, tt := range []struct {
+		name         string
+		requireKey   bool
+		method, path string
+		keys         []string
+		body         string
+		wantStatus   int
+		wantType     string
+		wantCalls    int32
+	}{
+		{"read passes", false, "GET", "/v1/namespaces", []string{key}, "", 200, "", 1},
+		{"reportMetrics passes", false, "POST", "/v1/namespaces/ns/tables/t/metrics", []string{key}, "{}", 200, "", 1},
+		{"no key passes", false, "POST", "/v1/namespaces", nil, nsBody, 200, "", 1},
+		{"require_key", true, "POST", "/v1/namespaces", nil, nsBody, 400, typeBadRequest, 0},
+		{"require_key ignores reads", true, "GET", "/v1/namespaces", nil, "", 200, "", 1},
+		{"v4 key", false, "POST", "/v1/namespaces", []string{"9f1b3c2e-4a5d-4e6f-8a7b-1c2d3e4f5a6b"}, nsBody, 400, typeBadRequest, 0},
+		{"short key", false, "POST", "/v1/namespaces", []string{"017f22e2-79b0"}, nsBody, 400, typeBadRequest, 0},
+		{"two keys", false, "POST", "/v1/namespaces", []string{key, storetest.NewKey(t)}, nsBody, 400, typeBadRequest, 0},
+		{"same key twice", false, "POST", "/v1/namespaces", []string{key, key}, nsBody, 200, "", 1},
+		{"body too large", false, "POST", "/v1/namespaces", []string{storetest.NewKey(t)}, strings.Repeat("x", 65), 413, typeTooLarge, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newTestHandler(t, newMemoryStore(t))
+			h.RequireKey = tt.requireKey
+			h.MaxRequestSize = 64
+			up := answering(200, "{}")
+			req := newRequest(tt.method, tt.path, tt.body)
+			for _, k := range tt.keys {
+				req.Header.Add(IdempotencyKeyHeader, k)
+			}
+			res := serveRequest(h, up, req)
+			if res.code() != tt.wantStatus || res.errorType() != tt.wantType || up.calls.Load() != tt.wantCalls {
+				t.Fatalf("%s %s = %d %s, catalog called %d; want %d %s, %d", tt.method, tt.path, res.code(), res.body,
+					up.calls.Load(), tt.wantStatus, tt.wantType, tt.wantCalls)
+			}
+		})
+	}
+}
+
+// A key in another letter case is the same key.
+func TestKeyCaseInsensitive(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	up := answering(200, "{}")
+	key := storetest.NewKey(t)
+	serve(t, h, up, "POST", "/v1/namespaces", strings.ToUpper(key), nsBody)
+	if retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); retry.header.Get(ReplayedHeader) != "true" {
+		t.Fatal("the lower-case key did not replay the upper-case key's answer")
+	}
+}
+
+// "Binding": a key reused for another body, path, operation or principal
+// is refused with 422, and never executes or replays.
+func TestBindingMismatch(t *testing.T) {
+	for _, tt := range []struct {
+		name, method, path, body, auth, want string
+	}{
+		{"other body", "POST", "/v1/namespaces", `{"namespace":["b"]}`, "", "different request body"},
+		{"other path", "POST", "/v1/wh/namespaces", nsBody, "", "path"},
+		{"other operation", "POST", "/v1/namespaces/a/tables", nsBody, "", "operation"},
+		{"other principal", "POST", "/v1/namespaces", nsBody, "Bearer other", "another principal"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newTestHandler(t, newMemoryStore(t))
+			up := answering(200, "{}")
+			key := storetest.NewKey(t)
+			serve(t, h, up, "POST", "/v1/namespaces", key, nsBody, "Authorization", "Bearer me")
+			auth := "Bearer me"
+			if tt.auth != "" {
+				auth = tt.auth
+			}
+			res := serve(t, h, up, tt.method, tt.path, key, tt.body, "Authorization", auth)
+			if res.code() != 422 || !strings.Contains(res.body, tt.want) || up.calls.Load() != 1 || res.header.Get(ReplayedHeader) != "" {
+				t.Fatalf("reuse = %d %s (calls %d), want 422 naming %q", res.code(), res.body, up.calls.Load(), tt.want)
+			}
+		})
+	}
+}
+
+// holdingUpstream answers only when released, so that duplicates arrive
+// while the first request is in flight.
+func holdingUpstream() (*upstream, chan struct{}, chan struct{}) {
+	arrived, release := make(chan struct{}, 16), make(chan struct{})
+	return &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		arrived <- struct{}{}
+		<-release
+		w.WriteHeader(200)
+		_, _ = io.WriteString(w, `{"done":true}`)
+		return nil
+	}}, arrived, release
+}
+
+// "In-flight duplicates": a duplicate waits for the first request and gets
+// its answer; past in_flight_wait it gets 503 + Retry-After, or 409.
+func TestInFlightDuplicates(t *testing.T) {
+	t.Run("waits and replays", func(t *testing.T) {
+		h := newTestHandler(t, newMemoryStore(t))
+		up, arrived, release := holdingUpstream()
+		key := storetest.NewKey(t)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { defer wg.Done(); serve(t, h, up, "POST", "/v1/namespaces", key, nsBody) }()
+		<-arrived
+		dup := make(chan result, 1)
+		go func() { dup <- serve(t, h, up, "POST", "/v1/namespaces", key, nsBody) }()
+		time.Sleep(20 * time.Millisecond)
+		close(release)
+		wg.Wait()
+		if res := <-dup; res.code() != 200 || res.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+			t.Fatalf("duplicate = %d replayed=%q, calls %d; want the first request's answer", res.code(), res.header.Get(ReplayedHeader), up.calls.Load())
+		}
+	})
+	for _, status := range []int{503, 409} {
+		t.Run(fmt.Sprintf("still running: %d", status), func(t *testing.T) {
+			h := newTestHandler(t, newMemoryStore(t))
+			h.InFlightWait = caddy.Duration(30 * time.Millisecond)
+			h.InFlightStatus = status
+			up, arrived, release := holdingUpstream()
+			defer close(release)
+			key := storetest.NewKey(t)
+			go serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+			<-arrived
+			res := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+			wantRetryAfter := map[int]string{503: "1", 409: ""}[status]
+			if res.code() != status || res.header.Get("Retry-After") != wantRetryAfter || up.calls.Load() != 1 {
+				t.Fatalf("duplicate = %d Retry-After %q, calls %d; want %d %q", res.code(), res.header.Get("Retry-After"), up.calls.Load(), status, wantRetryAfter)
+			}
+		})
+	}
+}
+
+// "Client disconnects": once the key is reserved, a client that goes away
+// does not cancel the catalog call; its result is stored for the retry.
+func TestClientDisconnectDoesNotCancel(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	sawCancel := make(chan bool, 1)
+	up := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		time.Sleep(50 * time.Millisecond)
+		sawCancel <- r.Context().Err() != nil
+		w.WriteHeader(200)
+		_, _ = io.WriteString(w, "{}")
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	req := newRequest("POST", "/v1/namespaces", nsBody).WithContext(ctx)
+	req.Header.Set(IdempotencyKeyHeader, key)
+	time.AfterFunc(10*time.Millisecond, cancel)
+	serveRequest(h, up, req)
+	if <-sawCancel {
+		t.Fatal("the catalog call was cancelled with the client")
+	}
+	if retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); retry.header.Get(ReplayedHeader) != "true" {
+		t.Fatalf("retry after the disconnect = %d, want the stored answer", retry.code())
+	}
+}
+
+// "Expiry": a record lives lifetime + grace, then the key executes afresh.
+func TestExpiry(t *testing.T) {
+	h, clock := newClockedHandler(t)
+	up := answering(200, "{}")
+	key := storetest.NewKey(t)
+	serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+	clock.Advance(DefaultLifetime + DefaultGrace - time.Second)
+	if res := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); res.header.Get(ReplayedHeader) != "true" {
+		t.Fatal("record gone before lifetime + grace")
+	}
+	clock.Advance(2 * time.Second)
+	if res := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); res.header.Get(ReplayedHeader) != "" || up.calls.Load() != 2 {
+		t.Fatalf("after lifetime + grace: replayed=%q calls=%d, want executed afresh", res.header.Get(ReplayedHeader), up.calls.Load())
+	}
+}
+
+// "Abandoned requests": an owner whose lease lapsed (its node died) leaves
+// the key abandoned; duplicates get 500 unknown, or execute under
+// reexecute.
+func TestAbandonedPolicies(t *testing.T) {
+	for _, policy := range []string{abandonedUnknown, abandonedReexecute} {
+		t.Run(policy, func(t *testing.T) {
+			h, clock := newClockedHandler(t)
+			h.Abandoned = policy
+			key := storetest.NewKey(t)
+			// A dead node's reservation: reserved, never renewed.
+			if _, err := h.store.Reserve(context.Background(), stores.Reservation{
+				Key: key, Owner: "dead-node", Lease: time.Second, TTL: time.Hour,
+				Binding: stores.Binding{Operation: "createNamespace", Path: "/v1/namespaces", Principal: sha256Hex(nil),
+					Fingerprint: requestFingerprint("POST", "/v1/namespaces", "", []byte(nsBody))},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(2 * time.Second)
+			up := answering(200, "{}")
+			res := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+			switch policy {
+			case abandonedUnknown:
+				if res.code() != 500 || res.errorType() != typeCommitStateUnknown || up.calls.Load() != 0 {
+					t.Fatalf("unknown: %d %s calls %d", res.code(), res.body, up.calls.Load())
+				}
+			case abandonedReexecute:
+				if res.code() != 200 || up.calls.Load() != 1 {
+					t.Fatalf("reexecute: %d calls %d", res.code(), up.calls.Load())
+				}
+				if again := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); again.header.Get(ReplayedHeader) != "true" {
+					t.Fatal("the re-executed answer was not stored")
+				}
+			}
+		})
+	}
+}
+
+// failingStore fails every call, like an unreachable database.
+type failingStore struct{ stores.Store }
+
+func (failingStore) Reserve(context.Context, stores.Reservation) (stores.ReserveResult, error) {
+	return stores.ReserveResult{}, errors.New("store down")
+}
+
+func (failingStore) Release(context.Context, string, string) error { return errors.New("store down") }
+
+// "Store failures" fail closed with 503 + Retry-After, or pass through
+// unguarded with fail_open.
+func TestStoreFailure(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprint("fail_open=", failOpen), func(t *testing.T) {
+			h := newTestHandler(t, failingStore{})
+			h.FailOpen = failOpen
+			up := answering(200, "{}")
+			res := serve(t, h, up, "POST", "/v1/namespaces", storetest.NewKey(t), nsBody)
+			if failOpen {
+				if res.code() != 200 || up.calls.Load() != 1 {
+					t.Fatalf("fail_open: %d, calls %d; want passed through", res.code(), up.calls.Load())
+				}
+				return
+			}
+			if res.code() != 503 || res.header.Get("Retry-After") != "1" || res.errorType() != typeUnavailable || up.calls.Load() != 0 {
+				t.Fatalf("fail closed: %d %v %s, calls %d", res.code(), res.header, res.body, up.calls.Load())
+			}
+		})
+	}
+}
+
+// Validate names the option whose value is wrong.
+func TestValidateNamesTheOption(t *testing.T) {
+	for _, tt := range []struct {
+		set  func(h *Handler)
+		want string
+	}{
+		{func(h *Handler) { h.Lifetime = -1 }, "lifetime must not be negative"},
+		{func(h *Handler) { h.Lease = caddy.Duration(time.Millisecond) }, "lease must be at least 3ms"},
+		{func(h *Handler) { h.InFlightStatus = 429 }, "in_flight_status must be 503 or 409"},
+		{func(h *Handler) { h.Abandoned = "retry" }, "abandoned must be"},
+		{func(h *Handler) { h.MaxResponseSize = -1 }, "max_response_size must be positive"},
+		{func(h *Handler) { h.BasePath = "api/" }, "base_path must start with /"},
+		{func(h *Handler) { h.ReleaseStatuses = []string{"7xx"} }, "release_statuses: invalid status"},
+	} {
+		h := new(Handler)
+		tt.set(h)
+		if err := h.Validate(); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Validate = %v, want %q", err, tt.want)
+		}
+	}
+	h := newTestHandler(t, newMemoryStore(t))
+	if err := h.Validate(); err != nil {
+		t.Fatalf("defaults do not validate: %v", err)
+	}
+}
+
+func newRequest(method, target, body string) *http.Request {
+	req, _ := http.NewRequest(method, target, strings.NewReader(body))
+	return req
+}
+
+// serveRequest sends a prepared request through h the way Caddy's server
+// does.
+func serveRequest(h *Handler, next caddyhttp.Handler, req *http.Request) result {
+	rec := httptest.NewRecorder()
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+	err := h.ServeHTTP(rec, req, next)
+	return result{status: rec.Code, header: rec.Header(), body: rec.Body.String(), err: err}
+}
