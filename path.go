@@ -43,8 +43,9 @@ func normalizePath(escaped string) string {
 }
 
 // normalizeEscapes decodes escaped unreserved characters in one path segment
-// and upper-cases the hex digits of the escapes it keeps. A malformed escape
-// is kept as it is.
+// and upper-cases the hex digits of the escapes it keeps. A '%' that starts
+// no valid escape becomes "%25", so that decoding what follows it cannot
+// form a new escape ("%a%41" must not become "%aA").
 func normalizeEscapes(seg string) string {
 	if !strings.Contains(seg, "%") {
 		return seg
@@ -53,13 +54,16 @@ func normalizeEscapes(seg string) string {
 	b.Grow(len(seg))
 	for i := 0; i < len(seg); i++ {
 		c := seg[i]
-		if c != '%' || i+2 >= len(seg) {
+		if c != '%' {
 			b.WriteByte(c)
 			continue
 		}
-		hi, lo := unhex(seg[i+1]), unhex(seg[i+2])
+		hi, lo := -1, -1
+		if i+2 < len(seg) {
+			hi, lo = unhex(seg[i+1]), unhex(seg[i+2])
+		}
 		if hi < 0 || lo < 0 {
-			b.WriteByte(c)
+			b.WriteString("%25")
 			continue
 		}
 		decoded := byte(hi<<4 | lo)
