@@ -172,8 +172,8 @@ func (g *guarded) execute() error {
 	if !cw.wroteHeader && cw.buf.Len() == 0 {
 		// Nothing after this handler wrote a response: most likely no
 		// reverse_proxy follows it. That is not a final response.
-		g.log(zapcore.ErrorLevel, "the handlers after iceberg_idempotency wrote no response: is reverse_proxy missing, "+
-			"or placed before iceberg_idempotency inside a route block? Key released")
+		g.log(zapcore.ErrorLevel, "the handlers after iceberg_idempotency wrote no response: is reverse_proxy missing after it? "+
+			"(Inside a route block the written order rules.) Key released")
 		g.release(storeCtx, "no response")
 		writeError(g.w, http.StatusBadGateway, typeServiceFailure,
 			"The proxy produced no response for this request; it was not sent to the catalog. Retry with the same Idempotency-Key.", 0)
