@@ -54,6 +54,12 @@ type Response struct {
 	// Header holds only the allow-listed headers that are replayed.
 	Header http.Header
 	Body   []byte
+	// KeyID names the secret a sealed response was encrypted under (the
+	// handler's `secret` option). When it is set, Body is the ciphertext of
+	// the status, headers and body, Status is 0 and Header is nil: the
+	// store keeps the response opaque and returns it as it was given.
+	// Empty for a response stored in clear.
+	KeyID string
 }
 
 // Record is one idempotency key's stored state, as read by the store.
