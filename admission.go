@@ -76,13 +76,15 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	g := &guarded{
 		h: h, w: w, r: r, next: next, key: key,
-		binding: stores.Binding{
-			Operation:   op,
-			Path:        path,
-			Principal:   sha256Hex([]byte(repl.ReplaceAll(h.Principal, ""))),
-			Fingerprint: requestFingerprint(r.Method, path, r.URL.RawQuery, body),
+		parts: requestParts{
+			principal: repl.ReplaceAll(h.Principal, ""),
+			method:    r.Method,
+			path:      path,
+			query:     r.URL.RawQuery,
+			body:      body,
 		},
 	}
+	g.binding = g.parts.binding(op, h.keys.current)
 	return g.run()
 }
 
@@ -125,15 +127,11 @@ func sha256Hex(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// requestFingerprint hashes what makes two requests "the same request".
-// Lengths prefix every part so no two different requests share an input.
+// requestFingerprint hashes, unkeyed, what makes two requests "the same
+// request". With a secret the same parts are hashed under an HMAC key
+// (requestParts.fingerprint).
 func requestFingerprint(method, path, query string, body []byte) string {
-	hash := sha256.New()
-	for _, part := range [][]byte{[]byte(method), []byte(path), []byte(query), body} {
-		_, _ = fmt.Fprintf(hash, "%d:", len(part))
-		hash.Write(part)
-	}
-	return hex.EncodeToString(hash.Sum(nil))
+	return fingerprintWith(sha256.New(), method, path, query, body)
 }
 
 // mismatch explains why a request may not use a record's key, or returns "".
@@ -150,4 +148,41 @@ func mismatch(stored, req stores.Binding) string {
 		return "Idempotency-Key was first used with a different request body or query; use a new key for a different request"
 	}
 	return ""
+}
+
+// bind checks the request against a record's binding, as mismatch does, and
+// returns "" when it may use the record. The binding computed under the
+// current secret is compared first; only when it differs is the request
+// hashed again under each previous secret and, with a secret set, unkeyed,
+// so that a record written before a rotation (or before any secret) still
+// matches its retry while the common case costs nothing more. On such a
+// match the request adopts the stored binding: it is what the record's seal
+// is bound to, and what a takeover keeps.
+func (g *guarded) bind(stored stores.Binding) string {
+	msg := mismatch(stored, g.binding)
+	if msg == "" {
+		return ""
+	}
+	for _, k := range g.h.keys.alternatives() {
+		// The principal is cheap to hash; the fingerprint, over the whole
+		// body, is hashed only for a secret whose principal matches.
+		if g.parts.principalHash(k) != stored.Principal {
+			continue
+		}
+		alt := stores.Binding{
+			Operation:   g.binding.Operation,
+			Path:        g.binding.Path,
+			Principal:   stored.Principal,
+			Fingerprint: g.parts.fingerprint(k),
+		}
+		altMsg := mismatch(stored, alt)
+		if altMsg == "" {
+			g.binding = stored
+			return ""
+		}
+		// The same principal under an older secret: its explanation (the
+		// body or the path differs) is the true one.
+		msg = altMsg
+	}
+	return msg
 }

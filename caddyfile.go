@@ -56,6 +56,9 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //	    release_statuses   <status|class...>
 //	    replay_headers     <header...>
 //	    fail_open
+//	    secret             <placeholder>
+//	    previous_secrets   <placeholder...>
+//	    require_secret
 //	}
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
@@ -172,6 +175,26 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.ReplayHeaders = args
+		case "secret":
+			// Never echoed in errors: it may be written literally.
+			if !d.NextArg() {
+				return d.Err("secret needs a value, e.g. {env.ICEBERG_IDEMPOTENCY_SECRET}")
+			}
+			h.Secret = d.Val()
+			if d.NextArg() {
+				return d.Err("secret takes a single value")
+			}
+		case "previous_secrets":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			h.PreviousSecrets = args
+		case "require_secret":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			h.RequireSecret = true
 		default:
 			return d.Errf("unknown iceberg_idempotency option %q", opt)
 		}

@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -121,6 +122,27 @@ type Handler struct {
 	// of answering 503. Default: false (fail closed).
 	FailOpen bool `json:"fail_open,omitempty"`
 
+	// Secret that protects records at rest: stored responses are sealed
+	// with AES-256-GCM and principals and request fingerprints become
+	// HMAC-SHA-256, all under keys derived from it (HKDF-SHA-256). Give a
+	// placeholder such as "{env.ICEBERG_IDEMPOTENCY_SECRET}" or
+	// "{file./run/secrets/idem}": it is expanded at provision, so the
+	// configuration (the admin API, `caddy adapt`) holds only the
+	// placeholder. Nodes sharing a store need the same secret. Default:
+	// none (records stored in clear; a SQL store logs a warning).
+	Secret string `json:"secret,omitempty"`
+
+	// Secrets that were Secret before a rotation, as placeholders too:
+	// records sealed under them still replay and their retries still match,
+	// while new records use Secret. Drop one once lifetime + grace has
+	// passed since it was replaced. Default: none.
+	PreviousSecrets []string `json:"previous_secrets,omitempty"`
+
+	// Refuse to start with a store outside the process (PostgreSQL, MySQL)
+	// when no Secret is set, instead of warning that records are stored in
+	// clear. Default: false.
+	RequireSecret bool `json:"require_secret,omitempty"`
+
 	store          stores.Store
 	pooled         *pooledStore // store's pool entry; nil in tests that set store directly
 	storeKey       string
@@ -130,6 +152,7 @@ type Handler struct {
 	finalizeSet    statusSet
 	releaseSet     statusSet
 	replayHdrs     []string
+	keys           keyring // derived from Secret and PreviousSecrets; never marshalled
 	logger         *zap.Logger
 }
 
@@ -167,6 +190,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		provider = mod.(StoreProvider)
 	} else if err := provider.(caddy.Provisioner).Provision(ctx); err != nil {
 		return err
+	}
+	if _, inProcess := provider.(*MemoryStore); !inProcess && h.keys.current == nil {
+		// The records leave the process: backups, replicas and database
+		// administrators can read them.
+		if h.RequireSecret {
+			return errors.New("require_secret: the store keeps records outside this process but no secret is set")
+		}
+		h.logger.Warn("records are stored in clear: response bodies (which may hold vended storage credentials) and unkeyed hashes of principals; set secret to encrypt them",
+			zap.String("store", provider.StoreKey()))
 	}
 
 	appIface, err := ctx.App("iceberg_idempotency")
@@ -211,6 +243,14 @@ func (h *Handler) prepare() error {
 		if name = http.CanonicalHeaderKey(name); !slices.Contains(h.replayHdrs, name) {
 			h.replayHdrs = append(h.replayHdrs, name)
 		}
+	}
+	keys, warnings, err := h.prepareKeys()
+	if err != nil {
+		return err
+	}
+	h.keys = keys
+	for _, w := range warnings {
+		h.logger.Warn(w)
 	}
 	return nil
 }
@@ -268,6 +308,7 @@ const (
 var validatedOptions = []string{
 	"lifetime", "grace", "in_flight_wait", "retry_after", "execution_timeout", "lease", "in_flight_status",
 	"abandoned", "max_request_size", "max_response_size", "base_path", "finalize_statuses", "release_statuses",
+	"secret", "previous_secrets",
 }
 
 // Validate checks the configuration.
@@ -330,6 +371,20 @@ func (h *Handler) validateOption(opt string) error {
 	case "release_statuses":
 		if _, err := parseStatusSet(h.ReleaseStatuses); err != nil {
 			return fmt.Errorf("release_statuses: %w", err)
+		}
+	case "secret", "previous_secrets":
+		// Values are checked as written, before their placeholders are
+		// expanded (at provision): an error never shows a secret.
+		for i, raw := range h.PreviousSecrets {
+			if raw == "" {
+				return fmt.Errorf("previous_secrets[%d] is empty", i)
+			}
+			if raw == h.Secret {
+				return fmt.Errorf("previous_secrets[%d] repeats secret", i)
+			}
+			if j := slices.Index(h.PreviousSecrets[:i], raw); j >= 0 {
+				return fmt.Errorf("previous_secrets[%d] repeats previous_secrets[%d]", i, j)
+			}
 		}
 	}
 	return nil

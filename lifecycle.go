@@ -39,8 +39,10 @@ type guarded struct {
 	r       *http.Request
 	next    caddyhttp.Handler
 	key     string
-	binding stores.Binding
+	parts   requestParts   // what binding hashes, for matching records written under other secrets
+	binding stores.Binding // as stored: under the current secret, or the record's own once bind matched it
 	owner   string
+	status  int // the status of the response being finalized, for logs: a sealed response hides it
 }
 
 // maxAttempts bounds how often a request goes round reserve → wait when the
@@ -70,7 +72,7 @@ func (g *guarded) run() error {
 			return g.execute()
 		}
 		rec := res.Existing
-		if msg := mismatch(rec.Binding, g.binding); msg != "" {
+		if msg := g.bind(rec.Binding); msg != "" {
 			g.log(zapcore.DebugLevel, "key reused for another request", zap.String("outcome", "mismatch"))
 			g.count(outcomeMismatch)
 			writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
@@ -91,7 +93,7 @@ func (g *guarded) run() error {
 			}
 			// The owner may have released and another request taken the
 			// key since Reserve: bind against what is there now.
-			if msg := mismatch(rec.Binding, g.binding); msg != "" {
+			if msg := g.bind(rec.Binding); msg != "" {
 				g.count(outcomeMismatch)
 				writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
 				return nil
@@ -190,6 +192,18 @@ func (g *guarded) execute() error {
 		g.release(storeCtx, "status "+strconv.Itoa(status))
 	default:
 		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}
+		g.status = status
+		if k := h.keys.current; k != nil {
+			sealed, err := k.seal(g.key, g.binding, resp)
+			if err != nil {
+				// Nothing can be stored in clear once a secret is set.
+				g.log(zapcore.ErrorLevel, "sealing the response failed: delivered, not stored; the key's outcome is unknown", zap.Error(err))
+				g.markUnknown(storeCtx, nil)
+				cw.deliver()
+				return nil
+			}
+			resp = sealed
+		}
 		g.finalize(storeCtx, resp)
 	}
 	cw.deliver()
@@ -307,7 +321,7 @@ func (g *guarded) tryFinalize(ctx context.Context, resp stores.Response, attempt
 	case err == nil:
 	case errors.Is(err, stores.ErrResponseTooLarge):
 		g.log(zapcore.WarnLevel, "response too large for the store: delivered, not stored, key released",
-			zap.Int("status", resp.Status), zap.Int("bytes", len(resp.Body)), zap.Error(err))
+			zap.Int("status", g.status), zap.Int("bytes", len(resp.Body)), zap.Error(err))
 		g.release(ctx, "too large for the store")
 		return finalizeDone
 	case errors.Is(err, stores.ErrNotOwner):
@@ -317,14 +331,14 @@ func (g *guarded) tryFinalize(ctx context.Context, resp stores.Response, attempt
 		// Taken over (abandoned reexecute) or expired: the key is not
 		// this request's to finalize any more.
 		g.log(zapcore.ErrorLevel, "finalize refused: the key is no longer owned by this request; response delivered, not stored",
-			zap.Int("status", resp.Status), zap.Error(err))
+			zap.Int("status", g.status), zap.Error(err))
 		return finalizeDone
 	default:
 		g.log(zapcore.WarnLevel, "finalize failed: will retry", zap.Int("attempt", attempt), zap.Error(err))
 		return finalizeRetry
 	}
 	executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
-	g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", resp.Status))
+	g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", g.status))
 	return finalizeDone
 }
 
@@ -350,7 +364,7 @@ func (g *guarded) finalizeLater(resp stores.Response) {
 				// The catalog executed but the store does not know its
 				// answer: a retry must hear "unknown", not execute again.
 				g.log(zapcore.ErrorLevel, "finalize failed for good: response delivered but not stored; the key's outcome is unknown",
-					zap.Int("status", resp.Status), zap.Duration("retried_for", window))
+					zap.Int("status", g.status), zap.Duration("retried_for", window))
 				abandonCtx, abandonCancel := context.WithTimeout(context.Background(), storeOpTimeout)
 				g.markUnknown(abandonCtx, nil)
 				abandonCancel()
@@ -371,7 +385,8 @@ func (g *guarded) finalizeLater(resp stores.Response) {
 func (g *guarded) storedAlready(ctx context.Context, resp stores.Response) bool {
 	rec, err := g.h.store.Load(ctx, g.key)
 	return err == nil && rec != nil && rec.State == stores.StateFinal && rec.Binding == g.binding &&
-		rec.Response != nil && rec.Response.Status == resp.Status && bytes.Equal(rec.Response.Body, resp.Body)
+		rec.Response != nil && rec.Response.Status == resp.Status && rec.Response.KeyID == resp.KeyID &&
+		bytes.Equal(rec.Response.Body, resp.Body)
 }
 
 // markUnknown ends the key's lease now, so its record reads as abandoned and
@@ -473,18 +488,47 @@ func (g *guarded) heartbeat(ctx context.Context) (stop func()) {
 	}
 }
 
-// replay answers with a stored final response.
+// replay answers with a stored final response, opening it first when it
+// was sealed.
 func (g *guarded) replay(rec *stores.Record) error {
-	g.log(zapcore.DebugLevel, "replaying stored response", zap.String("outcome", "replay"), zap.Int("status", rec.Response.Status))
+	resp := rec.Response
+	if resp.KeyID != "" {
+		k := g.h.keys.byID(resp.KeyID)
+		if k == nil {
+			return g.unreadable(resp.KeyID, errors.New("no configured secret has this key id"))
+		}
+		opened, err := k.open(g.key, rec.Binding, resp.Body)
+		if err != nil {
+			return g.unreadable(resp.KeyID, err)
+		}
+		resp = opened
+	}
+	g.log(zapcore.DebugLevel, "replaying stored response", zap.String("outcome", "replay"), zap.Int("status", resp.Status))
 	g.count(outcomeReplayed)
 	hdr := g.w.Header()
-	for name, vals := range rec.Response.Header {
+	for name, vals := range resp.Header {
 		hdr[name] = append([]string(nil), vals...)
 	}
 	hdr.Set(ReplayedHeader, "true")
-	hdr.Set("Content-Length", strconv.Itoa(len(rec.Response.Body)))
-	g.w.WriteHeader(rec.Response.Status)
-	_, _ = g.w.Write(rec.Response.Body)
+	hdr.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	g.w.WriteHeader(resp.Status)
+	_, _ = g.w.Write(resp.Body)
+	return nil
+}
+
+// unreadable answers for a final record whose sealed response cannot be
+// opened: its secret was removed from the configuration, or the row was
+// corrupted or moved onto another key. The catalog did execute the request,
+// so it is never executed again (not even under abandoned reexecute) and
+// never replayed as garbage: the client hears that the outcome is unknown,
+// like a duplicate of an abandoned request. The log names the key and the
+// key id, never what the record holds.
+func (g *guarded) unreadable(keyID string, cause error) error {
+	g.log(zapcore.ErrorLevel, "stored response cannot be decrypted: answering outcome unknown; is the secret it was sealed under missing from secret and previous_secrets?",
+		zap.String("outcome", outcomeUnreadable), zap.String("key_id", keyID), zap.Error(cause))
+	g.count(outcomeUnreadable)
+	writeError(g.w, http.StatusInternalServerError, typeCommitStateUnknown,
+		"The stored response for this Idempotency-Key cannot be read; the original request's outcome is unknown. Check the catalog's state before retrying with a new key.", 0)
 	return nil
 }
 

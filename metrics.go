@@ -48,6 +48,7 @@ const (
 	outcomeMismatch         = "mismatch"
 	outcomeInFlight         = "in_flight"
 	outcomeAbandoned        = "abandoned"
+	outcomeUnreadable       = "unreadable"
 	outcomeStoreUnavailable = "store_unavailable"
 	outcomeFailOpen         = "fail_open"
 )

@@ -1,0 +1,291 @@
+package icebergidempotency
+
+// Secrets at rest: with the `secret` option, nothing a store holds can be
+// read or tested against a guess without the secret. Each secret yields,
+// through HKDF-SHA-256, an AES-256-GCM key that seals the stored response
+// (status, replayed headers, body) and two HMAC-SHA-256 keys that replace
+// the unkeyed SHA-256 of the principal and of the request fingerprint. A
+// short key id, derived from the secret too, is stored with every sealed
+// response so that a record written under a previous secret finds its key.
+
+import (
+	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hkdf"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// HKDF info strings: one per derived key, so that no key serves two
+// purposes. The version suffix lets a future format derive fresh keys from
+// the same secret.
+const (
+	infoSeal        = "iceberg_idempotency record seal v1"
+	infoPrincipal   = "iceberg_idempotency principal v1"
+	infoFingerprint = "iceberg_idempotency fingerprint v1"
+	infoKeyID       = "iceberg_idempotency key id v1"
+)
+
+// hkdfSalt is fixed: the secret is the only input that must stay private,
+// and a fixed salt keeps the derivation the same on every node.
+var hkdfSalt = []byte("caddy-iceberg-idempotency")
+
+// minSecretLen is the length below which a secret draws a warning: the keyed
+// fingerprints are only as hard to guess as the secret itself.
+const minSecretLen = 16
+
+// secretKeys are the keys derived from one secret. Nothing here is
+// marshalled: the handler's JSON keeps only the placeholder.
+type secretKeys struct {
+	id             string      // short, non-secret name stored with sealed records
+	aead           cipher.AEAD // AES-256-GCM, random 12-byte nonce prepended
+	principalKey   []byte
+	fingerprintKey []byte
+}
+
+// deriveKeys derives the record, principal, fingerprint and key-id keys
+// from secret.
+func deriveKeys(secret string) (*secretKeys, error) {
+	derive := func(info string) ([]byte, error) {
+		return hkdf.Key(sha256.New, []byte(secret), hkdfSalt, info, 32)
+	}
+	sealKey, err := derive(infoSeal)
+	if err != nil {
+		return nil, fmt.Errorf("deriving the record key: %w", err)
+	}
+	block, err := aes.NewCipher(sealKey)
+	if err != nil {
+		return nil, fmt.Errorf("record cipher: %w", err)
+	}
+	aead, err := cipher.NewGCMWithRandomNonce(block)
+	if err != nil {
+		return nil, fmt.Errorf("record cipher: %w", err)
+	}
+	k := &secretKeys{aead: aead}
+	if k.principalKey, err = derive(infoPrincipal); err != nil {
+		return nil, fmt.Errorf("deriving the principal key: %w", err)
+	}
+	if k.fingerprintKey, err = derive(infoFingerprint); err != nil {
+		return nil, fmt.Errorf("deriving the fingerprint key: %w", err)
+	}
+	idKey, err := derive(infoKeyID)
+	if err != nil {
+		return nil, fmt.Errorf("deriving the key id: %w", err)
+	}
+	mac := hmac.New(sha256.New, idKey)
+	mac.Write([]byte("key-id"))
+	k.id = hex.EncodeToString(mac.Sum(nil))[:8]
+	return k, nil
+}
+
+// keyring holds the keys of the configured secrets: current seals new
+// records and keys new bindings (nil without `secret`); previous only open
+// and match what older configurations wrote.
+type keyring struct {
+	current  *secretKeys
+	previous []*secretKeys
+}
+
+// byID finds the keys a sealed record names, current or previous.
+func (kr keyring) byID(id string) *secretKeys {
+	if kr.current != nil && kr.current.id == id {
+		return kr.current
+	}
+	for _, k := range kr.previous {
+		if k.id == id {
+			return k
+		}
+	}
+	return nil
+}
+
+// alternatives lists the keys, besides the current ones, under which a
+// stored binding may have been written: each previous secret and, when a
+// secret is set, none (nil: the unkeyed SHA-256 of records written before
+// it was).
+func (kr keyring) alternatives() []*secretKeys {
+	alts := append([]*secretKeys(nil), kr.previous...)
+	if kr.current != nil {
+		alts = append(alts, nil)
+	}
+	return alts
+}
+
+// expandSecret expands the placeholders of one secret option. An empty
+// result is an error that names the placeholders to check: a value that
+// expands to nothing contains nothing but placeholders, so quoting it
+// reveals nothing.
+func expandSecret(opt, raw string) (string, error) {
+	v := caddy.NewReplacer().ReplaceKnown(raw, "")
+	if v == "" {
+		return "", fmt.Errorf("%s %q expands to an empty value: is the variable or file it names set?", opt, raw)
+	}
+	return v, nil
+}
+
+// prepareKeys expands and derives the handler's secrets. Two secrets that
+// derive the same key id are refused: a sealed record must name one key.
+func (h *Handler) prepareKeys() (keyring, []string, error) {
+	var kr keyring
+	var warnings []string
+	seen := map[string]string{}
+	add := func(opt, raw string) (*secretKeys, error) {
+		secret, err := expandSecret(opt, raw)
+		if err != nil {
+			return nil, err
+		}
+		if len(secret) < minSecretLen {
+			warnings = append(warnings, fmt.Sprintf("%s is shorter than %d bytes: keyed fingerprints are only as hard to guess as the secret", opt, minSecretLen))
+		}
+		if secret == raw {
+			warnings = append(warnings, opt+" is written literally in the configuration, where the admin API and `caddy adapt` show it: use a placeholder such as {env.ICEBERG_IDEMPOTENCY_SECRET}")
+		}
+		k, err := deriveKeys(secret)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", opt, err)
+		}
+		if other, dup := seen[k.id]; dup {
+			return nil, fmt.Errorf("%s and %s derive the same key id %s: the same secret is listed twice", other, opt, k.id)
+		}
+		seen[k.id] = opt
+		return k, nil
+	}
+	if h.Secret != "" {
+		k, err := add("secret", h.Secret)
+		if err != nil {
+			return keyring{}, nil, err
+		}
+		kr.current = k
+	}
+	for i, raw := range h.PreviousSecrets {
+		k, err := add(fmt.Sprintf("previous_secrets[%d]", i), raw)
+		if err != nil {
+			return keyring{}, nil, err
+		}
+		kr.previous = append(kr.previous, k)
+	}
+	return kr, warnings, nil
+}
+
+// requestParts are what a key is bound to, before they are hashed: kept so
+// that, on a mismatch, the binding can be recomputed under another secret.
+type requestParts struct {
+	principal string // the expanded principal expression
+	method    string
+	path      string
+	query     string
+	body      []byte
+}
+
+// binding hashes p under k: HMAC-SHA-256 with k's derived keys, or the
+// unkeyed SHA-256 when k is nil (no secret).
+func (p *requestParts) binding(op string, k *secretKeys) stores.Binding {
+	return stores.Binding{
+		Operation:   op,
+		Path:        p.path,
+		Principal:   p.principalHash(k),
+		Fingerprint: p.fingerprint(k),
+	}
+}
+
+func (p *requestParts) principalHash(k *secretKeys) string {
+	if k == nil {
+		return sha256Hex([]byte(p.principal))
+	}
+	mac := hmac.New(sha256.New, k.principalKey)
+	mac.Write([]byte(p.principal))
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+func (p *requestParts) fingerprint(k *secretKeys) string {
+	if k == nil {
+		return requestFingerprint(p.method, p.path, p.query, p.body)
+	}
+	return fingerprintWith(hmac.New(sha256.New, k.fingerprintKey), p.method, p.path, p.query, p.body)
+}
+
+// fingerprintWith writes the request's parts, each prefixed with its length
+// so that no two different requests share an input, into hash.
+func fingerprintWith(hash hash.Hash, method, path, query string, body []byte) string {
+	for _, part := range [][]byte{[]byte(method), []byte(path), []byte(query), body} {
+		_, _ = fmt.Fprintf(hash, "%d:", len(part))
+		hash.Write(part)
+	}
+	return hex.EncodeToString(hash.Sum(nil))
+}
+
+// sealFormat is the first byte of a sealed plaintext: the layout of what
+// follows it.
+const sealFormat = 1
+
+// sealAAD is the associated data of a record's seal: its key and its binding
+// as stored, length-prefixed. A sealed response moved onto another key, or
+// under another binding, does not open.
+func sealAAD(key string, b stores.Binding) []byte {
+	var buf bytes.Buffer
+	for _, part := range []string{key, b.Operation, b.Path, b.Principal, b.Fingerprint} {
+		buf.WriteString(fmt.Sprintf("%d:", len(part)))
+		buf.WriteString(part)
+	}
+	return buf.Bytes()
+}
+
+// seal encrypts resp for the record of key bound to b. The plaintext is the
+// format byte, the status and the length of the headers (uvarints), the
+// headers as JSON, then the body.
+func (k *secretKeys) seal(key string, b stores.Binding, resp stores.Response) (stores.Response, error) {
+	hdr, err := json.Marshal(resp.Header)
+	if err != nil {
+		return stores.Response{}, fmt.Errorf("encoding headers: %w", err)
+	}
+	pt := make([]byte, 0, 1+2*binary.MaxVarintLen64+len(hdr)+len(resp.Body))
+	pt = append(pt, sealFormat)
+	pt = binary.AppendUvarint(pt, uint64(resp.Status))
+	pt = binary.AppendUvarint(pt, uint64(len(hdr)))
+	pt = append(pt, hdr...)
+	pt = append(pt, resp.Body...)
+	sealed := k.aead.Seal(make([]byte, 0, len(pt)+k.aead.Overhead()), nil, pt, sealAAD(key, b))
+	return stores.Response{KeyID: k.id, Body: sealed}, nil
+}
+
+// errUnsealable says a sealed record's plaintext is not in a known layout.
+var errUnsealable = errors.New("sealed record has an unknown layout")
+
+// open decrypts a response sealed for the record of key bound to b.
+func (k *secretKeys) open(key string, b stores.Binding, sealed []byte) (*stores.Response, error) {
+	pt, err := k.aead.Open(nil, nil, sealed, sealAAD(key, b))
+	if err != nil {
+		return nil, err
+	}
+	if len(pt) == 0 || pt[0] != sealFormat {
+		return nil, errUnsealable
+	}
+	rest := pt[1:]
+	status, n := binary.Uvarint(rest)
+	if n <= 0 || status < 100 || status > 999 {
+		return nil, errUnsealable
+	}
+	rest = rest[n:]
+	hdrLen, n := binary.Uvarint(rest)
+	if n <= 0 || hdrLen > uint64(len(rest)-n) {
+		return nil, errUnsealable
+	}
+	rest = rest[n:]
+	var hdr http.Header
+	if err := json.Unmarshal(rest[:hdrLen], &hdr); err != nil {
+		return nil, errUnsealable
+	}
+	return &stores.Response{Status: int(status), Header: hdr, Body: rest[hdrLen:]}, nil
+}
