@@ -191,14 +191,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	} else if err := provider.(caddy.Provisioner).Provision(ctx); err != nil {
 		return err
 	}
-	if _, inProcess := provider.(*MemoryStore); !inProcess && h.keys.current == nil {
-		// The records leave the process: backups, replicas and database
-		// administrators can read them.
-		if h.RequireSecret {
-			return errors.New("require_secret: the store keeps records outside this process but no secret is set")
-		}
-		h.logger.Warn("records are stored in clear: response bodies (which may hold vended storage credentials) and unkeyed hashes of principals; set secret to encrypt them",
-			zap.String("store", provider.StoreKey()))
+	if err := h.checkAtRest(provider); err != nil {
+		return err
 	}
 
 	appIface, err := ctx.App("iceberg_idempotency")
@@ -214,6 +208,22 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.store = h.pooled
 	h.storeKey = provider.StoreKey()
 	app.track(h.storeKey, h.store)
+	return nil
+}
+
+// checkAtRest refuses (require_secret) or warns about, once per
+// provisioning, a store outside the process that would keep records in
+// clear, where backups, replicas and database administrators read them.
+// The memory store needs no secret: nothing it holds leaves the process.
+func (h *Handler) checkAtRest(provider StoreProvider) error {
+	if _, inProcess := provider.(*MemoryStore); inProcess || h.keys.current != nil {
+		return nil
+	}
+	if h.RequireSecret {
+		return errors.New("require_secret: the store keeps records outside this process, but no secret is set")
+	}
+	h.logger.Warn("records are stored in clear: response bodies (which may hold vended storage credentials) and unkeyed hashes of principals; set secret to encrypt them",
+		zap.String("store", provider.StoreKey()))
 	return nil
 }
 

@@ -73,10 +73,7 @@ func (g *guarded) run() error {
 		}
 		rec := res.Existing
 		if msg := g.bind(rec.Binding); msg != "" {
-			g.log(zapcore.DebugLevel, "key reused for another request", zap.String("outcome", "mismatch"))
-			g.count(outcomeMismatch)
-			writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
-			return nil
+			return g.refuse(rec, msg)
 		}
 		if rec.State == stores.StateInFlight && !rec.Abandoned {
 			g.log(zapcore.DebugLevel, "key in flight: waiting for its owner", zap.String("outcome", "wait"))
@@ -94,9 +91,7 @@ func (g *guarded) run() error {
 			// The owner may have released and another request taken the
 			// key since Reserve: bind against what is there now.
 			if msg := g.bind(rec.Binding); msg != "" {
-				g.count(outcomeMismatch)
-				writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
-				return nil
+				return g.refuse(rec, msg)
 			}
 		}
 		switch {
@@ -122,6 +117,21 @@ func (g *guarded) run() error {
 		}
 	}
 	return g.stillInFlight()
+}
+
+// refuse answers a request whose binding differs from its key's record
+// with 422 and msg. A final record sealed under a secret that is no longer
+// configured is the exception: its binding was keyed under that secret
+// too, so no comparison can tell a retry from another request, and the
+// answer is the one for a record that cannot be read.
+func (g *guarded) refuse(rec *stores.Record, msg string) error {
+	if rec.State == stores.StateFinal && rec.Response != nil && rec.Response.KeyID != "" && g.h.keys.byID(rec.Response.KeyID) == nil {
+		return g.unreadable(rec.Response.KeyID, errors.New("no configured secret has this key id"))
+	}
+	g.log(zapcore.DebugLevel, "key reused for another request", zap.String("outcome", "mismatch"))
+	g.count(outcomeMismatch)
+	writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
+	return nil
 }
 
 // execute runs the request as the key's owner, then finalizes, releases, or
