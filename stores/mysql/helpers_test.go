@@ -11,6 +11,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap/zaptest"
 
+	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
 
@@ -113,4 +114,23 @@ func openStore(t testing.TB, mutate func(*Config)) (*Store, Config) {
 		t.Fatal(err)
 	}
 	return s, cfg
+}
+
+// applyMigrations applies ms by hand, as a DBA would with the mysql client:
+// in one session, which 0002's session variable needs.
+func applyMigrations(t testing.TB, db *sql.DB, table string, ms []schema.Migration) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, m := range ms {
+		for _, stmt := range m.Statements(table) {
+			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				t.Fatalf("%s: %v", m.File, err)
+			}
+		}
+	}
 }

@@ -53,8 +53,8 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	if err := db.QueryRow("SELECT COUNT(*), MAX(version) FROM "+table+"_schema").Scan(&versions, &maxVersion); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 1 || maxVersion != 1 {
-		t.Fatalf("schema table has %d rows, max version %d; want one row, version 1", versions, maxVersion)
+	if versions != 2 || maxVersion != 2 {
+		t.Fatalf("schema table has %d rows, max version %d; want two rows, version 2", versions, maxVersion)
 	}
 	for _, auto := range []bool{true, false} {
 		s, err := Open(context.Background(), Config{DSN: dsn, Table: table, AutoMigrate: auto}, zaptest.NewLogger(t))
@@ -85,7 +85,7 @@ func TestMissingSchemaWithoutAutoMigrate(t *testing.T) {
 	if err == nil {
 		t.Fatal("Reserve without schema and without auto_migrate succeeded")
 	}
-	for _, want := range []string{table, "version 0", "sql/mysql/0001_records.sql", "auto_migrate"} {
+	for _, want := range []string{table, "version 0", "sql/mysql/0001_records.sql, then sql/mysql/0002_key_id.sql", "auto_migrate"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -102,16 +102,12 @@ func TestMissingSchemaWithoutAutoMigrate(t *testing.T) {
 		t.Fatalf("table created without auto_migrate (%v)", err)
 	}
 
-	// The DBA applies the file: the store becomes ready by itself.
+	// The DBA applies the files: the store becomes ready by itself.
 	ms, err := schema.Migrations(schema.MySQL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, stmt := range ms[0].Statements(table) {
-		if _, err := db.Exec(stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	applyMigrations(t, db, table, ms)
 	waitLogged(t, logs, "database reachable, store ready")
 	if _, err := s.Reserve(context.Background(), storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
 		t.Fatalf("Reserve after the schema was applied: %v", err)

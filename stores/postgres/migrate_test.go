@@ -53,8 +53,8 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	if err := conn.QueryRow(context.Background(), "SELECT count(*), max(version) FROM "+table+"_schema").Scan(&versions, &maxVersion); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 1 || maxVersion != 1 {
-		t.Fatalf("schema table has %d rows, max version %d; want one row, version 1", versions, maxVersion)
+	if versions != 2 || maxVersion != 2 {
+		t.Fatalf("schema table has %d rows, max version %d; want two rows, version 2", versions, maxVersion)
 	}
 	// Again, with and without AutoMigrate: nothing to do, no error.
 	for _, auto := range []bool{true, false} {
@@ -85,7 +85,7 @@ func TestMissingSchemaWithoutAutoMigrate(t *testing.T) {
 	if err == nil {
 		t.Fatal("Reserve without schema and without auto_migrate succeeded")
 	}
-	for _, want := range []string{table, "version 0", "sql/postgres/0001_records.sql", "auto_migrate"} {
+	for _, want := range []string{table, "version 0", "sql/postgres/0001_records.sql, then sql/postgres/0002_key_id.sql", "auto_migrate"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -102,14 +102,16 @@ func TestMissingSchemaWithoutAutoMigrate(t *testing.T) {
 		t.Fatalf("table created without auto_migrate (%v)", err)
 	}
 
-	// The DBA applies the file: the store becomes ready by itself.
+	// The DBA applies the files: the store becomes ready by itself.
 	ms, err := schema.Migrations(schema.Postgres)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, stmt := range ms[0].Statements(table) {
-		if _, err := conn.Exec(context.Background(), stmt); err != nil {
-			t.Fatal(err)
+	for _, m := range ms {
+		for _, stmt := range m.Statements(table) {
+			if _, err := conn.Exec(context.Background(), stmt); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	waitLogged(t, logs, "database reachable, store ready")
