@@ -9,6 +9,7 @@ package stores
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 )
@@ -60,6 +61,36 @@ type Response struct {
 	// store keeps the response opaque and returns it as it was given.
 	// Empty for a response stored in clear.
 	KeyID string
+}
+
+// MaxKeyIDLen bounds Response.KeyID: the width of the SQL stores' key_id
+// column.
+const MaxKeyIDLen = 64
+
+// Check reports whether a store can keep r as the contract above describes.
+// A sealed response (KeyID set) must carry no clear status or header, which
+// a store would otherwise write next to the ciphertext, and its KeyID must
+// be 1 to MaxKeyIDLen letters, digits, '-', '_' or '.', which every store
+// holds unchanged (a SQL column in a lax mode would truncate a longer one).
+// Stores call it in Finalize and refuse what fails it, so that a caller's
+// mistake surfaces instead of being stored half in clear.
+func (r Response) Check() error {
+	if r.KeyID == "" {
+		return nil
+	}
+	if len(r.KeyID) > MaxKeyIDLen {
+		return fmt.Errorf("sealed response: key id of %d bytes, at most %d", len(r.KeyID), MaxKeyIDLen)
+	}
+	for i := 0; i < len(r.KeyID); i++ {
+		c := r.KeyID[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("sealed response: key id has byte %#02x at %d, want letters, digits, '-', '_' or '.'", c, i)
+		}
+	}
+	if r.Status != 0 || len(r.Header) != 0 {
+		return errors.New("sealed response carries a clear status or header")
+	}
+	return nil
 }
 
 // Record is one idempotency key's stored state, as read by the store.

@@ -58,14 +58,14 @@ func (l *finalList) moveToFront(e *entry) {
 	l.pushFront(e)
 }
 
-// recordSize is what a final record counts against max_bytes: its body,
-// header names and values, key, binding and owner strings, plus a fixed
-// per-record overhead. It is an estimate of heap use, not an exact figure.
+// recordSize is what a final record counts against max_bytes: its body (a
+// sealed response's ciphertext), key id, header names and values, key,
+// binding and owner strings, plus a fixed per-record overhead. It is an estimate of heap use, not an exact figure.
 func recordSize(rec *stores.Record) int64 {
 	n := int64(recordOverhead + len(rec.Key) + len(rec.Operation) + len(rec.Path) +
 		len(rec.Principal) + len(rec.Fingerprint) + len(rec.Owner))
 	if rec.Response != nil {
-		n += int64(len(rec.Response.Body)) + headerSize(rec.Response.Header)
+		n += int64(len(rec.Response.Body)+len(rec.Response.KeyID)) + headerSize(rec.Response.Header)
 	}
 	return n
 }
@@ -85,7 +85,7 @@ func headerSize(h http.Header) int64 {
 // caller's buffers: the body lands in a slice whose capacity equals its
 // length, not in a capture buffer that doubled while it grew.
 func exactCopy(resp stores.Response) stores.Response {
-	out := stores.Response{Status: resp.Status, Header: resp.Header.Clone()}
+	out := stores.Response{Status: resp.Status, Header: resp.Header.Clone(), KeyID: resp.KeyID}
 	if resp.Body != nil {
 		out.Body = make([]byte, len(resp.Body))
 		copy(out.Body, resp.Body)

@@ -264,6 +264,9 @@ func (s *Store) owned(key, owner string, now time.Time) *entry {
 // the bounds; a response that alone exceeds max_bytes is refused with
 // stores.ErrResponseTooLarge and the record stays in flight.
 func (s *Store) Finalize(_ context.Context, key, owner string, resp stores.Response) error {
+	if err := resp.Check(); err != nil {
+		return fmt.Errorf("memory finalize %s: %w", key, err)
+	}
 	stored := exactCopy(resp)
 	s.mu.Lock()
 	defer s.mu.Unlock()

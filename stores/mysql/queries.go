@@ -16,7 +16,8 @@ const recordCols = "`key`" + `, operation, path, principal, fingerprint, state,
 	COALESCE(owner, ''),
 	COALESCE(state = 'in_flight' AND lease_until <= UTC_TIMESTAMP(6), FALSE),
 	COALESCE(status, 0), headers, body, created_at, expires_at,
-	COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until), 0)`
+	COALESCE(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lease_until), 0),
+	COALESCE(key_id, '')`
 
 // ifExpired rewrites a column only when the existing row has expired.
 func ifExpired(col string) string {
@@ -48,6 +49,7 @@ ON DUPLICATE KEY UPDATE
 	status = IF(expires_at <= UTC_TIMESTAMP(6), NULL, status),
 	headers = IF(expires_at <= UTC_TIMESTAMP(6), NULL, headers),
 	body = IF(expires_at <= UTC_TIMESTAMP(6), NULL, body),
+	key_id = IF(expires_at <= UTC_TIMESTAMP(6), NULL, key_id),
 	%s`, table,
 			ifExpired("operation"), ifExpired("path"), ifExpired("principal"), ifExpired("fingerprint"),
 			ifExpired("state"), ifExpired("owner"), ifExpired("lease_until"), ifExpired("created_at"),
@@ -58,7 +60,7 @@ ON DUPLICATE KEY UPDATE
 		// owned confirms ownership when ExtendLease changed no row: see there.
 		owned: fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
 
-		finalize: fmt.Sprintf("UPDATE %s SET state = 'final', owner = NULL, lease_until = NULL, status = ?, headers = ?, body = ?\n"+
+		finalize: fmt.Sprintf("UPDATE %s SET state = 'final', owner = NULL, lease_until = NULL, status = ?, headers = ?, body = ?, key_id = ?\n"+
 			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
 
 		release: fmt.Sprintf("DELETE FROM %s WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),

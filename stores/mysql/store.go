@@ -267,7 +267,7 @@ func (s *Store) load(ctx context.Context, key string) (*stores.Record, time.Dura
 	var row sqlstore.Row
 	err := s.stmts.load.QueryRowContext(ctx, key).Scan(&row.Key, &row.Operation, &row.Path, &row.Principal,
 		&row.Fingerprint, &row.State, &row.Owner, &row.Abandoned, &row.Status, &row.Headers, &row.Body,
-		&row.CreatedAt, &row.ExpiresAt, &row.LeaseLeftMicros)
+		&row.CreatedAt, &row.ExpiresAt, &row.LeaseLeftMicros, &row.KeyID)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, 0, nil
 	}
@@ -299,26 +299,24 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 // Finalize implements stores.Store. One statement; it always changes the
 // row (state becomes final), so zero changed rows means not owned.
 func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
-	headers, err := sqlstore.EncodeHeader(resp.Header)
+	f, err := sqlstore.EncodeFinal(resp)
 	if err != nil {
-		return fmt.Errorf("mysql finalize: %w", err)
-	}
-	body := resp.Body
-	if body == nil {
-		body = []byte{} // an empty body, not an unknown one
+		return fmt.Errorf("mysql finalize %s: %w", key, err)
 	}
 	if err := s.ready(ctx); err != nil {
 		return err
 	}
-	if err := s.checkRowSize(key, owner, headers, body); err != nil {
+	// key_id (at most 64 bytes) fits in rowHeadroom.
+	if err := s.checkRowSize(key, owner, f.Headers, f.Body); err != nil {
 		return err
 	}
-	n, err := s.execOnce(ctx, s.stmts.finalize, resp.Status, string(headers), body, key, owner)
+	args := []any{f.Status, f.HeadersArg(), f.Body, f.KeyID, key, owner}
+	n, err := s.execOnce(ctx, s.stmts.finalize, args...)
 	for attempt := 2; err != nil && retryable(err) && attempt <= maxAttempts && ctx.Err() == nil; attempt++ {
-		n, err = s.execOnce(ctx, s.stmts.finalize, resp.Status, string(headers), body, key, owner)
+		n, err = s.execOnce(ctx, s.stmts.finalize, args...)
 	}
 	if err != nil {
-		if packetTooLarge(err) || s.shrunkPacketLimit(ctx, err, key, owner, headers, body) {
+		if packetTooLarge(err) || s.shrunkPacketLimit(ctx, err, key, owner, f.Headers, f.Body) {
 			// The server refused it unexecuted: the record is still ours.
 			// It also closed that connection, which the driver may have
 			// put back in the pool: drop the idle ones, so that the

@@ -14,7 +14,8 @@ const recordCols = `key, operation, path, principal, fingerprint, state,
 	coalesce(owner, '') AS owner,
 	coalesce(state = 'in_flight' AND lease_until <= now(), false) AS abandoned,
 	coalesce(status, 0) AS status, headers, body, created_at, expires_at,
-	coalesce((extract(epoch FROM lease_until - now()) * 1000000)::bigint, 0) AS lease_left_us`
+	coalesce((extract(epoch FROM lease_until - now()) * 1000000)::bigint, 0) AS lease_left_us,
+	coalesce(key_id, '') AS key_id`
 
 func newQueries(table, channel string) queries {
 	q := queries{
@@ -45,7 +46,7 @@ LEFT JOIN (SELECT %[2]s FROM %[1]s WHERE key = $1 AND expires_at > now()) AS e
 		load: fmt.Sprintf(`SELECT %[2]s FROM %[1]s WHERE key = $1 AND expires_at > now()`, table, recordCols),
 
 		finalize: fmt.Sprintf(`UPDATE %s SET state = 'final', owner = NULL, lease_until = NULL,
-	status = $3, headers = $4, body = $5
+	status = $3, headers = $4, body = $5, key_id = $6
 WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
 
 		release: fmt.Sprintf(`DELETE FROM %s

@@ -10,24 +10,24 @@ import (
 func rowDest(r *sqlstore.Row) []any {
 	return []any{&r.Key, &r.Operation, &r.Path, &r.Principal, &r.Fingerprint, &r.State,
 		&r.Owner, &r.Abandoned, &r.Status, &r.Headers, &r.Body, &r.CreatedAt, &r.ExpiresAt,
-		&r.LeaseLeftMicros}
+		&r.LeaseLeftMicros, &r.KeyID}
 }
 
 // nullRow scans recordCols from the outer side of Reserve's LEFT JOIN,
 // where every column is NULL when the reservation succeeded.
 type nullRow struct {
-	Key, Operation, Path, Principal, Fingerprint, State, Owner *string
-	Abandoned                                                  *bool
-	Status                                                     *int
-	Headers, Body                                              []byte
-	CreatedAt, ExpiresAt                                       *time.Time
-	LeaseLeftMicros                                            *int64
+	Key, Operation, Path, Principal, Fingerprint, State, Owner, KeyID *string
+	Abandoned                                                         *bool
+	Status                                                            *int
+	Headers, Body                                                     []byte
+	CreatedAt, ExpiresAt                                              *time.Time
+	LeaseLeftMicros                                                   *int64
 }
 
 func (n *nullRow) dest() []any {
 	return []any{&n.Key, &n.Operation, &n.Path, &n.Principal, &n.Fingerprint, &n.State,
 		&n.Owner, &n.Abandoned, &n.Status, &n.Headers, &n.Body, &n.CreatedAt, &n.ExpiresAt,
-		&n.LeaseLeftMicros}
+		&n.LeaseLeftMicros, &n.KeyID}
 }
 
 func (n *nullRow) row() *sqlstore.Row {
@@ -40,7 +40,7 @@ func (n *nullRow) row() *sqlstore.Row {
 	r := &sqlstore.Row{
 		Key: deref(n.Key), Operation: deref(n.Operation), Path: deref(n.Path),
 		Principal: deref(n.Principal), Fingerprint: deref(n.Fingerprint),
-		State: deref(n.State), Owner: deref(n.Owner),
+		State: deref(n.State), Owner: deref(n.Owner), KeyID: deref(n.KeyID),
 		Headers: n.Headers, Body: n.Body,
 	}
 	if n.Abandoned != nil {

@@ -284,15 +284,11 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) (int64, e
 
 // Finalize implements stores.Store. One statement.
 func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
-	headers, err := sqlstore.EncodeHeader(resp.Header)
+	f, err := sqlstore.EncodeFinal(resp)
 	if err != nil {
-		return fmt.Errorf("postgres finalize: %w", err)
+		return fmt.Errorf("postgres finalize %s: %w", key, err)
 	}
-	body := resp.Body
-	if body == nil {
-		body = []byte{} // an empty body, not an unknown one
-	}
-	n, err := s.exec(ctx, "finalize", s.q.finalize, key, owner, resp.Status, string(headers), body)
+	n, err := s.exec(ctx, "finalize", s.q.finalize, key, owner, f.Status, f.HeadersArg(), f.Body, f.KeyID)
 	if err != nil {
 		return err
 	}

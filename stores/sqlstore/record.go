@@ -21,6 +21,9 @@ type Row struct {
 	Body                                         []byte
 	CreatedAt, ExpiresAt                         time.Time
 	LeaseLeftMicros                              int64
+	// KeyID is the sealing secret's id ('' for a clear-text response,
+	// stored as NULL).
+	KeyID string
 }
 
 // Record converts the row.
@@ -42,6 +45,11 @@ func (r *Row) Record() (*stores.Record, time.Duration, error) {
 	switch rec.State {
 	case stores.StateInFlight:
 	case stores.StateFinal:
+		if r.KeyID != "" {
+			// Sealed: the body is opaque; status and headers are inside it.
+			rec.Response = &stores.Response{Body: r.Body, KeyID: r.KeyID}
+			break
+		}
 		h, err := DecodeHeader(r.Headers)
 		if err != nil {
 			return nil, 0, fmt.Errorf("record %s: %w", r.Key, err)
@@ -51,6 +59,45 @@ func (r *Row) Record() (*stores.Record, time.Duration, error) {
 		return nil, 0, fmt.Errorf("record %s has unknown state %q", r.Key, r.State)
 	}
 	return rec, time.Duration(max(r.LeaseLeftMicros, 0)) * time.Microsecond, nil
+}
+
+// Final holds the column values Finalize writes for a response. A sealed
+// response writes NULL status and headers (they are inside the ciphertext)
+// and its key_id; a clear one writes key_id NULL.
+type Final struct {
+	Status  any    // int, or nil for NULL
+	Headers []byte // JSON, nil for NULL
+	Body    []byte // never nil: an empty body, not an unknown one
+	KeyID   any    // string, or nil for NULL
+}
+
+// EncodeFinal returns the columns for resp, after resp.Check.
+func EncodeFinal(resp stores.Response) (Final, error) {
+	if err := resp.Check(); err != nil {
+		return Final{}, err
+	}
+	f := Final{Body: resp.Body}
+	if f.Body == nil {
+		f.Body = []byte{}
+	}
+	if resp.KeyID != "" {
+		f.KeyID = resp.KeyID
+		return f, nil
+	}
+	h, err := EncodeHeader(resp.Header)
+	if err != nil {
+		return Final{}, err
+	}
+	f.Status, f.Headers = resp.Status, h
+	return f, nil
+}
+
+// HeadersArg is f.Headers as a text parameter: a string, or nil for NULL.
+func (f Final) HeadersArg() any {
+	if f.Headers == nil {
+		return nil
+	}
+	return string(f.Headers)
 }
 
 // EncodeHeader encodes replayed headers as a JSON object of string arrays.

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -87,6 +89,16 @@ var sample = stores.Response{
 	Body:   []byte("{\"b\":1,  \"a\":[2, 1]}\n\x00\xff"),
 }
 
+// sealedSample returns a fresh sealed response: opaque bytes, zero bytes
+// and invalid UTF-8 included, as a ciphertext has them.
+func sealedSample() stores.Response {
+	body := []byte("\x00\x00nonce-ish\xff\xfe\x00ciphertext\x80\x00")
+	for i := range 300 {
+		body = append(body, byte(i*7))
+	}
+	return stores.Response{KeyID: "0a1b2c3d", Body: body}
+}
+
 // Run runs the whole suite.
 func Run(t *testing.T, open Open) {
 	ctx := context.Background()
@@ -164,6 +176,101 @@ func Run(t *testing.T, open Open) {
 		rec := load(t, h.Store, key)
 		if rec == nil || rec.Response.Status != 204 || len(rec.Response.Body) != 0 {
 			t.Fatalf("record = %+v", rec)
+		}
+	})
+
+	// A sealed response is opaque to the store: what Finalize was given
+	// comes back exactly, through Load, Reserve and Await, and a clear
+	// response keeps an empty KeyID.
+	t.Run("SealedRoundTrip", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		r := Reservation(key, Long, Long)
+		reserve(t, h.Store, r)
+		awaited := make(chan *stores.Record, 1)
+		go func() {
+			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			rec, err := h.Store.Await(actx, key)
+			if err != nil {
+				t.Errorf("Await: %v", err)
+			}
+			awaited <- rec
+		}()
+		given := sealedSample()
+		want := sealedSample()
+		if err := h.Store.Finalize(ctx, key, r.Owner, given); err != nil {
+			t.Fatalf("Finalize of a sealed response: %v", err)
+		}
+		// The store keeps no reference to the caller's buffer.
+		given.Body[0] ^= 0xff
+		check := func(how string, rec *stores.Record) {
+			t.Helper()
+			if rec == nil || rec.State != stores.StateFinal || rec.Response == nil {
+				t.Fatalf("%s: record = %+v, want final", how, rec)
+			}
+			if !reflect.DeepEqual(*rec.Response, want) {
+				t.Fatalf("%s: response = %#v, want exactly %#v", how, *rec.Response, want)
+			}
+			if rec.Binding != r.Binding {
+				t.Fatalf("%s: binding = %+v, want %+v", how, rec.Binding, r.Binding)
+			}
+		}
+		check("Await", <-awaited)
+		check("Load", load(t, h.Store, key))
+		res := reserve(t, h.Store, Reservation(key, Long, Long))
+		if res.Reserved {
+			t.Fatal("Reserve of a sealed final key reserved it")
+		}
+		check("Reserve", res.Existing)
+		rec, err := h.Store.Await(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check("Await of a final record", rec)
+
+		clearKey := NewKey(t)
+		rc := Reservation(clearKey, Long, Long)
+		reserve(t, h.Store, rc)
+		if err := h.Store.Finalize(ctx, clearKey, rc.Owner, sample); err != nil {
+			t.Fatal(err)
+		}
+		if rec := load(t, h.Store, clearKey); rec == nil || rec.Response == nil || rec.Response.KeyID != "" || rec.Response.Status != sample.Status {
+			t.Fatalf("clear record = %+v, want status %d and no key id", rec, sample.Status)
+		}
+	})
+
+	// A sealed response that breaks the contract is refused, not stored:
+	// the record stays in flight under its owner, who can still finalize.
+	t.Run("SealedMalformedRefused", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		r := Reservation(key, Long, Long)
+		reserve(t, h.Store, r)
+		ok := sealedSample()
+		bad := map[string]stores.Response{
+			"clear status":     {KeyID: ok.KeyID, Status: 200, Body: ok.Body},
+			"clear header":     {KeyID: ok.KeyID, Header: http.Header{"Etag": {`"x"`}}, Body: ok.Body},
+			"long key id":      {KeyID: strings.Repeat("a", stores.MaxKeyIDLen+1), Body: ok.Body},
+			"key id with NUL":  {KeyID: "ab\x00cd", Body: ok.Body},
+			"key id non-ASCII": {KeyID: "cl\u00e9", Body: ok.Body},
+		}
+		for name, resp := range bad {
+			err := h.Store.Finalize(ctx, key, r.Owner, resp)
+			if err == nil || errors.Is(err, stores.ErrNotOwner) {
+				t.Fatalf("Finalize with %s = %v, want a refusal", name, err)
+			}
+			if rec := load(t, h.Store, key); rec == nil || rec.State != stores.StateInFlight || rec.Owner != r.Owner {
+				t.Fatalf("after refusing %s: record = %+v, want in flight under its owner", name, rec)
+			}
+		}
+		longest := sealedSample()
+		longest.KeyID = strings.Repeat("k", stores.MaxKeyIDLen)
+		if err := h.Store.Finalize(ctx, key, r.Owner, longest); err != nil {
+			t.Fatalf("Finalize with a %d-byte key id: %v", stores.MaxKeyIDLen, err)
+		}
+		if rec := load(t, h.Store, key); rec == nil || rec.Response == nil || rec.Response.KeyID != longest.KeyID {
+			t.Fatalf("record = %+v, want key id of %d bytes", rec, stores.MaxKeyIDLen)
 		}
 	})
 
