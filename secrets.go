@@ -9,7 +9,6 @@ package icebergidempotency
 // response so that a record written under a previous secret finds its key.
 
 import (
-	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
@@ -17,11 +16,12 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash"
+	"maps"
 	"net/http"
+	"slices"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -234,34 +234,83 @@ const sealFormat = 1
 // as stored, length-prefixed. A sealed response moved onto another key, or
 // under another binding, does not open.
 func sealAAD(key string, b stores.Binding) []byte {
-	var buf bytes.Buffer
+	var aad []byte
 	for _, part := range []string{key, b.Operation, b.Path, b.Principal, b.Fingerprint} {
-		buf.WriteString(fmt.Sprintf("%d:", len(part)))
-		buf.WriteString(part)
+		aad = appendString(aad, part)
 	}
-	return buf.Bytes()
+	return aad
 }
 
 // seal encrypts resp for the record of key bound to b. The plaintext is the
-// format byte, the status and the length of the headers (uvarints), the
-// headers as JSON, then the body.
+// format byte, the status, the headers (see appendHeader), then the body.
 func (k *secretKeys) seal(key string, b stores.Binding, resp stores.Response) (stores.Response, error) {
-	hdr, err := json.Marshal(resp.Header)
-	if err != nil {
-		return stores.Response{}, fmt.Errorf("encoding headers: %w", err)
+	if resp.Status < 100 || resp.Status > 999 {
+		return stores.Response{}, fmt.Errorf("sealing a response with status %d", resp.Status)
 	}
-	pt := make([]byte, 0, 1+2*binary.MaxVarintLen64+len(hdr)+len(resp.Body))
+	size := 1 + binary.MaxVarintLen64 + len(resp.Body)
+	for name, vals := range resp.Header {
+		size += 2*binary.MaxVarintLen64 + len(name)
+		for _, v := range vals {
+			size += binary.MaxVarintLen64 + len(v)
+		}
+	}
+	pt := make([]byte, 0, size+binary.MaxVarintLen64)
 	pt = append(pt, sealFormat)
 	pt = binary.AppendUvarint(pt, uint64(resp.Status))
-	pt = binary.AppendUvarint(pt, uint64(len(hdr)))
-	pt = append(pt, hdr...)
+	pt = appendHeader(pt, resp.Header)
 	pt = append(pt, resp.Body...)
 	sealed := k.aead.Seal(make([]byte, 0, len(pt)+k.aead.Overhead()), nil, pt, sealAAD(key, b))
 	return stores.Response{KeyID: k.id, Body: sealed}, nil
 }
 
+// appendHeader appends hdr as a count of names, then each name (sorted, so
+// the same response seals to the same plaintext) with its count of values
+// and the values, every string prefixed with its length.
+func appendHeader(buf []byte, hdr http.Header) []byte {
+	buf = binary.AppendUvarint(buf, uint64(len(hdr)))
+	for _, name := range slices.Sorted(maps.Keys(hdr)) {
+		buf = appendString(buf, name)
+		buf = binary.AppendUvarint(buf, uint64(len(hdr[name])))
+		for _, v := range hdr[name] {
+			buf = appendString(buf, v)
+		}
+	}
+	return buf
+}
+
+func appendString(buf []byte, s string) []byte {
+	return append(binary.AppendUvarint(buf, uint64(len(s))), s...)
+}
+
 // errUnsealable says a sealed record's plaintext is not in a known layout.
 var errUnsealable = errors.New("sealed record has an unknown layout")
+
+// plainReader reads what seal wrote, failing on any truncation.
+type plainReader struct {
+	rest []byte
+	bad  bool
+}
+
+func (r *plainReader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.rest)
+	if n <= 0 {
+		r.bad = true
+		return 0
+	}
+	r.rest = r.rest[n:]
+	return v
+}
+
+func (r *plainReader) string() string {
+	n := r.uvarint()
+	if r.bad || n > uint64(len(r.rest)) {
+		r.bad = true
+		return ""
+	}
+	s := string(r.rest[:n])
+	r.rest = r.rest[n:]
+	return s
+}
 
 // open decrypts a response sealed for the record of key bound to b.
 func (k *secretKeys) open(key string, b stores.Binding, sealed []byte) (*stores.Response, error) {
@@ -272,20 +321,27 @@ func (k *secretKeys) open(key string, b stores.Binding, sealed []byte) (*stores.
 	if len(pt) == 0 || pt[0] != sealFormat {
 		return nil, errUnsealable
 	}
-	rest := pt[1:]
-	status, n := binary.Uvarint(rest)
-	if n <= 0 || status < 100 || status > 999 {
+	r := &plainReader{rest: pt[1:]}
+	status := r.uvarint()
+	names := r.uvarint()
+	if r.bad || status < 100 || status > 999 || names > uint64(len(r.rest)) {
 		return nil, errUnsealable
 	}
-	rest = rest[n:]
-	hdrLen, n := binary.Uvarint(rest)
-	if n <= 0 || hdrLen > uint64(len(rest)-n) {
+	hdr := make(http.Header, names)
+	for range names {
+		name := r.string()
+		count := r.uvarint()
+		if r.bad || count > uint64(len(r.rest)) {
+			return nil, errUnsealable
+		}
+		vals := make([]string, 0, count)
+		for range count {
+			vals = append(vals, r.string())
+		}
+		hdr[name] = vals
+	}
+	if r.bad {
 		return nil, errUnsealable
 	}
-	rest = rest[n:]
-	var hdr http.Header
-	if err := json.Unmarshal(rest[:hdrLen], &hdr); err != nil {
-		return nil, errUnsealable
-	}
-	return &stores.Response{Status: int(status), Header: hdr, Body: rest[hdrLen:]}, nil
+	return &stores.Response{Status: int(status), Header: hdr, Body: r.rest}, nil
 }
