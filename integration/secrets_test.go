@@ -570,3 +570,51 @@ func grepLines(logs, substr string) []string {
 	}
 	return out
 }
+
+// TestSecretsClearRecordsAfterSecretAdded: turning a secret on in a running
+// deployment (reload through the admin API) keeps the records written in
+// clear before it replaying for their retries, byte for byte and without
+// executing again, while records written from then on are sealed: the dump
+// shows the earlier answer's sentinel and not the later one's.
+func TestSecretsClearRecordsAfterSecretAdded(t *testing.T) {
+	forEachSecretStore(t, true, func(t *testing.T, s *secretStore) {
+		secret := randomHex(t, "idem-secret-", 32)
+		before, after := randomHex(t, "SENTINEL-", 16), randomHex(t, "SENTINEL-", 16)
+		b := caddyproc.NewBackend(t)
+		// Distinct createTable paths: the backend scripts answers per path.
+		pathBefore, pathAfter := "/v1/namespaces/before/tables", "/v1/namespaces/after/tables"
+		b.Script(pathBefore, caddyproc.Reply{Body: vendedAnswer(before)})
+		b.Script(pathAfter, caddyproc.Reply{Body: vendedAnswer(after)})
+		node := caddyproc.StartWith(t, secretSite(b, s.block()), secretEnv(map[string]string{secretEnvA: secret}))
+		const auth = "Bearer upgrade"
+
+		keyBefore, keyAfter := newKey(t), newKey(t)
+		origBefore := keyed(t, node, pathBefore, createTableBody, keyBefore, auth)
+		wantStatus(t, "createTable without a secret", origBefore, http.StatusOK)
+
+		reload(t, node, secretSite(b, s.block(), "secret {env."+secretEnvA+"}"))
+		for i := range 2 {
+			wantSameReplay(t, fmt.Sprintf("retry %d of the clear record with the secret set", i+1),
+				keyed(t, node, pathBefore, createTableBody, keyBefore, auth), origBefore)
+		}
+		wantStatus(t, "another principal on the clear record",
+			keyed(t, node, pathBefore, createTableBody, keyBefore, "Bearer someone-else"), http.StatusUnprocessableEntity)
+		// Another caller for the sealed record: the clear record's row
+		// holds the unkeyed hash of the first one's Authorization.
+		const authAfter = "Bearer upgraded"
+		origAfter := keyed(t, node, pathAfter, createTableBody, keyAfter, authAfter)
+		wantStatus(t, "createTable with the secret", origAfter, http.StatusOK)
+		wantSameReplay(t, "retry of the sealed record", keyed(t, node, pathAfter, createTableBody, keyAfter, authAfter), origAfter)
+		wantCount(t, b, pathBefore, 1)
+		wantCount(t, b, pathAfter, 1)
+
+		if s.db != nil {
+			dump := dumpRecords(t, s)
+			if !strings.Contains(dump, before) {
+				t.Errorf("the dump does not show the answer stored before the secret was set; is the dump readable at all?\n%s", dump)
+			}
+			wantNoLeak(t, "the records table dump", dump,
+				leakNeedles(after, authAfter, "upgraded", createTableBody, vendedAnswer(after), pathAfter, secret))
+		}
+	})
+}
