@@ -400,3 +400,50 @@ func BenchmarkSealOpen(b *testing.B) {
 		})
 	}
 }
+
+// seal and open round-trip every status, header and body exactly, and a
+// truncated or foreign ciphertext does not open.
+func TestSealRoundTrip(t *testing.T) {
+	k, _ := deriveKeys("secret-A-0123456789abcdef")
+	other, _ := deriveKeys("secret-B-0123456789abcdef")
+	key := storetest.NewKey(t)
+	b := stores.Binding{Operation: "updateTable", Path: commitPath, Principal: "p", Fingerprint: "f"}
+	for _, resp := range []stores.Response{
+		{Status: 204, Header: http.Header{}},
+		{Status: 200, Header: http.Header{"Content-Type": {"application/json"}, "Cache-Control": {"no-store", "private"}, "Etag": {""}}, Body: []byte(`{"a":1}`)},
+		{Status: 409, Body: bytes.Repeat([]byte{0, 0xff}, 4096)},
+	} {
+		sealed, err := k.seal(key, b, resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, _ := k.seal(key, b, resp)
+		if bytes.Equal(sealed.Body, again.Body) {
+			t.Fatal("two seals of one response are equal: the nonce is not fresh")
+		}
+		opened, err := k.open(key, b, sealed.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if opened.Status != resp.Status || !bytes.Equal(opened.Body, resp.Body) || len(opened.Header) != len(resp.Header) {
+			t.Fatalf("opened %d %v %q, want %d %v %q", opened.Status, opened.Header, opened.Body, resp.Status, resp.Header, resp.Body)
+		}
+		for name, vals := range resp.Header {
+			if fmt.Sprint(opened.Header[name]) != fmt.Sprint(vals) {
+				t.Fatalf("header %s = %q, want %q", name, opened.Header[name], vals)
+			}
+		}
+		changed := b
+		changed.Fingerprint = "g"
+		for what, err := range map[string]error{
+			"truncated":          func() error { _, err := k.open(key, b, sealed.Body[:len(sealed.Body)-1]); return err }(),
+			"another secret":     func() error { _, err := other.open(key, b, sealed.Body); return err }(),
+			"another binding":    func() error { _, err := k.open(key, changed, sealed.Body); return err }(),
+			"another record key": func() error { _, err := k.open(storetest.NewKey(t), b, sealed.Body); return err }(),
+		} {
+			if err == nil {
+				t.Errorf("%s: opened", what)
+			}
+		}
+	}
+}
