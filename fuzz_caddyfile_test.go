@@ -44,6 +44,8 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 		"iceberg_idempotency {\n\tprincipal <<EOF\n\tline\n\tEOF\n}",
 		"iceberg_idempotency {\n\tstore\n}",
 		"iceberg_idempotency {\n\t{\n}",
+		"iceberg_idempotency {\n\tsecret {env.S}\n\tprevious_secrets {env.P1} {file./run/p2}\n\trequire_secret\n}",
+		"iceberg_idempotency {\n\tsecret\n\tprevious_secrets {env.S} {env.S}\n\trequire_secret on\n}",
 	} {
 		f.Add(s)
 	}
