@@ -99,7 +99,8 @@ type Handler struct {
 	BasePath string `json:"base_path,omitempty"`
 
 	// Placeholder expression naming who sends a request; keys are bound to
-	// its SHA-256, so one principal can never replay another's response. Use
+	// its SHA-256 (its HMAC-SHA-256 under Secret, when set), so one
+	// principal can never replay another's response. Use
 	// "{http.auth.user.id}" when Caddy authenticates. Default:
 	// "{http.request.header.Authorization}".
 	Principal string `json:"principal,omitempty"`
