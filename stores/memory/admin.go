@@ -1,0 +1,76 @@
+package memory
+
+import (
+	"context"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+var (
+	_ stores.Forgetter = (*Store)(nil)
+	_ stores.Counter   = (*Store)(nil)
+	_ stores.Inspector = (*Store)(nil)
+)
+
+// Forget implements stores.Forgetter. It wakes the key's waiters, who then
+// find no record and execute afresh.
+func (s *Store) Forget(_ context.Context, key string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.inflight[key]; ok {
+		delete(s.inflight, key)
+		s.notify(key)
+		return true, nil
+	}
+	if e, ok := s.final[key]; ok {
+		s.dropFinal(key, e)
+		return true, nil
+	}
+	return false, nil
+}
+
+// Count implements stores.Counter exactly; it walks every record under the
+// store's lock, which is cheap next to the bounds on what it holds.
+func (s *Store) Count(context.Context) (stores.Counts, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var c stores.Counts
+	for _, e := range s.inflight {
+		switch {
+		case !e.rec.ExpiresAt.After(now):
+		case e.leaseUntil.After(now):
+			c.InFlight++
+		default:
+			c.Abandoned++
+		}
+	}
+	for _, e := range s.final {
+		if e.rec.ExpiresAt.After(now) {
+			c.Final++
+		}
+	}
+	return c, nil
+}
+
+// Inspect implements stores.Inspector. Unlike Load it leaves the recency
+// order alone: an operator's look is not a use of the record.
+func (s *Store) Inspect(_ context.Context, key string) (*stores.Record, time.Duration, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	e, ok := s.inflight[key]
+	if !ok {
+		e, ok = s.final[key]
+	}
+	if !ok || !e.rec.ExpiresAt.After(now) {
+		return nil, 0, nil
+	}
+	rec := snapshot(e, now)
+	var left time.Duration
+	if rec.State == stores.StateInFlight && !rec.Abandoned {
+		left = e.leaseUntil.Sub(now)
+	}
+	return rec, left, nil
+}

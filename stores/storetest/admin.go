@@ -1,0 +1,145 @@
+package storetest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// RunAdmin checks the optional admin interfaces of stores/admin.go
+// (Forgetter, Counter, Inspector). A store that lacks one fails: call it
+// only for stores that claim them all.
+func RunAdmin(t *testing.T, open Open) {
+	ctx := context.Background()
+	type admin interface {
+		stores.Store
+		stores.Forgetter
+		stores.Counter
+		stores.Inspector
+	}
+	get := func(t *testing.T) (admin, Harness) {
+		h := open(t)
+		a, ok := h.Store.(admin)
+		if !ok {
+			t.Fatalf("%T lacks Forgetter, Counter or Inspector", h.Store)
+		}
+		return a, h
+	}
+
+	t.Run("ForgetInFlight", func(t *testing.T) {
+		s, _ := get(t)
+		key := NewKey(t)
+		r := Reservation(key, Long, Long)
+		reserve(t, s, r)
+		if ok, err := s.Forget(ctx, key); err != nil || !ok {
+			t.Fatalf("Forget = %v, %v; want true", ok, err)
+		}
+		if rec := load(t, s, key); rec != nil {
+			t.Fatalf("Load after Forget = %+v, want nil", rec)
+		}
+		// The old owner lost the key, like after an expiry.
+		if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 200}); err != stores.ErrNotOwner {
+			t.Fatalf("Finalize by the forgotten owner = %v, want ErrNotOwner", err)
+		}
+		if res := reserve(t, s, Reservation(key, Long, Long)); !res.Reserved {
+			t.Fatalf("Reserve after Forget = %+v, want reserved afresh", res)
+		}
+	})
+
+	t.Run("ForgetFinal", func(t *testing.T) {
+		s, _ := get(t)
+		key := NewKey(t)
+		r := Reservation(key, Long, Long)
+		reserve(t, s, r)
+		if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 201, Body: []byte("{}")}); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := s.Forget(ctx, key); err != nil || !ok {
+			t.Fatalf("Forget = %v, %v; want true", ok, err)
+		}
+		if rec := load(t, s, key); rec != nil {
+			t.Fatalf("Load after Forget = %+v, want nil", rec)
+		}
+		if ok, err := s.Forget(ctx, key); err != nil || ok {
+			t.Fatalf("second Forget = %v, %v; want false", ok, err)
+		}
+	})
+
+	t.Run("ForgetWakesAwait", func(t *testing.T) {
+		s, _ := get(t)
+		key := NewKey(t)
+		reserve(t, s, Reservation(key, Long, Long))
+		done := make(chan error, 1)
+		go func() {
+			actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			rec, err := s.Await(actx, key)
+			if err == nil && rec != nil {
+				t.Errorf("Await after Forget = %+v, want nil", rec)
+			}
+			done <- err
+		}()
+		time.Sleep(50 * time.Millisecond)
+		if _, err := s.Forget(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Await: %v", err)
+		}
+	})
+
+	t.Run("CountAndInspect", func(t *testing.T) {
+		s, h := get(t)
+		if c, err := s.Count(ctx); err != nil || c != (stores.Counts{}) {
+			t.Fatalf("Count of an empty store = %+v, %v", c, err)
+		}
+		final := NewKey(t)
+		rf := Reservation(final, Long, Long)
+		reserve(t, s, rf)
+		if err := s.Finalize(ctx, final, rf.Owner, stores.Response{Status: 200}); err != nil {
+			t.Fatal(err)
+		}
+		healthy := NewKey(t)
+		reserve(t, s, Reservation(healthy, Long, Long))
+		abandoned := NewKey(t)
+		ra := Reservation(abandoned, Long, Long)
+		reserve(t, s, ra)
+		if err := s.Abandon(ctx, abandoned, ra.Owner); err != nil {
+			t.Fatal(err)
+		}
+		expiring := NewKey(t)
+		reserve(t, s, Reservation(expiring, Lease, TTL))
+
+		want := stores.Counts{InFlight: 2, Abandoned: 1, Final: 1}
+		if c, err := s.Count(ctx); err != nil || c != want {
+			t.Fatalf("Count = %+v, %v; want %+v", c, err, want)
+		}
+		rec, left, err := s.Inspect(ctx, healthy)
+		if err != nil || rec == nil || rec.State != stores.StateInFlight || rec.Abandoned {
+			t.Fatalf("Inspect(healthy) = %+v, %v", rec, err)
+		}
+		if left <= Long-time.Minute || left > Long {
+			t.Fatalf("Inspect(healthy) lease left = %v, want about %v", left, Long)
+		}
+		if rec, left, err := s.Inspect(ctx, abandoned); err != nil || rec == nil || !rec.Abandoned || left != 0 {
+			t.Fatalf("Inspect(abandoned) = %+v, %v, %v", rec, left, err)
+		}
+		if rec, left, err := s.Inspect(ctx, final); err != nil || rec == nil || rec.State != stores.StateFinal || left != 0 {
+			t.Fatalf("Inspect(final) = %+v, %v, %v", rec, left, err)
+		}
+		if rec, _, err := s.Inspect(ctx, NewKey(t)); err != nil || rec != nil {
+			t.Fatalf("Inspect(unknown) = %+v, %v", rec, err)
+		}
+
+		h.Advance(TTL + 100*time.Millisecond)
+		want = stores.Counts{InFlight: 1, Abandoned: 1, Final: 1}
+		if c, err := s.Count(ctx); err != nil || c != want {
+			t.Fatalf("Count after one record expired = %+v, %v; want %+v (expired ones not counted)", c, err, want)
+		}
+		if rec, _, err := s.Inspect(ctx, expiring); err != nil || rec != nil {
+			t.Fatalf("Inspect(expired) = %+v, %v; want nil", rec, err)
+		}
+	})
+}
