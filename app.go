@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -108,7 +109,14 @@ func warmable(s stores.Store) (Warmer, bool) {
 	return w, ok
 }
 
-// Start warms the tracked stores up and starts the purge loop.
+// running is the app of the running config, for the admin API (admin.go),
+// which Caddy provisions apart from the apps and which must answer for the
+// stores of the config in force. Start sets it; Stop clears it unless a
+// reload's new app, started before the old one stops, replaced it.
+var running atomic.Pointer[App]
+
+// Start warms the tracked stores up, starts the purge loop and makes the
+// app the admin API's.
 func (a *App) Start() error {
 	a.mu.Lock()
 	for _, s := range a.stores {
@@ -121,11 +129,13 @@ func (a *App) Start() error {
 	a.cancel = cancel
 	a.done = make(chan struct{})
 	go a.purgeLoop(ctx)
+	running.Store(a)
 	return nil
 }
 
 // Stop ends the purge loop and waits for a running purge statement to end.
 func (a *App) Stop() error {
+	running.CompareAndSwap(a, nil)
 	if a.cancel != nil {
 		a.cancel()
 		<-a.done

@@ -15,4 +15,5 @@ func init() {
 	caddy.RegisterModule(MemoryStore{})
 	caddy.RegisterModule(PostgresStore{})
 	caddy.RegisterModule(MySQLStore{})
+	caddy.RegisterModule(AdminAPI{})
 }

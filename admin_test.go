@@ -1,0 +1,278 @@
+package icebergidempotency
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/google/uuid"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
+)
+
+// loadOnly hides a store's optional admin interfaces: a store that only
+// implements stores.Store.
+type loadOnly struct{ stores.Store }
+
+// adminFixture runs an app holding the given stores, as the running
+// config's, and returns the admin API's handler.
+func adminFixture(t *testing.T, held map[string]stores.Store) caddy.AdminHandler {
+	t.Helper()
+	app := &App{stores: make(map[string]stores.Store)}
+	for k, s := range held {
+		app.stores[k] = newPooledStore(s)
+	}
+	running.Store(app)
+	t.Cleanup(func() { running.CompareAndSwap(app, nil) })
+	a := &AdminAPI{logger: zaptest.NewLogger(t)}
+	routes := a.Routes()
+	if len(routes) != 1 || routes[0].Pattern != "/iceberg_idempotency/" {
+		t.Fatalf("routes = %+v", routes)
+	}
+	return routes[0].Handler
+}
+
+// call runs one admin request and returns its status and body. An error
+// the handler returns is answered the way Caddy's admin endpoint does.
+func call(t *testing.T, h caddy.AdminHandler, method, target string) (int, []byte) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	err := h.ServeHTTP(rec, httptest.NewRequest(method, target, nil))
+	if err != nil {
+		apiErr, ok := err.(caddy.APIError)
+		if !ok {
+			t.Fatalf("%s %s: error %v is not a caddy.APIError", method, target, err)
+		}
+		body, _ := json.Marshal(map[string]string{"error": apiErr.Err.Error()})
+		return apiErr.HTTPStatus, body
+	}
+	if rec.Code == 0 {
+		rec.Code = http.StatusOK
+	}
+	return rec.Code, rec.Body.Bytes()
+}
+
+func newMemory(t *testing.T) *memory.Store {
+	t.Helper()
+	s, err := memory.New(memory.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func reserveKey(t *testing.T, s stores.Store, lease time.Duration) (key, owner string) {
+	t.Helper()
+	key, owner = uuid.Must(uuid.NewV7()).String(), uuid.NewString()
+	res, err := s.Reserve(context.Background(), stores.Reservation{
+		Key:     key,
+		Binding: stores.Binding{Operation: "updateTable", Path: "/v1/namespaces/ns/tables/t", Principal: "secret-principal-hash", Fingerprint: "secret-fingerprint"},
+		Owner:   owner, Lease: lease, TTL: time.Hour,
+	})
+	if err != nil || !res.Reserved {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	return key, owner
+}
+
+func finalKey(t *testing.T, s stores.Store, resp stores.Response) string {
+	t.Helper()
+	key, owner := reserveKey(t, s, time.Minute)
+	if err := s.Finalize(context.Background(), key, owner, resp); err != nil {
+		t.Fatal(err)
+	}
+	return key
+}
+
+type answer struct {
+	Key     string           `json:"key"`
+	Records []map[string]any `json:"records"`
+	Errors  []map[string]any `json:"errors"`
+	Forgot  *int             `json:"forgotten"`
+}
+
+func decode(t *testing.T, body []byte) answer {
+	t.Helper()
+	var a answer
+	if err := json.Unmarshal(body, &a); err != nil {
+		t.Fatalf("body %s: %v", body, err)
+	}
+	return a
+}
+
+func TestAdminGetKey(t *testing.T) {
+	mem := newMemory(t)
+	h := adminFixture(t, map[string]stores.Store{"memory": mem})
+
+	key := finalKey(t, mem, stores.Response{Status: 201, Header: http.Header{"X-Secret-Header": {"hv"}}, Body: []byte(`{"vended":"credential"}`)})
+	status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/keys/"+strings.ToUpper(key))
+	if status != http.StatusOK {
+		t.Fatalf("GET final = %d %s", status, body)
+	}
+	for _, leak := range []string{"credential", "hv", "secret-principal-hash", "secret-fingerprint"} {
+		if strings.Contains(string(body), leak) {
+			t.Errorf("GET shows %q: %s", leak, body)
+		}
+	}
+	a := decode(t, body)
+	if a.Key != key || len(a.Records) != 1 {
+		t.Fatalf("answer = %s", body)
+	}
+	r := a.Records[0]
+	if r["state"] != "final" || r["status"] != float64(201) || r["operation"] != "updateTable" ||
+		r["path"] != "/v1/namespaces/ns/tables/t" || r["store"] != "memory" || r["backend"] != "memory" {
+		t.Errorf("record = %v", r)
+	}
+	if _, ok := r["lease_left"]; ok {
+		t.Errorf("final record has a lease_left: %v", r)
+	}
+	if r["created_at"] == nil || r["expires_at"] == nil {
+		t.Errorf("record lacks times: %v", r)
+	}
+
+	sealed := finalKey(t, mem, stores.Response{Body: []byte("ciphertext"), KeyID: "k1"})
+	_, body = call(t, h, http.MethodGet, "/iceberg_idempotency/keys/"+sealed)
+	r = decode(t, body).Records[0]
+	if r["sealed"] != true || r["key_id"] != "k1" || r["status"] != nil {
+		t.Errorf("sealed record = %v", r)
+	}
+
+	inflight, _ := reserveKey(t, mem, time.Minute)
+	_, body = call(t, h, http.MethodGet, "/iceberg_idempotency/keys/"+inflight)
+	r = decode(t, body).Records[0]
+	left, err := time.ParseDuration(r["lease_left"].(string))
+	if r["state"] != "in_flight" || err != nil || left <= 50*time.Second || left > time.Minute {
+		t.Errorf("in-flight record = %v (%v)", r, err)
+	}
+
+	abandoned, owner := reserveKey(t, mem, time.Minute)
+	if err := mem.Abandon(context.Background(), abandoned, owner); err != nil {
+		t.Fatal(err)
+	}
+	_, body = call(t, h, http.MethodGet, "/iceberg_idempotency/keys/"+abandoned)
+	if r = decode(t, body).Records[0]; r["state"] != "abandoned" || r["lease_left"] != nil {
+		t.Errorf("abandoned record = %v", r)
+	}
+
+	if status, body = call(t, h, http.MethodGet, "/iceberg_idempotency/keys/"+uuid.NewString()); status != http.StatusNotFound {
+		t.Errorf("GET unknown = %d %s, want 404", status, body)
+	}
+	for _, bad := range []string{"nope", strings.ReplaceAll(key, "-", "_"), key[:35] + "g"} {
+		if status, body = call(t, h, http.MethodGet, "/iceberg_idempotency/keys/"+bad); status != http.StatusBadRequest {
+			t.Errorf("GET %q = %d %s, want 400", bad, status, body)
+		}
+	}
+	if status, _ = call(t, h, http.MethodPost, "/iceberg_idempotency/keys/"+key); status != http.StatusMethodNotAllowed {
+		t.Errorf("POST = %d, want 405", status)
+	}
+	if status, _ = call(t, h, http.MethodGet, "/iceberg_idempotency/other"); status != http.StatusNotFound {
+		t.Errorf("GET other = %d, want 404", status)
+	}
+}
+
+func TestAdminGetKeyWithoutRunningConfig(t *testing.T) {
+	running.Store(nil)
+	h := (&AdminAPI{logger: zaptest.NewLogger(t)}).Routes()[0].Handler
+	if status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/keys/"+uuid.NewString()); status != http.StatusNotFound {
+		t.Errorf("GET = %d %s, want 404", status, body)
+	}
+	if status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/stats"); status != http.StatusOK || !strings.Contains(string(body), `"stores":[]`) {
+		t.Errorf("stats = %d %s", status, body)
+	}
+}
+
+func TestAdminForget(t *testing.T) {
+	mem := newMemory(t)
+	h := adminFixture(t, map[string]stores.Store{"memory": mem})
+	ctx := context.Background()
+
+	key := finalKey(t, mem, stores.Response{Status: 200})
+	status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key)
+	if a := decode(t, body); status != http.StatusOK || a.Forgot == nil || *a.Forgot != 1 {
+		t.Fatalf("DELETE final = %d %s", status, body)
+	}
+	if rec, _ := mem.Load(ctx, key); rec != nil {
+		t.Fatalf("record still there: %+v", rec)
+	}
+	if status, _ = call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key); status != http.StatusNotFound {
+		t.Errorf("second DELETE = %d, want 404", status)
+	}
+
+	inflight, owner := reserveKey(t, mem, time.Minute)
+	if status, body = call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+inflight); status != http.StatusConflict {
+		t.Fatalf("DELETE in flight = %d %s, want 409", status, body)
+	}
+	if rec, _ := mem.Load(ctx, inflight); rec == nil {
+		t.Fatal("refused DELETE forgot the record")
+	}
+	if status, body = call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+inflight+"?force=true"); status != http.StatusOK {
+		t.Fatalf("forced DELETE = %d %s", status, body)
+	}
+	if err := mem.Finalize(ctx, inflight, owner, stores.Response{Status: 200}); err != stores.ErrNotOwner {
+		t.Errorf("Finalize by the forgotten owner = %v, want ErrNotOwner", err)
+	}
+
+	// An abandoned record needs no force: nobody is executing it.
+	abandoned, owner := reserveKey(t, mem, time.Minute)
+	if err := mem.Abandon(ctx, abandoned, owner); err != nil {
+		t.Fatal(err)
+	}
+	if status, body = call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+abandoned); status != http.StatusOK {
+		t.Fatalf("DELETE abandoned = %d %s", status, body)
+	}
+}
+
+func TestAdminForgetWithoutForgetter(t *testing.T) {
+	mem := newMemory(t)
+	h := adminFixture(t, map[string]stores.Store{"memory": loadOnly{mem}})
+	key := finalKey(t, mem, stores.Response{Status: 200})
+	status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key)
+	if status != http.StatusBadGateway || !strings.Contains(string(body), "cannot forget") {
+		t.Fatalf("DELETE = %d %s, want 502 naming the store's lack", status, body)
+	}
+	if rec, _ := mem.Load(context.Background(), key); rec == nil {
+		t.Fatal("record gone")
+	}
+}
+
+func TestAdminStats(t *testing.T) {
+	mem, other := newMemory(t), newMemory(t)
+	h := adminFixture(t, map[string]stores.Store{"memory": mem, "plain/x": loadOnly{other}})
+	finalKey(t, mem, stores.Response{Status: 200})
+	finalKey(t, mem, stores.Response{Status: 204})
+	reserveKey(t, mem, time.Minute)
+	reserveKey(t, mem, time.Minute)
+	k, o := reserveKey(t, mem, time.Minute)
+	if err := mem.Abandon(context.Background(), k, o); err != nil {
+		t.Fatal(err)
+	}
+	status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/stats")
+	if status != http.StatusOK {
+		t.Fatalf("stats = %d %s", status, body)
+	}
+	var out struct {
+		Stores []struct {
+			Store, Backend string
+			Counts         json.RawMessage
+		}
+	}
+	if err := json.Unmarshal(body, &out); err != nil || len(out.Stores) != 2 {
+		t.Fatalf("stats = %s (%v)", body, err)
+	}
+	if s := out.Stores[0]; s.Store != "memory" || string(s.Counts) != `{"in_flight":2,"abandoned":1,"final":2}` {
+		t.Errorf("memory stats = %s %s", s.Store, s.Counts)
+	}
+	if s := out.Stores[1]; s.Store != "plain/x" || s.Backend != "plain" || string(s.Counts) != `"unavailable"` {
+		t.Errorf("plain stats = %s %s %s", s.Store, s.Backend, s.Counts)
+	}
+	if status, _ = call(t, h, http.MethodDelete, "/iceberg_idempotency/stats"); status != http.StatusMethodNotAllowed {
+		t.Errorf("DELETE stats = %d, want 405", status)
+	}
+}
