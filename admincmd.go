@@ -1,0 +1,152 @@
+package icebergidempotency
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "iceberg-idempotency",
+		Usage: "key|forget|stats [<uuid>] [--force] [--address <listen>] [--config <path> [--adapter <name>]]",
+		Short: "Inspects or forgets idempotency records through the admin API",
+		Long: `
+Talks to the admin API of a running Caddy (the admin.api.iceberg_idempotency
+module) about the records of the iceberg_idempotency handler's stores.
+
+  key <uuid>               prints the record of the key in each store in use:
+                           state, operation, path, status, times; never the
+                           body, header values or the principal
+  forget <uuid> [--force]  deletes the record in every store in use, so a
+                           later request with the key executes again; a
+                           record whose request is executing is refused
+                           unless --force
+  stats                    counts each store's records by state (a full
+                           table scan on the SQL stores)
+
+It connects to the admin API at '` + caddy.DefaultAdminListen + `' unless
+--address, or the admin address of the --config file, says otherwise. The
+exit status is non-zero when the admin API answers with an error, for
+example for an unknown key.`,
+		CobraFunc: func(cmd *cobra.Command) {
+			cmd.PersistentFlags().StringP("address", "", "", "Address of the administration API listener (if --config is not used)")
+			cmd.PersistentFlags().StringP("config", "c", "", "Configuration file (if --address is not used)")
+			cmd.PersistentFlags().StringP("adapter", "a", "", "Name of config adapter to apply (if --config is used)")
+			key := &cobra.Command{
+				Use:   "key <uuid>",
+				Short: "Prints a key's record in each store in use, as JSON",
+				Args:  cobra.ExactArgs(1),
+				RunE:  caddycmd.WrapCommandFuncForCobra(cmdKey),
+			}
+			forget := &cobra.Command{
+				Use:   "forget <uuid>",
+				Short: "Deletes a key's record in every store in use",
+				Args:  cobra.ExactArgs(1),
+				RunE:  caddycmd.WrapCommandFuncForCobra(cmdForget),
+			}
+			forget.Flags().BoolP("force", "f", false, "Forget a record whose request is still executing")
+			stats := &cobra.Command{
+				Use:   "stats",
+				Short: "Prints each store's record counts, as JSON",
+				Args:  cobra.NoArgs,
+				RunE:  caddycmd.WrapCommandFuncForCobra(cmdStats),
+			}
+			cmd.AddCommand(key, forget, stats)
+		},
+	})
+}
+
+// cmdOut is where the commands print; tests capture it.
+var cmdOut io.Writer = os.Stdout
+
+// adminRequest sends one request to the admin API named by the flags and
+// returns the response body. caddycmd.AdminAPIRequest turns an error
+// status into an error carrying the admin API's message.
+func adminRequest(fl caddycmd.Flags, method, uri string) ([]byte, error) {
+	addr, err := caddycmd.DetermineAdminAPIAddress(fl.String("address"), nil, fl.String("config"), fl.String("adapter"))
+	if err != nil {
+		return nil, fmt.Errorf("finding the admin API address: %w", err)
+	}
+	resp, err := caddycmd.AdminAPIRequest(addr, method, uri, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("reading the admin API's answer: %w", err)
+	}
+	return body, nil
+}
+
+// keyURI is the admin path of a key; the key is checked by the server, and
+// only escaped here.
+func keyURI(key string) string {
+	return adminBase + "keys/" + url.PathEscape(key)
+}
+
+// printJSON writes an admin answer indented, for a person to read.
+func printJSON(body []byte) error {
+	var out bytes.Buffer
+	if err := json.Indent(&out, body, "", "  "); err != nil {
+		return fmt.Errorf("decoding the admin API's answer: %w", err)
+	}
+	out.WriteByte('\n')
+	_, err := out.WriteTo(cmdOut)
+	return err
+}
+
+func cmdKey(fl caddycmd.Flags) (int, error) {
+	body, err := adminRequest(fl, http.MethodGet, keyURI(fl.Arg(0)))
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	if err := printJSON(body); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	return caddy.ExitCodeSuccess, nil
+}
+
+func cmdForget(fl caddycmd.Flags) (int, error) {
+	uri := keyURI(fl.Arg(0))
+	if fl.Bool("force") {
+		uri += "?force=true"
+	}
+	body, err := adminRequest(fl, http.MethodDelete, uri)
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	var ans struct {
+		Key       string       `json:"key"`
+		Forgotten int          `json:"forgotten"`
+		Errors    []storeError `json:"errors"`
+	}
+	if err := json.Unmarshal(body, &ans); err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("decoding the admin API's answer: %w", err)
+	}
+	fmt.Fprintf(cmdOut, "forgot key %s in %d store(s)\n", ans.Key, ans.Forgotten)
+	if len(ans.Errors) > 0 {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("%d store(s) could not forget key %s: %s", len(ans.Errors), ans.Key, body)
+	}
+	return caddy.ExitCodeSuccess, nil
+}
+
+func cmdStats(fl caddycmd.Flags) (int, error) {
+	body, err := adminRequest(fl, http.MethodGet, adminBase+"stats")
+	if err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	if err := printJSON(body); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	return caddy.ExitCodeSuccess, nil
+}
