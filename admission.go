@@ -1,7 +1,8 @@
 package icebergidempotency
 
 // Admission: what a keyed mutation must bring before it may reserve its key.
-// The key must be a UUIDv7, the body must fit max_request_size, and the key is
+// The key must be a UUID of an allowed version (key_versions: 7 by default),
+// the body must fit max_request_size, and the key is
 // bound to the operation, the normalized path, the principal and a
 // fingerprint of the request, so that a retry is recognised as the same
 // request and anything else with the key is refused (422).
@@ -14,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -50,7 +52,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			return nil
 		}
 	}
-	key, err := parseKey(values[0])
+	key, err := parseKey(values[0], h.keyVersions)
 	if err != nil {
 		decisions.WithLabelValues(op, outcomeInvalidKey).Inc()
 		writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+err.Error(), 0)
@@ -88,10 +90,11 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	return g.run()
 }
 
-// parseKey checks that s is a UUIDv7 in the 36-character hyphenated form the
-// spec requires, with the RFC 9562 variant, and returns it in lower case.
-// Any letter case is accepted: the spec's own example is upper case.
-func parseKey(s string) (string, error) {
+// parseKey checks that s is a UUID in the 36-character hyphenated form the
+// spec requires, of a version in allowed, with the RFC 9562 variant, and
+// returns it in lower case. Any letter case is accepted: the spec's own
+// example is upper case.
+func parseKey(s string, allowed keyVersionSet) (string, error) {
 	if len(s) != 36 {
 		return "", fmt.Errorf("must be 36 characters, got %d", len(s))
 	}
@@ -107,8 +110,8 @@ func parseKey(s string) (string, error) {
 			return "", fmt.Errorf("must contain only hex digits and hyphens")
 		}
 	}
-	if s[14] != '7' {
-		return "", fmt.Errorf("must be a version 7 UUID, got version %c", s[14])
+	if v := hexValue(s[14]); !allowed.has(v) {
+		return "", fmt.Errorf("must be a %s UUID, got version %d", allowed, v)
 	}
 	switch s[19] {
 	case '8', '9', 'a', 'b', 'A', 'B':
@@ -116,6 +119,61 @@ func parseKey(s string) (string, error) {
 		return "", errors.New("must have the RFC 9562 variant (10xx)")
 	}
 	return strings.ToLower(s), nil
+}
+
+// keyVersionSet is a set of UUID versions, one bit per version: the
+// versions an Idempotency-Key may have (key_versions).
+type keyVersionSet uint16
+
+// keyVersionsSpec is what the Iceberg REST spec asks clients to send.
+const keyVersionsSpec keyVersionSet = 1 << 7
+
+// Versions RFC 9562 defines, which key_versions may name.
+const (
+	minKeyVersion = 1
+	maxKeyVersion = 8
+)
+
+func newKeyVersionSet(versions []int) keyVersionSet {
+	var set keyVersionSet
+	for _, v := range versions {
+		if v >= minKeyVersion && v <= maxKeyVersion {
+			set |= 1 << v
+		}
+	}
+	return set
+}
+
+func (set keyVersionSet) has(v int) bool { return v >= 0 && v < 16 && set&(1<<v) != 0 }
+
+// String names the versions for error messages: "version 7",
+// "version 4 or 7", "version 1, 2 or 3".
+func (set keyVersionSet) String() string {
+	var names []string
+	for v := minKeyVersion; v <= maxKeyVersion; v++ {
+		if set.has(v) {
+			names = append(names, strconv.Itoa(v))
+		}
+	}
+	switch len(names) {
+	case 0:
+		return "version (none allowed)"
+	case 1:
+		return "version " + names[0]
+	}
+	return "version " + strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+func hexValue(c byte) int {
+	switch {
+	case '0' <= c && c <= '9':
+		return int(c - '0')
+	case 'a' <= c && c <= 'f':
+		return int(c-'a') + 10
+	case 'A' <= c && c <= 'F':
+		return int(c-'A') + 10
+	}
+	return -1
 }
 
 func isHex(c byte) bool {

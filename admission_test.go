@@ -1,6 +1,9 @@
 package icebergidempotency
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestParseKey(t *testing.T) {
 	tests := []struct {
@@ -27,12 +30,55 @@ func TestParseKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseKey(tt.in)
+			got, err := parseKey(tt.in, keyVersionsSpec)
 			if tt.ok && (err != nil || got != tt.want) {
 				t.Fatalf("parseKey(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
 			}
 			if !tt.ok && err == nil {
 				t.Fatalf("parseKey(%q) = %q, want an error", tt.in, got)
+			}
+		})
+	}
+}
+
+// key_versions widens the versions accepted, and only the version: the
+// form and the RFC 9562 variant are checked whatever it allows.
+func TestParseKeyVersions(t *testing.T) {
+	v1 := "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+	v4 := "F47AC10B-58CC-4372-A567-0E02B2C3D479"
+	v7 := "019386a4-1b2c-7d3e-8f40-123456789abc"
+	v8 := "019386a4-1b2c-8d3e-8f40-123456789abc"
+	v0 := "019386a4-1b2c-0d3e-8f40-123456789abc"
+	v9 := "019386a4-1b2c-9d3e-8f40-123456789abc"
+	v4ms := "f47ac10b-58cc-4372-c567-0e02b2c3d479" // Microsoft variant
+	anyVersion := newKeyVersionSet([]int{1, 2, 3, 4, 5, 6, 7, 8})
+	fourSeven := newKeyVersionSet([]int{4, 7})
+	for _, tt := range []struct {
+		name    string
+		in      string
+		allowed keyVersionSet
+		wantErr string // "" when accepted
+	}{
+		{"v4 by default", v4, keyVersionsSpec, "must be a version 7 UUID, got version 4"},
+		{"v4 with 4 7", v4, fourSeven, ""},
+		{"v7 with 4 7", v7, fourSeven, ""},
+		{"v1 with 4 7", v1, fourSeven, "must be a version 4 or 7 UUID, got version 1"},
+		{"v1 with any", v1, anyVersion, ""},
+		{"v8 with any", v8, anyVersion, ""},
+		{"v0 with any", v0, anyVersion, "must be a version 1, 2, 3, 4, 5, 6, 7 or 8 UUID, got version 0"},
+		{"v9 with any", v9, anyVersion, "got version 9"},
+		{"variant checked with any", v4ms, anyVersion, "RFC 9562 variant"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseKey(tt.in, tt.allowed)
+			if tt.wantErr == "" {
+				if err != nil || got != strings.ToLower(tt.in) {
+					t.Fatalf("parseKey(%q, %s) = %q, %v; want it accepted in lower case", tt.in, tt.allowed, got, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("parseKey(%q, %s) = %q, %v; want an error containing %q", tt.in, tt.allowed, got, err, tt.wantErr)
 			}
 		})
 	}

@@ -50,6 +50,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //	    max_request_size   <size>
 //	    max_response_size  <size>
 //	    require_key
+//	    key_versions       <version...>|any
 //	    base_path          <path>
 //	    principal          <placeholder expression>
 //	    finalize_statuses  <status|class...>
@@ -142,6 +143,26 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			h.RequireKey = true
+		case "key_versions":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.Errf("key_versions needs UUID versions (1 to 8) or any")
+			}
+			if len(args) == 1 && args[0] == "any" {
+				h.KeyVersions = nil
+				for v := minKeyVersion; v <= maxKeyVersion; v++ {
+					h.KeyVersions = append(h.KeyVersions, v)
+				}
+				break
+			}
+			h.KeyVersions = make([]int, 0, len(args))
+			for _, arg := range args {
+				v, err := strconv.Atoi(arg)
+				if err != nil {
+					return d.Errf("key_versions takes UUID versions (1 to 8) or a lone any, got %q", arg)
+				}
+				h.KeyVersions = append(h.KeyVersions, v)
+			}
 		case "fail_open":
 			if d.NextArg() {
 				return d.ArgErr()

@@ -179,6 +179,11 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"postgres bad table", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable Bad-Name\n\t\t}\n\t}", `table: `, "at Caddyfile:4"},
 		{"mysql unknown option", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tlisten_notify on\n\t\t}\n\t}", `unknown mysql store option "listen_notify"`, "at Caddyfile:5"},
 		{"auto_migrate value", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tauto_migrate maybe\n\t\t}\n\t}", `auto_migrate must be on or off`, "at Caddyfile:4"},
+		{"key_versions empty", "iceberg_idempotency {\n\t\tkey_versions\n\t}", `key_versions needs UUID versions (1 to 8) or any`, "at Caddyfile:3"},
+		{"key_versions word", "iceberg_idempotency {\n\t\tkey_versions 4 seven\n\t}", `key_versions takes UUID versions (1 to 8) or a lone any, got "seven"`, "at Caddyfile:3"},
+		{"key_versions any and more", "iceberg_idempotency {\n\t\tkey_versions any 4\n\t}", `or a lone any, got "any"`, "at Caddyfile:3"},
+		{"key_versions range", "iceberg_idempotency {\n\t\tkey_versions 7 9\n\t}", `key_versions[1] must be a UUID version from 1 to 8, got 9`, "at Caddyfile:3"},
+		{"key_versions repeated", "iceberg_idempotency {\n\t\tkey_versions 7 7\n\t}", `key_versions[1] repeats key_versions[0]`, "at Caddyfile:3"},
 		{"directive argument", "iceberg_idempotency on", `wrong argument count`, "at Caddyfile:2"},
 	}
 	for _, tt := range tests {

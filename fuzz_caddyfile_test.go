@@ -46,6 +46,9 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 		"iceberg_idempotency {\n\t{\n}",
 		"iceberg_idempotency {\n\tsecret {env.S}\n\tprevious_secrets {env.P1} {file./run/p2}\n\trequire_secret\n}",
 		"iceberg_idempotency {\n\tsecret\n\tprevious_secrets {env.S} {env.S}\n\trequire_secret on\n}",
+		"iceberg_idempotency {\n\tkey_versions 4 7\n}",
+		"iceberg_idempotency {\n\tkey_versions any\n\tkey_versions\n}",
+		"iceberg_idempotency {\n\tkey_versions any 9 -1 99999999999999999999\n}",
 	} {
 		f.Add(s)
 	}

@@ -8,9 +8,11 @@ import (
 )
 
 // FuzzParseKey: parseKey never panics; whatever it accepts is the canonical
-// form (36 lower-case characters, 8-4-4-4-12 hex, version 7, RFC 9562
-// variant) of the input itself; and letter case never changes the outcome,
-// since the spec's own example key is upper case.
+// form (36 lower-case characters, 8-4-4-4-12 hex, an allowed version, RFC
+// 9562 variant) of the input itself; letter case never changes the outcome,
+// since the spec's own example key is upper case; and allowing more
+// versions only ever accepts more keys, the same way. It runs with the
+// default (version 7), with 4 and 7 (key_versions 4 7) and with any.
 func FuzzParseKey(f *testing.F) {
 	for _, s := range []string{
 		"017F22E2-79B0-7CC3-98C4-DC0C0C07398F",     // the spec's example, upper case
@@ -18,6 +20,9 @@ func FuzzParseKey(f *testing.F) {
 		"019386A4-1b2c-7D3e-bF40-123456789abc",     // mixed case, variant b
 		"f47ac10b-58cc-4372-a567-0e02b2c3d479",     // version 4
 		"019386a4-1b2c-8d3e-8f40-123456789abc",     // version 8
+		"6ba7b810-9dad-11d1-80b4-00c04fd430c8",     // version 1
+		"019386a4-1b2c-0d3e-8f40-123456789abc",     // version 0: never allowed
+		"019386a4-1b2c-fd3e-8f40-123456789abc",     // version 15: never allowed
 		"019386a4-1b2c-7d3e-cf40-123456789abc",     // variant c
 		"",                                         // empty
 		"019386a4-1b2c-7d3e-8f40-123456789ab",      // 35 characters
@@ -29,24 +34,36 @@ func FuzzParseKey(f *testing.F) {
 	} {
 		f.Add(s)
 	}
+	anyVersion := newKeyVersionSet([]int{1, 2, 3, 4, 5, 6, 7, 8})
+	sets := []keyVersionSet{keyVersionsSpec, newKeyVersionSet([]int{4, 7}), anyVersion}
 	f.Fuzz(func(t *testing.T, s string) {
-		got, err := parseKey(s)
-		upper, upperErr := parseKey(strings.ToUpper(s))
-		if (err == nil) != (upperErr == nil) || got != upper {
-			t.Fatalf("parseKey(%q) = %q, %v but parseKey(ToUpper) = %q, %v", s, got, err, upper, upperErr)
-		}
-		if err != nil {
-			if got != "" {
-				t.Fatalf("parseKey(%q) returned %q with error %v", s, got, err)
+		var accepted []bool
+		for _, allowed := range sets {
+			got, err := parseKey(s, allowed)
+			upper, upperErr := parseKey(strings.ToUpper(s), allowed)
+			if (err == nil) != (upperErr == nil) || got != upper {
+				t.Fatalf("%s: parseKey(%q) = %q, %v but parseKey(ToUpper) = %q, %v", allowed, s, got, err, upper, upperErr)
 			}
-			return
+			accepted = append(accepted, err == nil)
+			if err != nil {
+				if got != "" {
+					t.Fatalf("%s: parseKey(%q) returned %q with error %v", allowed, s, got, err)
+				}
+				continue
+			}
+			checkCanonicalKey(t, s, got, allowed)
 		}
-		checkCanonicalKey(t, s, got)
+		// Each set holds the one before it.
+		for i := 1; i < len(accepted); i++ {
+			if accepted[i-1] && !accepted[i] {
+				t.Fatalf("parseKey(%q) accepted with %s but not with %s", s, sets[i-1], sets[i])
+			}
+		}
 	})
 }
 
 // checkCanonicalKey fails t unless key is the canonical form of in.
-func checkCanonicalKey(t *testing.T, in, key string) {
+func checkCanonicalKey(t *testing.T, in, key string, allowed keyVersionSet) {
 	t.Helper()
 	if len(key) != 36 || len(in) != 36 {
 		t.Fatalf("parseKey(%q) = %q: want 36 characters in and out", in, key)
@@ -72,8 +89,8 @@ func checkCanonicalKey(t *testing.T, in, key string) {
 	if err != nil {
 		t.Fatalf("parseKey(%q) = %q, which uuid.Parse rejects: %v", in, key, err)
 	}
-	if u.Version() != 7 || u.Variant() != uuid.RFC4122 {
-		t.Fatalf("parseKey(%q) = %q: version %d, variant %v; want 7, RFC 4122/9562", in, key, u.Version(), u.Variant())
+	if !allowed.has(int(u.Version())) || u.Variant() != uuid.RFC4122 {
+		t.Fatalf("parseKey(%q) = %q: version %d, variant %v; want %s, RFC 4122/9562", in, key, u.Version(), u.Variant(), allowed)
 	}
 	if u.String() != key {
 		t.Fatalf("parseKey(%q) = %q, uuid.Parse canonical form is %q", in, key, u.String())

@@ -91,6 +91,15 @@ type Handler struct {
 	// Default: 16 MiB.
 	MaxResponseSize int64 `json:"max_response_size,omitempty"`
 
+	// UUID versions an Idempotency-Key may have, each 1 to 8 (RFC 9562).
+	// The Iceberg REST spec asks for version 7, but some clients send
+	// others: DuckDB's Iceberg extension sends version 4 keys, and catalogs
+	// such as Lakekeeper accept any version. A key of another version is
+	// refused with 400. Whatever the version, the key must be in the
+	// hyphenated 36-character form with the RFC 9562 variant. In the
+	// Caddyfile, `any` stands for 1 to 8. Default: [7].
+	KeyVersions []int `json:"key_versions,omitempty"`
+
 	// Reject mutations without an Idempotency-Key (400). Default: false.
 	RequireKey bool `json:"require_key,omitempty"`
 
@@ -147,6 +156,7 @@ type Handler struct {
 	store          stores.Store
 	pooled         *pooledStore // store's pool entry; nil in tests that set store directly
 	storeKey       string
+	keyVersions    keyVersionSet // KeyVersions as a set
 	basePath       string        // BasePath, normalized like request paths
 	finalizeWindow time.Duration // how long a failing Finalize is retried; tests shorten it
 	configPath     string        // basePath + "/v1/config"
@@ -241,6 +251,7 @@ func (h *Handler) prepare() error {
 		h.basePath = normalizePath(h.BasePath)
 	}
 	h.configPath = h.basePath + "/v1/config"
+	h.keyVersions = newKeyVersionSet(h.KeyVersions)
 	var err error
 	if h.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {
 		return fmt.Errorf("finalize_statuses: %w", err)
@@ -300,6 +311,9 @@ func (h *Handler) setDefaults() {
 	if h.ReplayHeaders == nil {
 		h.ReplayHeaders = defaultReplayHeaders
 	}
+	if len(h.KeyVersions) == 0 {
+		h.KeyVersions = []int{7}
+	}
 }
 
 func setDuration(d *caddy.Duration, def time.Duration) {
@@ -318,7 +332,7 @@ const (
 // reports them.
 var validatedOptions = []string{
 	"lifetime", "grace", "in_flight_wait", "retry_after", "execution_timeout", "lease", "in_flight_status",
-	"abandoned", "max_request_size", "max_response_size", "base_path", "finalize_statuses", "release_statuses",
+	"abandoned", "key_versions", "max_request_size", "max_response_size", "base_path", "finalize_statuses", "release_statuses",
 	"secret", "previous_secrets",
 }
 
@@ -362,6 +376,15 @@ func (h *Handler) validateOption(opt string) error {
 	case "abandoned":
 		if h.Abandoned != "" && h.Abandoned != abandonedUnknown && h.Abandoned != abandonedReexecute {
 			return fmt.Errorf("abandoned must be %q or %q, got %q", abandonedUnknown, abandonedReexecute, h.Abandoned)
+		}
+	case "key_versions":
+		for i, v := range h.KeyVersions {
+			if v < minKeyVersion || v > maxKeyVersion {
+				return fmt.Errorf("key_versions[%d] must be a UUID version from %d to %d, got %d", i, minKeyVersion, maxKeyVersion, v)
+			}
+			if j := slices.Index(h.KeyVersions[:i], v); j >= 0 {
+				return fmt.Errorf("key_versions[%d] repeats key_versions[%d] (%d)", i, j, v)
+			}
 		}
 	case "max_request_size":
 		if h.MaxRequestSize < 0 {

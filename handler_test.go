@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
@@ -390,6 +391,9 @@ func TestValidateNamesTheOption(t *testing.T) {
 		{func(h *Handler) { h.MaxResponseSize = -1 }, "max_response_size must be positive"},
 		{func(h *Handler) { h.BasePath = "api/" }, "base_path must start with /"},
 		{func(h *Handler) { h.ReleaseStatuses = []string{"7xx"} }, "release_statuses: invalid status"},
+		{func(h *Handler) { h.KeyVersions = []int{7, 9} }, "key_versions[1] must be a UUID version from 1 to 8, got 9"},
+		{func(h *Handler) { h.KeyVersions = []int{0} }, "key_versions[0] must be a UUID version from 1 to 8, got 0"},
+		{func(h *Handler) { h.KeyVersions = []int{4, 7, 4} }, "key_versions[2] repeats key_versions[0]"},
 	} {
 		h := new(Handler)
 		tt.set(h)
@@ -415,4 +419,49 @@ func serveRequest(h *Handler, next caddyhttp.Handler, req *http.Request) result 
 	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
 	err := h.ServeHTTP(rec, req, next)
 	return result{status: rec.Code, header: rec.Header(), body: rec.Body.String(), err: err}
+}
+
+// key_versions: a version 4 key (DuckDB sends them) is refused with 400 by
+// default, saying which versions are allowed, and executes and replays once
+// key_versions allows it; any allows every RFC 9562 version.
+func TestKeyVersions(t *testing.T) {
+	const v1 = "6ba7b810-9dad-11d1-80b4-00c04fd430c8"
+	const v4 = "f47ac10b-58cc-4372-a567-0e02b2c3d479"
+	const v8 = "019386a4-1b2c-8d3e-8f40-123456789abc"
+	for _, tt := range []struct {
+		name     string
+		versions []int
+		key      string
+		wantErr  string // in the 400's message; "" when the key is accepted
+	}{
+		{"v4 by default", nil, v4, "must be a version 7 UUID, got version 4"},
+		{"v4 with 4 7", []int{4, 7}, v4, ""},
+		{"v7 with 4 7", []int{4, 7}, storetest.NewKey(t), ""},
+		{"v1 with 4 7", []int{4, 7}, v1, "must be a version 4 or 7 UUID, got version 1"},
+		{"v1 with any", []int{1, 2, 3, 4, 5, 6, 7, 8}, v1, ""},
+		{"v8 with any", []int{1, 2, 3, 4, 5, 6, 7, 8}, v8, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := &Handler{store: newMemoryStore(t), logger: zap.NewNop(), KeyVersions: tt.versions}
+			if err := h.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			if err := h.prepare(); err != nil {
+				t.Fatal(err)
+			}
+			up := answering(200, "{}")
+			res := serve(t, h, up, "POST", "/v1/namespaces", tt.key, nsBody)
+			if tt.wantErr != "" {
+				if res.code() != 400 || res.errorType() != typeBadRequest || !strings.Contains(res.body, tt.wantErr) || up.calls.Load() != 0 {
+					t.Fatalf("%d %s, catalog called %d; want 400 naming %q", res.code(), res.body, up.calls.Load(), tt.wantErr)
+				}
+				return
+			}
+			again := serve(t, h, up, "POST", "/v1/namespaces", strings.ToUpper(tt.key), nsBody)
+			if res.code() != 200 || again.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+				t.Fatalf("first %d, retry %d replayed=%q, catalog called %d; want executed once and replayed",
+					res.code(), again.code(), again.header.Get(ReplayedHeader), up.calls.Load())
+			}
+		})
+	}
 }
