@@ -170,6 +170,8 @@ func (a *App) PurgeOnce(ctx context.Context) {
 	a.mu.Unlock()
 
 	for key, s := range tracked {
+		backend := backendOf(s)
+		s := instrumentStore(s, backend)
 		total := 0
 		for ctx.Err() == nil {
 			n, err := s.PurgeExpired(ctx, a.CleanupBatch)
@@ -184,6 +186,7 @@ func (a *App) PurgeOnce(ctx context.Context) {
 				break
 			}
 		}
+		purged.WithLabelValues(backend).Add(float64(total))
 		if total > 0 {
 			a.logger.Info("purged expired records", zap.String("store", key), zap.Int("records", total))
 		}

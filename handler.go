@@ -216,9 +216,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.store = h.pooled
+	// Requests time their store calls through the decorator; the app
+	// tracks the pool entry itself, and times its purges the same way.
+	h.store = instrumentStore(h.pooled, h.pooled.backend)
 	h.storeKey = provider.StoreKey()
-	app.track(h.storeKey, h.store)
+	app.track(h.storeKey, h.pooled)
 	return nil
 }
 

@@ -148,7 +148,7 @@ func (g *guarded) execute() error {
 	stopHeartbeat := g.heartbeat(ctx)
 
 	cw := newCaptureWriter(g.w, h.MaxResponseSize)
-	err := g.next.ServeHTTP(cw, g.r.WithContext(ctx))
+	err := g.callUpstream(cw, g.r.WithContext(ctx))
 	stopHeartbeat()
 
 	storeCtx, storeCancel := context.WithTimeout(context.WithoutCancel(g.r.Context()), storeOpTimeout)
@@ -218,6 +218,15 @@ func (g *guarded) execute() error {
 	}
 	cw.deliver()
 	return nil
+}
+
+// callUpstream runs the handlers after this one, counted in the executing
+// gauge for as long as they run (even if they panic, which Caddy's server
+// recovers from).
+func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request) error {
+	executing.Inc()
+	defer executing.Dec()
+	return g.next.ServeHTTP(w, r)
 }
 
 // How much of a request reached the catalog, as far as an error from the
@@ -482,6 +491,11 @@ func (g *guarded) heartbeat(ctx context.Context) (stop func()) {
 				return
 			case <-ticker.C:
 				err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease)
+				if err != nil && ctx.Err() == nil {
+					// Counted unless the execution itself ended (its
+					// timeout): then nothing needs the lease any more.
+					leaseRenewalsFailed.Inc()
+				}
 				if errors.Is(err, stores.ErrNotOwner) {
 					g.log(zapcore.WarnLevel, "lost ownership of key while executing", zap.Error(err))
 					return

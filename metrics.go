@@ -1,9 +1,14 @@
 package icebergidempotency
 
 import (
+	"context"
 	"errors"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
 
 // Collectors live at package level and are registered in each config's
@@ -30,6 +35,38 @@ var (
 		Name:      "memory_evictions_total",
 		Help:      "Final records the memory store evicted before they expired, by the bound that pushed them out (entries: max_entries, bytes: max_bytes). Their keys execute again on retry.",
 	}, []string{"reason"})
+
+	// Await waits for another request by design (up to in_flight_wait),
+	// so its series measures waiting, not the store; the buckets reach
+	// past the default in_flight_wait for it.
+	storeDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: "caddy",
+		Subsystem: "iceberg_idempotency",
+		Name:      "store_duration_seconds",
+		Help:      "Time spent in calls to the idempotency store, by store backend and operation, failed calls included.",
+		Buckets:   []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	}, []string{"store", "operation"})
+
+	executing = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "caddy",
+		Subsystem: "iceberg_idempotency",
+		Name:      "executing",
+		Help:      "Keyed mutations whose upstream call is running now, on this node.",
+	})
+
+	purged = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "iceberg_idempotency",
+		Name:      "purged_total",
+		Help:      "Expired records the cleanup loop deleted, by store backend.",
+	}, []string{"store"})
+
+	leaseRenewalsFailed = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "iceberg_idempotency",
+		Name:      "lease_renewals_failed_total",
+		Help:      "Lease renewals of executing requests that failed (store error, or the key is no longer this request's). Other nodes may then take the key for abandoned.",
+	})
 )
 
 // Both eviction series exist from the start, so that a rate over them works
@@ -57,7 +94,9 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{decisions, executions, memoryEvictions} {
+	for _, c := range []prometheus.Collector{
+		decisions, executions, memoryEvictions, storeDuration, executing, purged, leaseRenewalsFailed,
+	} {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err
@@ -65,3 +104,106 @@ func registerMetrics(reg *prometheus.Registry) error {
 	}
 	return nil
 }
+
+// Store operations, the "operation" label of store_duration_seconds.
+const (
+	opReserve     = "reserve"
+	opLoad        = "load"
+	opAwait       = "await"
+	opFinalize    = "finalize"
+	opRelease     = "release"
+	opExtendLease = "extend_lease"
+	opAbandon     = "abandon"
+	opTakeOver    = "take_over"
+	opPurge       = "purge"
+)
+
+// storeBackend names a provider's backend (memory, postgres, mysql, ...)
+// for the "store" label: its module name, never its StoreKey, which holds
+// a DSN hash and would make one series per database.
+func storeBackend(p StoreProvider) string {
+	if m, ok := p.(caddy.Module); ok {
+		return m.CaddyModule().ID.Name()
+	}
+	return "other"
+}
+
+// backendOf returns the backend name of a pooled store, for callers that
+// hold only the stores.Store.
+func backendOf(s stores.Store) string {
+	if p, ok := s.(*pooledStore); ok && p.backend != "" {
+		return p.backend
+	}
+	return "other"
+}
+
+// instrumentedStore times every call to the store it wraps. It lists each
+// method rather than embedding the store, so that a method added to
+// stores.Store does not bypass the timing unnoticed: it fails to compile.
+type instrumentedStore struct {
+	inner   stores.Store
+	backend string
+}
+
+var _ stores.Store = (*instrumentedStore)(nil)
+
+func instrumentStore(s stores.Store, backend string) *instrumentedStore {
+	return &instrumentedStore{inner: s, backend: backend}
+}
+
+// observe records the time since start under op.
+func (s *instrumentedStore) observe(op string, start time.Time) {
+	storeDuration.WithLabelValues(s.backend, op).Observe(time.Since(start).Seconds())
+}
+
+func (s *instrumentedStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	defer s.observe(opReserve, time.Now())
+	return s.inner.Reserve(ctx, r)
+}
+
+func (s *instrumentedStore) Load(ctx context.Context, key string) (*stores.Record, error) {
+	defer s.observe(opLoad, time.Now())
+	return s.inner.Load(ctx, key)
+}
+
+func (s *instrumentedStore) Await(ctx context.Context, key string) (*stores.Record, error) {
+	defer s.observe(opAwait, time.Now())
+	return s.inner.Await(ctx, key)
+}
+
+func (s *instrumentedStore) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	defer s.observe(opFinalize, time.Now())
+	return s.inner.Finalize(ctx, key, owner, resp)
+}
+
+func (s *instrumentedStore) Release(ctx context.Context, key, owner string) error {
+	defer s.observe(opRelease, time.Now())
+	return s.inner.Release(ctx, key, owner)
+}
+
+func (s *instrumentedStore) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	defer s.observe(opExtendLease, time.Now())
+	return s.inner.ExtendLease(ctx, key, owner, lease)
+}
+
+func (s *instrumentedStore) Abandon(ctx context.Context, key, owner string) error {
+	defer s.observe(opAbandon, time.Now())
+	return s.inner.Abandon(ctx, key, owner)
+}
+
+func (s *instrumentedStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	defer s.observe(opTakeOver, time.Now())
+	return s.inner.TakeOver(ctx, key, oldOwner, newOwner, lease)
+}
+
+func (s *instrumentedStore) PurgeExpired(ctx context.Context, limit int) (int, error) {
+	defer s.observe(opPurge, time.Now())
+	return s.inner.PurgeExpired(ctx, limit)
+}
+
+// Close is not timed: it happens once, at shutdown or after a reload.
+func (s *instrumentedStore) Close() error { return s.inner.Close() }
+
+// Unwrap returns the store being timed, for code that looks for optional
+// interfaces on the store itself.
+func (s *instrumentedStore) Unwrap() stores.Store { return s.inner }

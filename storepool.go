@@ -45,6 +45,7 @@ const drainTimeout = 5 * time.Minute
 // would fail that request's Finalize after the catalog had answered.
 type pooledStore struct {
 	stores.Store
+	backend string // the provider's module name, for metric labels
 
 	mu       sync.Mutex
 	active   int
@@ -113,7 +114,9 @@ func acquireStore(ctx caddy.Context, p StoreProvider) (*pooledStore, error) {
 		if err != nil {
 			return nil, err
 		}
-		return newPooledStore(s), nil
+		ps := newPooledStore(s)
+		ps.backend = storeBackend(p)
+		return ps, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening store: %w", err)

@@ -179,3 +179,11 @@ type Store interface {
 	// Close releases the store's resources.
 	Close() error
 }
+
+// SelfExpiring is implemented by stores whose backend deletes expired
+// records itself (Redis key TTLs), so that PurgeExpired never has work.
+// The app checks it to leave such stores out of its purge rounds, and
+// says so once instead of logging a no-op purge every interval.
+type SelfExpiring interface {
+	SelfExpiring() bool
+}

@@ -1,0 +1,115 @@
+// Package redis is a stores.Store in Redis or Valkey, shared by every Caddy
+// node that points at the same server (or cluster).
+//
+// Each record is one hash under <KeyPrefix><idempotency key>, and every
+// change to it is one Lua script on that one key. A script runs atomically
+// on the server, so the compare-and-swap on the owner token needs no
+// WATCH/MULTI round trips, and because a script touches a single key it
+// runs unchanged on Redis Cluster and Valkey. Leases are judged by the
+// server's clock (TIME inside the scripts), never the nodes', and records
+// expire by the server's own key TTL, so there is nothing to purge.
+//
+// The client is github.com/redis/go-redis/v9: it is the maintained,
+// official Go client; it runs scripts by EVALSHA and falls back to EVAL
+// when the server's script cache lost them (restart, failover, SCRIPT
+// FLUSH); it reconnects and resubscribes Pub/Sub on its own; and one
+// options struct covers a single server, Cluster and TLS.
+//
+// Durability is the server's: without AOF (appendonly yes) a Redis restart
+// loses every record, and a retry of a commit made before the restart may
+// execute again.
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Defaults of the options.
+const (
+	DefaultKeyPrefix      = "iceberg_idempotency:"
+	DefaultTimeout        = 5 * time.Second
+	DefaultNotifyFallback = time.Second
+)
+
+// Config configures a Store.
+type Config struct {
+	// Addrs are host:port addresses. One address is a single server (or a
+	// proxy in front of several); more than one is a Redis Cluster, whose
+	// nodes are discovered from them. Required.
+	Addrs []string
+	// Username and Password authenticate (ACL user, or only a password for
+	// requirepass). The password never appears in errors or logs.
+	Username, Password string
+	// DB selects the logical database; a cluster has only database 0.
+	DB int
+	// KeyPrefix starts every key the store writes, and its Pub/Sub channel
+	// (<KeyPrefix>changed). Default DefaultKeyPrefix.
+	KeyPrefix string
+	// TLS connects with TLS; TLSServerName overrides the name the server's
+	// certificate is checked against (default: the address's host).
+	TLS           bool
+	TLSServerName string
+	// DialTimeout, ReadTimeout and WriteTimeout bound connecting, and
+	// waiting for a reply or to send a command. Each store call is bounded
+	// by the largest of the three, so a dead server costs at most that.
+	// Default DefaultTimeout each.
+	DialTimeout, ReadTimeout, WriteTimeout time.Duration
+	// PoolSize bounds the connections per server (0: go-redis's default,
+	// 10 per CPU). Await's subscription uses one more per Store.
+	PoolSize int
+	// NotifyFallback is how often Await re-reads a record in case a change
+	// message was lost. Default DefaultNotifyFallback.
+	NotifyFallback time.Duration
+}
+
+// WithDefaults returns c with every unset option set to its default, or an
+// error naming the first invalid option. Open applies it; the Caddy module
+// calls it too, so that the store it shares across reloads is keyed by the
+// values in force.
+func (c Config) WithDefaults() (Config, error) {
+	err := c.setDefaults()
+	return c, err
+}
+
+func (c *Config) setDefaults() error {
+	if len(c.Addrs) == 0 {
+		return errors.New("redis: at least one address is required")
+	}
+	for _, a := range c.Addrs {
+		if a == "" {
+			return errors.New("redis: empty address")
+		}
+	}
+	if c.DB < 0 {
+		return fmt.Errorf("redis: negative db %d", c.DB)
+	}
+	if len(c.Addrs) > 1 && c.DB != 0 {
+		return fmt.Errorf("redis: db %d with several addresses: a cluster has only db 0", c.DB)
+	}
+	if c.DialTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.PoolSize < 0 || c.NotifyFallback < 0 {
+		return errors.New("redis: negative timeout, interval or pool size")
+	}
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = DefaultKeyPrefix
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = DefaultTimeout
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = DefaultTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultTimeout
+	}
+	if c.NotifyFallback == 0 {
+		c.NotifyFallback = DefaultNotifyFallback
+	}
+	return nil
+}
+
+// opTimeout bounds one store call.
+func (c *Config) opTimeout() time.Duration {
+	return max(c.DialTimeout, c.ReadTimeout, c.WriteTimeout)
+}

@@ -1,0 +1,148 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// listener holds one subscription to the store's change channel, whose
+// messages name the key that changed, and wakes the Awaits of that key.
+// One channel per store rather than one per key: a node subscribes once,
+// and no SUBSCRIBE/UNSUBSCRIBE round trip rides on each Await. Messages
+// are lost while the subscription is down; Await's fallback poll covers
+// that, and every waiter is woken when it (re)subscribes, to re-check.
+type listener struct {
+	client  goredis.UniversalClient
+	channel string
+	idle    time.Duration // ping after this long without traffic
+	log     *zap.Logger
+
+	mu      sync.Mutex
+	waiters map[string]*waiters
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+type waiters struct {
+	ch chan struct{} // closed on a change of the key
+	n  int           // subscribers holding ch
+}
+
+func startListener(client goredis.UniversalClient, channel string, idle time.Duration, log *zap.Logger) *listener {
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &listener{client: client, channel: channel, idle: max(idle, 100*time.Millisecond), log: log,
+		waiters: map[string]*waiters{}, cancel: cancel, done: make(chan struct{})}
+	go l.run(ctx)
+	return l
+}
+
+func (l *listener) run(ctx context.Context) {
+	defer close(l.done)
+	retry := sqlstore.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
+	warned := false
+	for {
+		ps := l.client.Subscribe(ctx, l.channel)
+		err := l.serve(ctx, ps, &retry)
+		_ = ps.Close()
+		l.wakeAll() // messages may be missed until the next subscription
+		if ctx.Err() != nil {
+			return
+		}
+		if !warned {
+			l.log.Warn("redis subscription lost, resubscribing", zap.Error(err))
+			warned = true
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry.Next()):
+		}
+		if err == nil {
+			warned = false
+		}
+	}
+}
+
+// serve reads the subscription until it fails. A connection that stays
+// silent is pinged once; a ping left unanswered means the connection is
+// dead even if TCP has not noticed (a partition), and serve returns so
+// that run subscribes on a fresh one.
+func (l *listener) serve(ctx context.Context, ps *goredis.PubSub, retry *sqlstore.Backoff) error {
+	pinged := false
+	for {
+		msg, err := ps.ReceiveTimeout(ctx, l.idle)
+		if err != nil {
+			var ne net.Error
+			if ctx.Err() == nil && !pinged && errors.As(err, &ne) && ne.Timeout() {
+				pinged = true
+				if err := ps.Ping(ctx); err != nil {
+					return err
+				}
+				continue
+			}
+			return err
+		}
+		pinged = false
+		switch m := msg.(type) {
+		case *goredis.Subscription:
+			if m.Kind == "subscribe" {
+				*retry = sqlstore.Backoff{Min: retry.Min, Max: retry.Max}
+				l.wakeAll() // changes before this were not heard
+			}
+		case *goredis.Message:
+			l.wake(m.Payload)
+		}
+	}
+}
+
+// subscribe returns a channel closed at the next change of key.
+func (l *listener) subscribe(key string) (<-chan struct{}, func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.waiters[key]
+	if w == nil {
+		w = &waiters{ch: make(chan struct{})}
+		l.waiters[key] = w
+	}
+	w.n++
+	return w.ch, func() {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		w.n--
+		if w.n == 0 && l.waiters[key] == w {
+			delete(l.waiters, key)
+		}
+	}
+}
+
+func (l *listener) wake(key string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w := l.waiters[key]; w != nil {
+		close(w.ch)
+		delete(l.waiters, key)
+	}
+}
+
+func (l *listener) wakeAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for key, w := range l.waiters {
+		close(w.ch)
+		delete(l.waiters, key)
+	}
+}
+
+func (l *listener) stop() {
+	l.cancel()
+	<-l.done
+}

@@ -1,0 +1,212 @@
+package redis
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// The store runs on the server's clock, like the SQL stores: the suite's
+// Advance sleeps.
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		s, _ := openStore(t, nil)
+		return storetest.Harness{Store: s, Advance: time.Sleep}
+	})
+}
+
+func TestBinaryBodyRoundTrip(t *testing.T) {
+	s, _ := openStore(t, nil)
+	ctx := context.Background()
+	body := make([]byte, 0, 1<<20+512)
+	for i := range 512 {
+		body = append(body, byte(i)) // every byte value, NUL and 0xFF included
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for len(body) < cap(body) {
+		body = append(body, byte(rng.Uint32()))
+	}
+	body = append(body, 0, 0xff, 0)
+	key := storetest.NewKey(t)
+	r := storetest.Reservation(key, storetest.Long, storetest.Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	resp := stores.Response{Status: 201, Header: http.Header{"Content-Type": {"application/octet-stream"}, "X-Multi": {"a", "b"}}, Body: body}
+	if err := s.Finalize(ctx, key, r.Owner, resp); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Load(ctx, key)
+	if err != nil || rec == nil || !bytes.Equal(rec.Response.Body, body) {
+		t.Fatalf("Load: body differs (err %v)", err)
+	}
+	if got := rec.Response.Header["X-Multi"]; len(got) != 2 || got[0] != "a" || got[1] != "b" {
+		t.Fatalf("headers = %v", rec.Response.Header)
+	}
+	res, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
+	if err != nil || res.Existing == nil || !bytes.Equal(res.Existing.Response.Body, body) || res.Existing.Response.Status != 201 {
+		t.Fatalf("replay: body differs (err %v)", err)
+	}
+}
+
+// TestLayout pins what an operator sees in the server: one hash per
+// record under the prefix, whose TTL is the reservation's, kept by
+// Finalize, and whose lease is judged by the server's clock.
+func TestLayout(t *testing.T) {
+	s, cfg := openStore(t, nil)
+	c := admin(t)
+	ctx := context.Background()
+	key := storetest.NewKey(t)
+	r := storetest.Reservation(key, storetest.Long, 30*time.Second)
+	if _, err := s.Reserve(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if typ := c.Type(ctx, cfg.KeyPrefix+key).Val(); typ != "hash" {
+		t.Fatalf("type of %s%s = %q, want hash", cfg.KeyPrefix, key, typ)
+	}
+	if ttl := c.PTTL(ctx, cfg.KeyPrefix+key).Val(); ttl <= 29*time.Second || ttl > 30*time.Second {
+		t.Fatalf("TTL after Reserve = %v, want about 30s", ttl)
+	}
+	if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 204}); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := c.PTTL(ctx, cfg.KeyPrefix+key).Val(); ttl <= 28*time.Second || ttl > 30*time.Second {
+		t.Fatalf("TTL after Finalize = %v, want it kept", ttl)
+	}
+	// Another prefix is another store: it does not see the record.
+	other, _ := openStore(t, nil)
+	if rec, err := other.Load(ctx, key); err != nil || rec != nil {
+		t.Fatalf("Load under another prefix = %+v, %v", rec, err)
+	}
+	// A lease in the past by the server's clock reads as abandoned, however
+	// the client's clock runs.
+	k2 := storetest.NewKey(t)
+	r2 := storetest.Reservation(k2, storetest.Long, storetest.Long)
+	if _, err := s.Reserve(ctx, r2); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.HSet(ctx, cfg.KeyPrefix+k2, "lease", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Load(ctx, k2); err != nil || !rec.Abandoned {
+		t.Fatalf("record with lease at 1970 = %+v, %v; want abandoned", rec, err)
+	}
+	if n, err := s.PurgeExpired(ctx, 10); n != 0 || err != nil {
+		t.Fatalf("PurgeExpired = %d, %v", n, err)
+	}
+}
+
+// TestScriptCacheFlushed: after SCRIPT FLUSH (a restart or failover does
+// the same) the scripts are sent again and calls keep working.
+func TestScriptCacheFlushed(t *testing.T) {
+	s, _ := openStore(t, nil)
+	ctx := context.Background()
+	key := storetest.NewKey(t)
+	if _, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin(t).ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Load(ctx, key); err != nil || rec == nil {
+		t.Fatalf("Load after SCRIPT FLUSH = %+v, %v", rec, err)
+	}
+}
+
+// TestAwaitWakesOnMessage: a waiter wakes on the change message, well
+// before the fallback poll.
+func TestAwaitWakesOnMessage(t *testing.T) {
+	s, _ := openStore(t, func(c *Config) { c.NotifyFallback = 5 * time.Second })
+	s.Warm()
+	ctx := context.Background()
+	for _, end := range []string{"finalize", "release", "abandon"} {
+		key := storetest.NewKey(t)
+		r := storetest.Reservation(key, storetest.Long, storetest.Long)
+		if _, err := s.Reserve(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan time.Time, 1)
+		go func() {
+			if _, err := s.Await(ctx, key); err != nil {
+				t.Error(err)
+			}
+			done <- time.Now()
+		}()
+		time.Sleep(300 * time.Millisecond) // subscribed and waiting
+		start := time.Now()
+		var err error
+		switch end {
+		case "finalize":
+			err = s.Finalize(ctx, key, r.Owner, stores.Response{Status: 200})
+		case "release":
+			err = s.Release(ctx, key, r.Owner)
+		case "abandon":
+			err = s.Abandon(ctx, key, r.Owner)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case at := <-done:
+			if lat := at.Sub(start); lat > time.Second {
+				t.Fatalf("%s: Await woke %v later", end, lat)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: Await did not wake", end)
+		}
+	}
+}
+
+func TestKeyTooLong(t *testing.T) {
+	s, _ := openStore(t, nil)
+	r := storetest.Reservation(storetest.NewKey(t)+"x", storetest.Long, storetest.Long)
+	if _, err := s.Reserve(context.Background(), r); err == nil {
+		t.Fatal("a 37-byte key was accepted")
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c, err := Config{Addrs: []string{"r:6379"}}.WithDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.KeyPrefix != DefaultKeyPrefix || c.DialTimeout != 5*time.Second || c.ReadTimeout != 5*time.Second ||
+		c.WriteTimeout != 5*time.Second || c.NotifyFallback != time.Second {
+		t.Fatalf("defaults = %+v", c)
+	}
+	for _, bad := range []Config{
+		{},
+		{Addrs: []string{""}},
+		{Addrs: []string{"a:1", "b:1"}, DB: 2},
+		{Addrs: []string{"a:1"}, DB: -1},
+		{Addrs: []string{"a:1"}, ReadTimeout: -time.Second},
+	} {
+		if _, err := bad.WithDefaults(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+func TestWrongPasswordNotInError(t *testing.T) {
+	const pw = "S3cr?t-redis"
+	s, _ := openStore(t, func(c *Config) { c.Password = pw })
+	_, err := s.Load(context.Background(), storetest.NewKey(t))
+	if err == nil {
+		t.Skip("the test server accepted a password: it requires one")
+	}
+	if strings.Contains(err.Error(), pw) {
+		t.Fatalf("password in %v", err)
+	}
+	if !strings.HasPrefix(err.Error(), "redis load: ") {
+		t.Fatalf("error %v does not name the operation", err)
+	}
+	_ = errors.Unwrap(err)
+}

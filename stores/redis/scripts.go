@@ -1,0 +1,109 @@
+package redis
+
+import goredis "github.com/redis/go-redis/v9"
+
+// The record hash's fields. Times are milliseconds of the server's clock:
+// Lua numbers are doubles, which hold them exactly, and Redis writes a
+// number into a command with 14 significant digits, which a microsecond
+// timestamp would exceed.
+//
+//	op, path, principal, fp  the binding
+//	state                    in_flight | final
+//	owner                    reservation token (in flight only)
+//	lease                    lease end (in flight only)
+//	created, expires         informational; the key's TTL does the expiring
+//	status, headers, body    the response (final only); headers JSON
+//	key_id                   sealing secret id ('' in clear)
+
+// prelude is shared by every script: now() reads the server's clock, and
+// ms() writes a number without an exponent.
+const prelude = `
+local function now()
+	local t = redis.call('TIME')
+	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function ms(n) return string.format('%.0f', n) end
+local function owned(key, owner)
+	local cur = redis.call('HMGET', key, 'state', 'owner')
+	return cur[1] == 'in_flight' and cur[2] == owner
+end
+`
+
+// reserveScript creates the in-flight record unless the key holds one,
+// and returns {1, now} when it did, else {0, now, field, value, ...}.
+// ARGV: op, path, principal, fp, owner, lease ms, ttl ms.
+var reserveScript = goredis.NewScript(prelude + `
+local t = now()
+local rec = redis.call('HGETALL', KEYS[1])
+if #rec > 0 then
+	local out = {0, t}
+	for i = 1, #rec do out[#out + 1] = rec[i] end
+	return out
+end
+redis.call('HSET', KEYS[1], 'op', ARGV[1], 'path', ARGV[2], 'principal', ARGV[3], 'fp', ARGV[4],
+	'state', 'in_flight', 'owner', ARGV[5], 'lease', ms(t + tonumber(ARGV[6])),
+	'created', ms(t), 'expires', ms(t + tonumber(ARGV[7])))
+redis.call('PEXPIRE', KEYS[1], ARGV[7])
+return {1, t}
+`)
+
+// loadScript returns {now, field, value, ...}; just {now} when the key is
+// absent (or expired, which Redis treats alike).
+var loadScript = goredis.NewScript(prelude + `
+local out = {now()}
+local rec = redis.call('HGETALL', KEYS[1])
+for i = 1, #rec do out[#out + 1] = rec[i] end
+return out
+`)
+
+// finalizeScript stores the response if KEYS[1] is in flight under
+// ARGV[1]; the key keeps its TTL. ARGV: owner, status, headers, body,
+// key_id, channel, key. Returns 1 on success, 0 otherwise.
+var finalizeScript = goredis.NewScript(prelude + `
+if not owned(KEYS[1], ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'final', 'status', ARGV[2], 'headers', ARGV[3], 'body', ARGV[4], 'key_id', ARGV[5])
+redis.call('HDEL', KEYS[1], 'owner', 'lease')
+redis.call('PUBLISH', ARGV[6], ARGV[7])
+return 1
+`)
+
+// releaseScript deletes the in-flight record owned by ARGV[1].
+// ARGV: owner, channel, key.
+var releaseScript = goredis.NewScript(prelude + `
+if not owned(KEYS[1], ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+`)
+
+// extendScript renews the lease. ARGV: owner, lease ms. No message: a
+// waiter has nothing to learn from a renewed lease.
+var extendScript = goredis.NewScript(prelude + `
+if not owned(KEYS[1], ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'lease', ms(now() + tonumber(ARGV[2])))
+return 1
+`)
+
+// abandonScript ends the lease now (never extends it). ARGV: owner,
+// channel, key.
+var abandonScript = goredis.NewScript(prelude + `
+if not owned(KEYS[1], ARGV[1]) then return 0 end
+local t = now()
+local lease = tonumber(redis.call('HGET', KEYS[1], 'lease'))
+if lease == nil or lease > t then redis.call('HSET', KEYS[1], 'lease', ms(t)) end
+redis.call('PUBLISH', ARGV[2], ARGV[3])
+return 1
+`)
+
+// takeOverScript hands an in-flight record whose lease lapsed from
+// ARGV[1] to ARGV[2] with a fresh lease. ARGV: old owner, new owner,
+// lease ms, channel, key.
+var takeOverScript = goredis.NewScript(prelude + `
+if not owned(KEYS[1], ARGV[1]) then return 0 end
+local t = now()
+local lease = tonumber(redis.call('HGET', KEYS[1], 'lease'))
+if lease ~= nil and lease > t then return 0 end
+redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'lease', ms(t + tonumber(ARGV[3])))
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+`)

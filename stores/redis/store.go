@@ -1,0 +1,365 @@
+package redis
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// Store is a stores.Store in Redis or Valkey. Use Open.
+type Store struct {
+	client  goredis.UniversalClient
+	cfg     Config
+	timeout time.Duration
+	channel string
+	log     *zap.Logger
+
+	listenOnce sync.Once
+	listener   *listener // set by the first Warm or Await
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+var _ stores.Store = (*Store)(nil)
+
+// Open checks the configuration and sets up the client without connecting:
+// the server need not be up. Connections are made by the first command;
+// while the server is unreachable every call fails (transiently, see
+// sqlstore.IsTransient) within the configured timeouts, and works again,
+// without reopening, once it answers.
+func Open(cfg Config, logger *zap.Logger) (*Store, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	opts := &goredis.UniversalOptions{
+		Addrs:        cfg.Addrs,
+		Username:     cfg.Username,
+		Password:     cfg.Password,
+		DB:           cfg.DB,
+		DialTimeout:  cfg.DialTimeout,
+		ReadTimeout:  cfg.ReadTimeout,
+		WriteTimeout: cfg.WriteTimeout,
+		PoolSize:     cfg.PoolSize,
+		// A store call is one attempt: the handler decides about retries
+		// (a script whose reply was lost may have run; a blind resend of
+		// Finalize would then report ErrNotOwner, as the SQL stores do).
+		MaxRetries: -1,
+		// Deadlines of the callers' contexts reach the sockets.
+		ContextTimeoutEnabled: true,
+		// RESP2: understood by every Redis and Valkey version and proxy.
+		Protocol: 2,
+		// No CLIENT SETINFO at connect: one round trip less, and proxies
+		// that refuse it stay quiet.
+		DisableIdentity: true,
+	}
+	if cfg.TLS {
+		opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.TLSServerName}
+	}
+	s := &Store{
+		client:  goredis.NewUniversalClient(opts),
+		cfg:     cfg,
+		timeout: cfg.opTimeout(),
+		channel: cfg.KeyPrefix + "changed",
+		log:     logger.With(zap.Strings("addresses", cfg.Addrs), zap.String("key_prefix", cfg.KeyPrefix)),
+		closed:  make(chan struct{}),
+	}
+	return s, nil
+}
+
+// Warm starts the subscription that wakes Await, in the background. The
+// Caddy app calls it from Start, so that `caddy validate` connects to
+// nothing; Await starts it too.
+func (s *Store) Warm() { s.startListener() }
+
+func (s *Store) startListener() {
+	s.listenOnce.Do(func() {
+		select {
+		case <-s.closed:
+			return
+		default:
+		}
+		s.listener = startListener(s.client, s.channel, s.cfg.NotifyFallback, s.log)
+	})
+}
+
+// Close stops the subscription and closes the connections.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.listenOnce.Do(func() {}) // no listener starts after this
+		if s.listener != nil {
+			s.listener.stop()
+		}
+		_ = s.client.Close()
+	})
+	return nil
+}
+
+// SelfExpiring implements stores.SelfExpiring: Redis deletes expired
+// records itself (key TTL), so PurgeExpired has nothing to do.
+func (s *Store) SelfExpiring() bool { return true }
+
+func (s *Store) key(k string) string { return s.cfg.KeyPrefix + k }
+
+// run runs one script on key, bounded by the store's timeout.
+func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key string, args ...any) (any, error) {
+	select {
+	case <-s.closed:
+		return nil, fmt.Errorf("redis %s: %w", op, sqlstore.ErrClosed)
+	default:
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	v, err := script.Run(ctx, s.client, []string{s.key(key)}, args...).Result()
+	if err != nil {
+		return nil, s.wrap(op, err)
+	}
+	return v, nil
+}
+
+// wrap names the operation and marks the error transient when calling
+// again later may succeed. go-redis errors never carry the password.
+func (s *Store) wrap(op string, err error) error {
+	out := fmt.Errorf("redis %s: %w", op, err)
+	if transient(err) {
+		return sqlstore.MarkTransient(out)
+	}
+	return out
+}
+
+// transient reports network failures and timeouts, and the server's own
+// "not now" answers (loading its data set, a replica or a cluster in
+// failover, a busy script).
+func transient(err error) bool {
+	if errors.Is(err, goredis.ErrPoolTimeout) || sqlstore.NetworkError(err) {
+		return true
+	}
+	msg := err.Error()
+	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTERDOWN ", "BUSY "} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// durMS converts a duration for the scripts, rounding up so that a
+// positive duration never becomes 0.
+func durMS(d time.Duration) int64 {
+	if d <= 0 {
+		return 1
+	}
+	return int64(math.Ceil(float64(d) / float64(time.Millisecond)))
+}
+
+// Reserve implements stores.Store. One script.
+func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	if err := sqlstore.CheckKey(r.Key); err != nil {
+		return stores.ReserveResult{}, fmt.Errorf("redis reserve: %w", err)
+	}
+	v, err := s.run(ctx, "reserve", reserveScript, r.Key,
+		r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, durMS(r.Lease), durMS(r.TTL))
+	if err != nil {
+		return stores.ReserveResult{}, err
+	}
+	out, ok := v.([]any)
+	if !ok || len(out) < 2 {
+		return stores.ReserveResult{}, fmt.Errorf("redis reserve %s: unexpected reply %T", r.Key, v)
+	}
+	if flag, _ := out[0].(int64); flag == 1 {
+		return stores.ReserveResult{Reserved: true}, nil
+	}
+	rec, _, err := decode(r.Key, out[1:])
+	if err != nil {
+		return stores.ReserveResult{}, fmt.Errorf("redis reserve: %w", err)
+	}
+	return stores.ReserveResult{Existing: rec}, nil
+}
+
+// decode turns {now, field, value, ...} into a record (nil when there are
+// no fields) and its remaining lease.
+func decode(key string, reply []any) (*stores.Record, time.Duration, error) {
+	now, ok := reply[0].(int64)
+	if !ok {
+		return nil, 0, fmt.Errorf("record %s: server time is %T", key, reply[0])
+	}
+	if len(reply) == 1 {
+		return nil, 0, nil
+	}
+	f := make(map[string]string, len(reply)/2)
+	for i := 1; i+1 < len(reply); i += 2 {
+		k, _ := reply[i].(string)
+		v, _ := reply[i+1].(string)
+		f[k] = v
+	}
+	msTime := func(name string) (int64, error) {
+		n, err := strconv.ParseInt(f[name], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("record %s: field %s: %w", key, name, err)
+		}
+		return n, nil
+	}
+	created, err := msTime("created")
+	if err != nil {
+		return nil, 0, err
+	}
+	expires, err := msTime("expires")
+	if err != nil {
+		return nil, 0, err
+	}
+	rec := &stores.Record{
+		Key:       key,
+		Binding:   stores.Binding{Operation: f["op"], Path: f["path"], Principal: f["principal"], Fingerprint: f["fp"]},
+		State:     stores.State(f["state"]),
+		CreatedAt: time.UnixMilli(created),
+		ExpiresAt: time.UnixMilli(expires),
+	}
+	var left time.Duration
+	switch rec.State {
+	case stores.StateInFlight:
+		lease, err := msTime("lease")
+		if err != nil {
+			return nil, 0, err
+		}
+		rec.Owner = f["owner"]
+		rec.Abandoned = lease <= now
+		left = time.Duration(max(lease-now, 0)) * time.Millisecond
+	case stores.StateFinal:
+		body := []byte(f["body"])
+		if id := f["key_id"]; id != "" {
+			// Sealed: status and headers are inside the opaque body.
+			rec.Response = &stores.Response{Body: body, KeyID: id}
+			break
+		}
+		status, err := strconv.Atoi(f["status"])
+		if err != nil {
+			return nil, 0, fmt.Errorf("record %s: status: %w", key, err)
+		}
+		h, err := sqlstore.DecodeHeader([]byte(f["headers"]))
+		if err != nil {
+			return nil, 0, fmt.Errorf("record %s: %w", key, err)
+		}
+		rec.Response = &stores.Response{Status: status, Header: h, Body: body}
+	default:
+		return nil, 0, fmt.Errorf("record %s has unknown state %q", key, rec.State)
+	}
+	return rec, left, nil
+}
+
+// load reads key's live record and its remaining lease by the server's
+// clock.
+func (s *Store) load(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
+	v, err := s.run(ctx, "load", loadScript, key)
+	if err != nil {
+		return nil, 0, err
+	}
+	out, ok := v.([]any)
+	if !ok || len(out) == 0 {
+		return nil, 0, fmt.Errorf("redis load %s: unexpected reply %T", key, v)
+	}
+	rec, left, err := decode(key, out)
+	if err != nil {
+		return nil, 0, fmt.Errorf("redis load: %w", err)
+	}
+	return rec, left, nil
+}
+
+// Load implements stores.Store.
+func (s *Store) Load(ctx context.Context, key string) (*stores.Record, error) {
+	rec, _, err := s.load(ctx, key)
+	return rec, err
+}
+
+// Await implements stores.Store: it wakes on the change message the
+// scripts publish, re-reads every NotifyFallback in case one was lost,
+// and no later than the lease's end.
+func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
+	s.startListener()
+	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
+	var sub sqlstore.SubscribeFunc
+	if l := s.listener; l != nil {
+		sub = func() (<-chan struct{}, func()) { return l.subscribe(key) }
+	}
+	backoff := sqlstore.Backoff{Min: s.cfg.NotifyFallback, Max: s.cfg.NotifyFallback}
+	return sqlstore.Await(ctx, backoff, load, sub)
+}
+
+// cas runs a compare-and-swap script and reports whether it applied.
+func (s *Store) cas(ctx context.Context, op string, script *goredis.Script, key string, args ...any) (bool, error) {
+	v, err := s.run(ctx, op, script, key, args...)
+	if err != nil {
+		return false, err
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return false, fmt.Errorf("redis %s %s: unexpected reply %T", op, key, v)
+	}
+	return n == 1, nil
+}
+
+func notOwner(ok bool, err error) error {
+	if err == nil && !ok {
+		return stores.ErrNotOwner
+	}
+	return err
+}
+
+// Finalize implements stores.Store. The body is stored as raw bytes.
+func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	if err := resp.Check(); err != nil {
+		return fmt.Errorf("redis finalize %s: %w", key, err)
+	}
+	status, headers := "", []byte{}
+	if resp.KeyID == "" {
+		h, err := sqlstore.EncodeHeader(resp.Header)
+		if err != nil {
+			return fmt.Errorf("redis finalize %s: %w", key, err)
+		}
+		status, headers = strconv.Itoa(resp.Status), h
+	}
+	body := resp.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return notOwner(s.cas(ctx, "finalize", finalizeScript, key, owner, status, headers, body, resp.KeyID, s.channel, key))
+}
+
+// Release implements stores.Store.
+func (s *Store) Release(ctx context.Context, key, owner string) error {
+	return notOwner(s.cas(ctx, "release", releaseScript, key, owner, s.channel, key))
+}
+
+// ExtendLease implements stores.Store.
+func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	return notOwner(s.cas(ctx, "extend lease", extendScript, key, owner, durMS(lease)))
+}
+
+// Abandon implements stores.Store.
+func (s *Store) Abandon(ctx context.Context, key, owner string) error {
+	return notOwner(s.cas(ctx, "abandon", abandonScript, key, owner, s.channel, key))
+}
+
+// TakeOver implements stores.Store.
+func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	return s.cas(ctx, "take over", takeOverScript, key, oldOwner, newOwner, durMS(lease), s.channel, key)
+}
+
+// PurgeExpired implements stores.Store. Redis expires records by their key
+// TTL on its own; there is never anything to purge.
+func (s *Store) PurgeExpired(context.Context, int) (int, error) { return 0, nil }
