@@ -15,5 +15,6 @@ func init() {
 	caddy.RegisterModule(MemoryStore{})
 	caddy.RegisterModule(PostgresStore{})
 	caddy.RegisterModule(MySQLStore{})
+	caddy.RegisterModule(RedisStore{})
 	caddy.RegisterModule(AdminAPI{})
 }

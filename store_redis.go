@@ -1,0 +1,232 @@
+package icebergidempotency
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis"
+)
+
+// RedisStore configures the Redis/Valkey store (go-redis), shared by every
+// Caddy node that points at the same server or cluster. Records expire by
+// the server's key TTL, so the app has nothing to purge. See the README
+// on durability: without AOF a server restart forgets every record.
+type RedisStore struct {
+	// host:port of the server; several addresses are the seed nodes of a
+	// Redis Cluster. Placeholders are expanded. Required.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// ACL user name, if any. Placeholders are expanded.
+	Username string `json:"username,omitempty"`
+
+	// Password (ACL or requirepass). Use a placeholder such as
+	// {env.REDIS_PASSWORD}: it is expanded at provision time and never
+	// logged.
+	Password string `json:"password,omitempty"`
+
+	// Logical database; 0 with a cluster. Default: 0.
+	DB int `json:"db,omitempty"`
+
+	// Prefix of every key the store writes and of its change channel, so
+	// that several catalogs or applications can share one server.
+	// Default: iceberg_idempotency:
+	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// Connect with TLS. Default: false.
+	TLS bool `json:"tls,omitempty"`
+
+	// Name the server's certificate is checked against, when it is not the
+	// address's host. Implies tls.
+	TLSServerName string `json:"tls_server_name,omitempty"`
+
+	// Bounds of connecting, waiting for a reply and sending a command;
+	// each store call is bounded by the largest. Default: 5s each.
+	DialTimeout  caddy.Duration `json:"dial_timeout,omitempty"`
+	ReadTimeout  caddy.Duration `json:"read_timeout,omitempty"`
+	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
+
+	// Most connections per server. Default: go-redis's, 10 per CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	cfg redis.Config // placeholders expanded, defaults applied
+}
+
+var (
+	_ StoreProvider         = (*RedisStore)(nil)
+	_ caddy.Provisioner     = (*RedisStore)(nil)
+	_ caddyfile.Unmarshaler = (*RedisStore)(nil)
+)
+
+// CaddyModule returns the Caddy module information.
+func (RedisStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "iceberg_idempotency.stores.redis",
+		New: func() caddy.Module { return new(RedisStore) },
+	}
+}
+
+// Provision expands placeholders and applies the store's defaults.
+func (r *RedisStore) Provision(caddy.Context) error {
+	repl := caddy.NewReplacer()
+	var addrs []string
+	for _, a := range r.Addresses {
+		// A placeholder may hold several addresses, space-separated.
+		addrs = append(addrs, strings.Fields(repl.ReplaceKnown(a, ""))...)
+	}
+	cfg, err := redis.Config{
+		Addrs:         addrs,
+		Username:      repl.ReplaceKnown(r.Username, ""),
+		Password:      repl.ReplaceKnown(r.Password, ""),
+		DB:            r.DB,
+		KeyPrefix:     repl.ReplaceKnown(r.KeyPrefix, ""),
+		TLS:           r.TLS || r.TLSServerName != "",
+		TLSServerName: repl.ReplaceKnown(r.TLSServerName, ""),
+		DialTimeout:   time.Duration(r.DialTimeout),
+		ReadTimeout:   time.Duration(r.ReadTimeout),
+		WriteTimeout:  time.Duration(r.WriteTimeout),
+		PoolSize:      r.PoolSize,
+	}.WithDefaults()
+	if err != nil {
+		if len(r.Addresses) > 0 && len(addrs) == 0 {
+			return fmt.Errorf("redis store: addresses %q are empty after replacing placeholders", r.Addresses)
+		}
+		return fmt.Errorf("redis store: %w", err)
+	}
+	r.cfg = cfg
+	return nil
+}
+
+// StoreKey implements StoreProvider: every option that shapes the client,
+// defaults applied; the password only inside the hash.
+func (r *RedisStore) StoreKey() string {
+	c := r.cfg
+	parts := append([]string{}, c.Addrs...)
+	parts = append(parts, "|", c.Username, c.Password, strconv.Itoa(c.DB), c.KeyPrefix,
+		strconv.FormatBool(c.TLS), c.TLSServerName, c.DialTimeout.String(), c.ReadTimeout.String(),
+		c.WriteTimeout.String(), strconv.Itoa(c.PoolSize))
+	return storeKey("redis", c.KeyPrefix, parts...)
+}
+
+// OpenStore implements StoreProvider. It needs no server: go-redis
+// connects on the first command, so a config whose Redis is down still
+// loads and keyed requests get 503 until it answers.
+func (r *RedisStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
+	logger := ctx.Logger()
+	// go-redis reports pool dial failures on a process-wide logger that
+	// writes to stderr; send them through Caddy's logs instead.
+	goredis.SetLogger(redisLog{logger.Named("client")})
+	s, err := redis.Open(r.cfg, logger)
+	if err == nil {
+		logger.Info("opened redis store", zap.Strings("addresses", r.cfg.Addrs), zap.String("key_prefix", r.cfg.KeyPrefix),
+			zap.Int("db", r.cfg.DB), zap.Bool("tls", r.cfg.TLS), zap.Bool("password", r.cfg.Password != ""))
+	}
+	return s, err
+}
+
+// redisLog adapts a zap logger to go-redis's logger. Its messages carry
+// addresses and errors, never credentials.
+type redisLog struct{ l *zap.Logger }
+
+func (r redisLog) Printf(_ context.Context, format string, v ...any) {
+	r.l.Warn(fmt.Sprintf(format, v...))
+}
+
+// UnmarshalCaddyfile parses
+//
+//	store redis {
+//	    address         <host:port>...
+//	    username        <name>
+//	    password        <password>
+//	    db              <n>
+//	    key_prefix      <prefix>
+//	    tls             [on|off]
+//	    tls_server_name <name>
+//	    timeout         <duration>
+//	    dial_timeout    <duration>
+//	    read_timeout    <duration>
+//	    write_timeout   <duration>
+//	    pool_size       <n>
+//	}
+//
+// timeout sets the dial, read and write timeouts at once.
+func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // store type name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		var err error
+		switch opt {
+		case "address", "addresses":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.Errf("%s needs at least one host:port", opt)
+			}
+			r.Addresses = append(r.Addresses, args...)
+		case "username":
+			r.Username, err = singleArg(d)
+		case "password":
+			r.Password, err = singleArg(d)
+		case "db":
+			var arg string
+			if arg, err = singleArg(d); err == nil {
+				n, aerr := strconv.Atoi(arg)
+				if aerr != nil || n < 0 {
+					return d.Errf("db must be a non-negative integer, got %q", arg)
+				}
+				r.DB = n
+			}
+		case "key_prefix":
+			r.KeyPrefix, err = singleArg(d)
+		case "tls":
+			r.TLS = true
+			if d.CountRemainingArgs() > 0 {
+				r.TLS, err = parseOnOff(d)
+			}
+		case "tls_server_name":
+			r.TLSServerName, err = singleArg(d)
+		case "timeout":
+			var t caddy.Duration
+			if err = parseDuration(d, &t); err == nil {
+				r.DialTimeout, r.ReadTimeout, r.WriteTimeout = t, t, t
+			}
+		case "dial_timeout":
+			err = parseDuration(d, &r.DialTimeout)
+		case "read_timeout":
+			err = parseDuration(d, &r.ReadTimeout)
+		case "write_timeout":
+			err = parseDuration(d, &r.WriteTimeout)
+		case "pool_size":
+			var arg string
+			if arg, err = singleArg(d); err == nil {
+				n, aerr := strconv.Atoi(arg)
+				if aerr != nil || n <= 0 {
+					return d.Errf("pool_size must be a positive integer, got %q", arg)
+				}
+				r.PoolSize = n
+			}
+		default:
+			return d.Errf("unknown redis store option %q", opt)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if len(r.Addresses) == 0 {
+		return d.Errf("redis store needs an address")
+	}
+	if len(r.Addresses) > 1 && r.DB != 0 {
+		return d.Errf("db %d with several addresses: a Redis Cluster has only db 0", r.DB)
+	}
+	return nil
+}

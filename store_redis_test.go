@@ -1,0 +1,124 @@
+package icebergidempotency
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// Placeholders are expanded at provision time; the store key changes with
+// every option that shapes the client and never shows the password.
+func TestRedisStoreProvisionAndKey(t *testing.T) {
+	t.Setenv("ICEBERG_TEST_REDIS_PASSWORD", "s3cr3t-redis")
+	t.Setenv("ICEBERG_TEST_REDIS_ADDRS", "r1:6379 r2:6379")
+	base := func() *RedisStore {
+		return &RedisStore{Addresses: []string{"{env.ICEBERG_TEST_REDIS_ADDRS}"}, Password: "{env.ICEBERG_TEST_REDIS_PASSWORD}"}
+	}
+	p := base()
+	if err := p.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(p.cfg.Addrs, ","); got != "r1:6379,r2:6379" || p.cfg.Password != "s3cr3t-redis" {
+		t.Fatalf("expanded addresses %q, password %q", got, p.cfg.Password)
+	}
+	if p.cfg.KeyPrefix != redis.DefaultKeyPrefix || p.cfg.ReadTimeout != 5*time.Second {
+		t.Fatalf("defaults not applied: %+v", p.cfg)
+	}
+	key := p.StoreKey()
+	if strings.Contains(key, "s3cr3t") || !strings.HasPrefix(key, "redis/"+redis.DefaultKeyPrefix+"/") {
+		t.Fatalf("store key = %q", key)
+	}
+	explicit := base()
+	explicit.KeyPrefix, explicit.ReadTimeout = redis.DefaultKeyPrefix, 0
+	if err := explicit.Provision(newCaddyContext(t)); err != nil || explicit.StoreKey() != key {
+		t.Fatalf("defaults written out give another store: %v", err)
+	}
+	for name, mutate := range map[string]func(*RedisStore){
+		"password":   func(r *RedisStore) { r.Password = "other" },
+		"username":   func(r *RedisStore) { r.Username = "u" },
+		"prefix":     func(r *RedisStore) { r.KeyPrefix = "other:" },
+		"address":    func(r *RedisStore) { r.Addresses = []string{"r1:6379"} },
+		"tls":        func(r *RedisStore) { r.TLS = true },
+		"servername": func(r *RedisStore) { r.TLSServerName = "x" },
+		"timeout":    func(r *RedisStore) { r.ReadTimeout = 1e9 },
+		"pool":       func(r *RedisStore) { r.PoolSize = 3 },
+	} {
+		o := base()
+		mutate(o)
+		if err := o.Provision(newCaddyContext(t)); err != nil {
+			t.Fatal(err)
+		}
+		if o.StoreKey() == key {
+			t.Errorf("%s: same store key", name)
+		}
+	}
+
+	empty := &RedisStore{Addresses: []string{"{env.ICEBERG_TEST_UNSET_REDIS}"}}
+	if err := empty.Provision(newCaddyContext(t)); err == nil || !strings.Contains(err.Error(), "empty after replacing placeholders") {
+		t.Fatalf("empty expanded address: %v", err)
+	}
+}
+
+func TestRedisStoreCaddyfile(t *testing.T) {
+	r := new(RedisStore)
+	d := caddyfile.NewTestDispenser(`redis {
+		address a:1 b:2
+		tls off
+		timeout 1s
+		write_timeout 2s
+		db 0
+	}`)
+	if err := r.UnmarshalCaddyfile(d); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Addresses) != 2 || r.TLS || r.DialTimeout != 1e9 || r.ReadTimeout != 1e9 || r.WriteTimeout != 2e9 {
+		t.Fatalf("parsed %+v", r)
+	}
+	for src, want := range map[string]string{
+		`redis`:                                 "needs an address",
+		"redis {\naddress\n}":                   "needs at least one",
+		"redis {\naddress a:1\ndb x\n}":         "db must be a non-negative integer",
+		"redis {\naddress a:1 b:1\ndb 2\n}":     "Cluster has only db 0",
+		"redis {\naddress a:1\ntls maybe\n}":    "tls must be on or off",
+		"redis {\naddress a:1\ntimeout 0s\n}":   "positive duration",
+		"redis {\naddress a:1\npool_size 0\n}":  "pool_size must be a positive integer",
+		"redis {\naddress a:1\nsentinel x\n}":   `unknown redis store option "sentinel"`,
+		"redis {\naddress a:1\npassword a b\n}": "takes a single value",
+	} {
+		err := new(RedisStore).UnmarshalCaddyfile(caddyfile.NewTestDispenser(src))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", src, err, want)
+		}
+	}
+}
+
+// OpenStore needs no server: a Redis that is down yields a store whose
+// calls fail transiently (the handler answers 503), and the store is
+// self-expiring, so the app has nothing to purge.
+func TestRedisStoreOpensWithServerDown(t *testing.T) {
+	r := &RedisStore{Addresses: []string{"127.0.0.1:1"}, DialTimeout: 2e8, ReadTimeout: 2e8, WriteTimeout: 2e8}
+	if err := r.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.OpenStore(newCaddyContext(t))
+	if err != nil {
+		t.Fatalf("OpenStore with the server down: %v", err)
+	}
+	defer s.Close()
+	_, err = s.Reserve(context.Background(), storetest.Reservation(storetest.NewKey(t), time.Second, time.Second))
+	var tr interface{ Transient() bool }
+	if err == nil || !errors.As(err, &tr) || !tr.Transient() {
+		t.Fatalf("Reserve with the server down = %v, want a transient error", err)
+	}
+	if se, ok := s.(stores.SelfExpiring); !ok || !se.SelfExpiring() {
+		t.Fatal("redis store is not self-expiring")
+	}
+}
