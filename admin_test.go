@@ -276,3 +276,56 @@ func TestAdminStats(t *testing.T) {
 		t.Errorf("DELETE stats = %d, want 405", status)
 	}
 }
+
+// wrapped is a store wrapper, like the metrics' instrumentedStore, that
+// exposes the store under it.
+type wrapped struct{ inner stores.Store }
+
+func (w wrapped) Unwrap() stores.Store { return w.inner }
+
+func (w wrapped) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	return w.inner.Reserve(ctx, r)
+}
+func (w wrapped) Load(ctx context.Context, key string) (*stores.Record, error) {
+	return w.inner.Load(ctx, key)
+}
+func (w wrapped) Await(ctx context.Context, key string) (*stores.Record, error) {
+	return w.inner.Await(ctx, key)
+}
+func (w wrapped) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	return w.inner.Finalize(ctx, key, owner, resp)
+}
+func (w wrapped) Release(ctx context.Context, key, owner string) error {
+	return w.inner.Release(ctx, key, owner)
+}
+func (w wrapped) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	return w.inner.ExtendLease(ctx, key, owner, lease)
+}
+func (w wrapped) Abandon(ctx context.Context, key, owner string) error {
+	return w.inner.Abandon(ctx, key, owner)
+}
+func (w wrapped) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	return w.inner.TakeOver(ctx, key, oldOwner, newOwner, lease)
+}
+func (w wrapped) PurgeExpired(ctx context.Context, limit int) (int, error) {
+	return w.inner.PurgeExpired(ctx, limit)
+}
+func (w wrapped) Close() error { return w.inner.Close() }
+
+// The app tracks the handler's store as the handler holds it: wrapped for
+// metrics around the pool entry. The admin API reaches the store beneath.
+func TestAdminUnwrapsStores(t *testing.T) {
+	mem := newMemory(t)
+	app := &App{stores: map[string]stores.Store{"memory": wrapped{newPooledStore(mem)}}}
+	running.Store(app)
+	t.Cleanup(func() { running.CompareAndSwap(app, nil) })
+	h := (&AdminAPI{logger: zaptest.NewLogger(t)}).Routes()[0].Handler
+
+	key := finalKey(t, mem, stores.Response{Status: 200})
+	if status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key); status != http.StatusOK {
+		t.Fatalf("DELETE through a wrapper = %d %s", status, body)
+	}
+	if status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/stats"); !strings.Contains(string(body), `"counts":{"in_flight":0,"abandoned":0,"final":0}`) {
+		t.Fatalf("stats through a wrapper = %d %s", status, body)
+	}
+}
