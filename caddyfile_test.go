@@ -172,7 +172,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"bad size", "iceberg_idempotency {\n\t\tmax_response_size lots\n\t}", `max_response_size must be a positive size`, "at Caddyfile:3"},
 		{"bad status", "iceberg_idempotency {\n\t\trelease_statuses 5xx 7xx\n\t}", `release_statuses: invalid status "7xx"`, "at Caddyfile:3"},
 		{"base path", "iceberg_idempotency {\n\t\tbase_path api/\n\t}", `base_path must start with /`, "at Caddyfile:3"},
-		{"unknown store", "iceberg_idempotency {\n\t\tstore redis\n\t}", `unknown store "redis": want one of memory`, "at Caddyfile:3"},
+		{"unknown store", "iceberg_idempotency {\n\t\tstore rediss\n\t}", `unknown store "rediss": want one of memory`, "at Caddyfile:3"},
 		{"memory store option", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entrys 5\n\t\t}\n\t}", `unknown memory store option "max_entrys"`, "at Caddyfile:4"},
 		{"memory store size", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entries 0\n\t\t}\n\t}", `max_entries must be a positive integer`, "at Caddyfile:4"},
 		{"postgres without dsn", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable t\n\t\t}\n\t}", `postgres store needs a dsn`, "at Caddyfile:5"},
