@@ -73,6 +73,9 @@ func tableName() string {
 	return fmt.Sprintf("bench_%x", b)
 }
 
+// BenchmarkProxy measures keyed mutations (fresh key and replay) on every
+// store — memory, PostgreSQL, MariaDB, Redis — beside a mutation without a
+// key, each as a ratio to plain reverse_proxy in the same run.
 func BenchmarkProxy(b *testing.B) {
 	up := upstream(b)
 	plainURL := caddyproc.Start(b, caddyproc.Caddyfile("", "reverse_proxy "+up)).URL()
@@ -132,6 +135,56 @@ func BenchmarkProxy(b *testing.B) {
 		run(b, s.name+"/fresh_key", fresh(inst.URL()))
 		run(b, s.name+"/replay", replay(inst.URL()))
 	}
+
+	block, err := redisStoreBlock(b)
+	if err != nil {
+		b.Run("redis", func(b *testing.B) { sqltest.Unavailable(b, "Redis", redisAddrEnv, redisStartHint, err) })
+		return
+	}
+	inst := caddyproc.Start(b, caddyproc.Caddyfile("", "iceberg_idempotency {\nstore "+block+"\n}\nreverse_proxy "+up))
+	run(b, "redis/fresh_key", fresh(inst.URL()))
+	run(b, "redis/replay", replay(inst.URL()))
+}
+
+// The Redis server the benchmark uses: the one the Redis store's own tests
+// use, found the same way.
+const (
+	redisAddrEnv   = "ICEBERG_IDEMPOTENCY_TEST_REDIS_ADDR"
+	redisStartHint = `redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no`
+)
+
+// redisStoreBlock is a redis store block under a fresh key prefix, or the
+// reason the server cannot be reached. The server is shared with other
+// tests, so the benchmark never flushes it: when it ends it deletes only
+// the keys under its own prefix. It talks to the server through redis-cli,
+// as pgStoreBlock does through psql, so that this module needs no Redis
+// client of its own.
+func redisStoreBlock(b *testing.B) (string, error) {
+	addr := sqltest.DSN(redisAddrEnv, "127.0.0.1:6379")
+	cli := func(args ...string) ([]byte, error) {
+		return exec.Command("redis-cli", append([]string{"-u", "redis://" + addr}, args...)...).CombinedOutput()
+	}
+	if out, err := cli("PING"); err != nil || strings.TrimSpace(string(out)) != "PONG" {
+		return "", fmt.Errorf("redis-cli PING: %v: %s", err, bytes.TrimSpace(out))
+	}
+	prefix := "iceberg_idempotency_bench_" + strings.TrimPrefix(tableName(), "bench_") + ":"
+	b.Cleanup(func() {
+		out, err := cli("--scan", "--pattern", prefix+"*")
+		if err != nil {
+			b.Logf("listing the keys under %s: %v: %s", prefix, err, out)
+			return
+		}
+		keys := strings.Fields(string(out))
+		for len(keys) > 0 {
+			n := min(len(keys), 500)
+			if out, err := cli(append([]string{"UNLINK"}, keys[:n]...)...); err != nil {
+				b.Logf("deleting the keys under %s: %v: %s", prefix, err, out)
+				return
+			}
+			keys = keys[n:]
+		}
+	})
+	return fmt.Sprintf("redis {\naddress %s\nkey_prefix %s\n}", addr, prefix), nil
 }
 
 // secretEnv names the environment variable the benchmark's Caddy reads its
