@@ -1,0 +1,314 @@
+package integration_test
+
+// The multi-node tests on the Redis store: two real Caddy processes sharing
+// one Redis server under a fresh key prefix, in front of one counting
+// backend. The server is shared with other tests, so each test deletes only
+// its own keys (never FLUSHALL).
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+)
+
+const (
+	redisAddrEnv = "ICEBERG_IDEMPOTENCY_TEST_REDIS_ADDR"
+	redisStart   = `redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no`
+)
+
+var (
+	redisOnce    sync.Once
+	redisPingErr error
+)
+
+// redisAddr returns the test server's address; an unreachable server skips
+// the test, and fails it under CI=true.
+func redisAddr(t *testing.T) string {
+	t.Helper()
+	addr := "127.0.0.1:6379"
+	if v := os.Getenv(redisAddrEnv); v != "" {
+		addr = v
+	}
+	redisOnce.Do(func() {
+		c := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1})
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		redisPingErr = c.Ping(ctx).Err()
+	})
+	if redisPingErr != nil {
+		sqltest.Unavailable(t, "Redis", redisAddrEnv, redisStart, redisPingErr)
+	}
+	return addr
+}
+
+// redisPrefix returns a fresh key prefix whose keys are deleted when the
+// test ends. Call it before starting the nodes, so that the cleanup runs
+// after they stopped.
+func redisPrefix(t *testing.T, addr string) string {
+	t.Helper()
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	prefix := "multinode_" + hex.EncodeToString(b[:]) + ":"
+	t.Cleanup(func() {
+		c := goredis.NewClient(&goredis.Options{Addr: addr})
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			t.Errorf("deleting %s*: %v", prefix, err)
+		}
+	})
+	return prefix
+}
+
+func redisStoreBlock(addr, prefix string, options ...string) string {
+	s := "store redis {\naddress " + addr + "\nkey_prefix " + prefix + "\n"
+	for _, o := range options {
+		s += o + "\n"
+	}
+	return s + "}"
+}
+
+// TestMultiNodeRedis: the multi-node guarantees on Redis — duplicates
+// across nodes execute once, a response is replayed by the other node,
+// a dead owner's key gets the abandoned policy's answer once its lease
+// lapses, an unreachable Redis means 503 and recovery without a restart,
+// and a node starts while Redis is down.
+func TestMultiNodeRedis(t *testing.T) {
+	t.Parallel()
+	addr := redisAddr(t)
+
+	t.Run("concurrent_duplicates", func(t *testing.T) {
+		t.Parallel()
+		b := caddyproc.NewBackend(t)
+		cfg := multiNodeSite(b, redisStoreBlock(addr, redisPrefix(t, addr)), "in_flight_wait 30s")
+		nodes := []*caddyproc.Instance{caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)}
+		path := multiNodePath("concurrent")
+		gate := b.Stall(path)
+		key := newKey(t)
+		const n = 20
+		var got []response
+		var burstErr error
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			got, burstErr = burstRequests(nodes, path, key, n)
+		}()
+		gate.WaitArrived(t, 1, 30*time.Second)
+		deadline := time.Now().Add(30 * time.Second)
+		for countLogLines(nodes, "waiting for its owner", key) < n-1 {
+			if time.Now().After(deadline) {
+				gate.Release()
+				t.Fatalf("only %d of %d duplicates waited for the owner", countLogLines(nodes, "waiting for its owner", key), n-1)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		for i := range nodes {
+			if countLogLines(nodes[i:i+1], "waiting for its owner", key) == 0 {
+				t.Errorf("no duplicate waited on node %d", i)
+			}
+		}
+		released := time.Now()
+		gate.Release()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+			t.Fatal("requests did not finish")
+		}
+		if burstErr != nil {
+			t.Fatal(burstErr)
+		}
+		// Waiters wake on the change message, not on the 1s fallback poll.
+		t.Logf("all %d answers %v after the release", n, time.Since(released))
+		executed := 0
+		for i, r := range got {
+			wantStatus(t, fmt.Sprintf("request %d", i), r, http.StatusOK)
+			if !bytes.Equal(r.Body, got[0].Body) {
+				t.Errorf("request %d: body %q, request 0 got %q", i, r.Body, got[0].Body)
+			}
+			if !r.replayed() {
+				executed++
+			}
+		}
+		if executed != 1 {
+			t.Errorf("%d answers were executions, want exactly 1", executed)
+		}
+		wantCount(t, b, path, 1)
+	})
+
+	t.Run("replay_across_nodes", func(t *testing.T) {
+		t.Parallel()
+		b := caddyproc.NewBackend(t)
+		cfg := multiNodeSite(b, redisStoreBlock(addr, redisPrefix(t, addr)))
+		nodeA, nodeB := caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)
+		ok := multiNodePath("ok")
+		key := newKey(t)
+		orig := commit(t, nodeA, ok, key)
+		wantStatus(t, "first request on A", orig, http.StatusOK)
+		wantExecuted(t, "first request on A", orig)
+		for _, node := range []*caddyproc.Instance{nodeB, nodeA, nodeB} {
+			wantReplayOf(t, fmt.Sprintf("retry on :%d", node.Port), commit(t, node, ok, key), orig)
+		}
+		wantCount(t, b, ok, 1)
+
+		conflict := multiNodePath("conflict")
+		b.Script(conflict, caddyproc.Reply{
+			Status: http.StatusConflict,
+			Body:   []byte(`{"error":{"message":"Requirement failed: branch main has changed","type":"CommitFailedException","code":409}}`),
+		})
+		key = newKey(t)
+		orig = commit(t, nodeA, conflict, key)
+		wantStatus(t, "conflicting commit on A", orig, http.StatusConflict)
+		wantReplayOf(t, "conflicting commit retried on B", commit(t, nodeB, conflict, key), orig)
+		wantCount(t, b, conflict, 1)
+	})
+
+	for _, policy := range []string{"unknown", "reexecute"} {
+		t.Run("crash_abandoned_"+policy, func(t *testing.T) {
+			t.Parallel()
+			testRedisCrash(t, addr, policy)
+		})
+	}
+
+	t.Run("outage", func(t *testing.T) {
+		t.Parallel()
+		proxy := sqltest.NewProxy(t, addr)
+		b := caddyproc.NewBackend(t)
+		store := redisStoreBlock(proxy.Addr(), redisPrefix(t, addr), "timeout 1s")
+		node := caddyproc.Start(t, multiNodeSite(b, store, "retry_after 2s"))
+		before := multiNodePath("before")
+		keyBefore := newKey(t)
+		orig := commit(t, node, before, keyBefore)
+		wantExecuted(t, "before the outage", orig)
+
+		path := multiNodePath("outage")
+		key := newKey(t)
+		for _, mode := range []string{"blackhole", "refused"} {
+			if mode == "blackhole" {
+				proxy.Blackhole()
+			} else {
+				proxy.Stop()
+			}
+			for attempt := range 2 {
+				what := fmt.Sprintf("%s: commit, attempt %d", mode, attempt+1)
+				start := time.Now()
+				r := commit(t, node, path, key)
+				wantIcebergError(t, what, r, http.StatusServiceUnavailable, "ServiceUnavailableException")
+				wantRetryAfter(t, what, r, "2")
+				if el := time.Since(start); el > 3*time.Second {
+					t.Errorf("%s: the 503 took %v (timeout 1s)", what, el)
+				}
+			}
+			wantCount(t, b, path, 0)
+		}
+		proxy.Stop()
+		proxy.Start()
+		first := commit(t, node, path, key)
+		wantStatus(t, "retry once Redis is back", first, http.StatusOK)
+		wantExecuted(t, "retry once Redis is back", first)
+		wantReplayOf(t, "second retry once Redis is back", commit(t, node, path, key), first)
+		wantCount(t, b, path, 1)
+		wantReplayOf(t, "record from before the outage", commit(t, node, before, keyBefore), orig)
+	})
+
+	t.Run("start_with_redis_down", func(t *testing.T) {
+		t.Parallel()
+		proxy := sqltest.NewProxy(t, addr)
+		proxy.Stop()
+		b := caddyproc.NewBackend(t)
+		store := redisStoreBlock(proxy.Addr(), redisPrefix(t, addr), "timeout 1s")
+		node := caddyproc.Start(t, multiNodeSite(b, store))
+		path := multiNodePath("startdown")
+		key := newKey(t)
+		r := commit(t, node, path, key)
+		wantIcebergError(t, "commit with Redis down", r, http.StatusServiceUnavailable, "ServiceUnavailableException")
+		wantCount(t, b, path, 0)
+		proxy.Start()
+		first := commit(t, node, path, key)
+		wantStatus(t, "retry once Redis is up", first, http.StatusOK)
+		wantExecuted(t, "retry once Redis is up", first)
+		wantReplayOf(t, "second retry", commit(t, node, path, key), first)
+		wantCount(t, b, path, 1)
+	})
+}
+
+// testRedisCrash kills the owner of a key while the catalog call is in
+// flight: the other node says "in flight" while the dead owner's lease
+// runs, then applies policy — unknown: never execute again; reexecute:
+// exactly once more.
+func testRedisCrash(t *testing.T, addr, policy string) {
+	const lease = 3 * time.Second
+	b := caddyproc.NewBackend(t)
+	store := redisStoreBlock(addr, redisPrefix(t, addr))
+	nodeA := caddyproc.Start(t, multiNodeSite(b, store, "lease 3s", "in_flight_wait 500ms"))
+	nodeB := caddyproc.Start(t, multiNodeSite(b, store, "lease 3s", "in_flight_wait 500ms", "abandoned "+policy))
+
+	path := multiNodePath("crash")
+	stalled := b.Stall(path)
+	key := newKey(t)
+	lost := make(chan error, 1)
+	go func() {
+		_, err := request(context.Background(), http.MethodPost, nodeA.URL()+path, multiNodeBody, keyHeader, key)
+		lost <- err
+	}()
+	stalled.WaitArrived(t, 1, 30*time.Second)
+	nodeA.Kill()
+	killed := time.Now()
+	select {
+	case err := <-lost:
+		if err == nil {
+			t.Fatal("the request to the killed node got an answer")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the request to the killed node never ended")
+	}
+	r := commit(t, nodeB, path, key)
+	wantIcebergError(t, "retry on B while the lease runs", r, http.StatusServiceUnavailable, "ServiceUnavailableException")
+	wantCount(t, b, path, 1)
+
+	// Past the latest moment the lease can lapse by the Redis server's
+	// clock (this machine's), with a margin.
+	time.Sleep(time.Until(killed.Add(lease + 500*time.Millisecond)))
+	switch policy {
+	case "unknown":
+		for i, r := range burst(t, []*caddyproc.Instance{nodeB}, path, key, 4) {
+			wantIcebergError(t, "retry after the lapse "+strconv.Itoa(i), r, http.StatusInternalServerError, "CommitStateUnknownException")
+		}
+		wantCount(t, b, path, 1)
+	case "reexecute":
+		b.Stall(path).Release()
+		rs := burst(t, []*caddyproc.Instance{nodeB}, path, key, 4)
+		executed := 0
+		for i, r := range rs {
+			wantStatus(t, "retry after the lapse "+strconv.Itoa(i), r, http.StatusOK)
+			if !r.replayed() {
+				executed++
+			}
+		}
+		if executed != 1 {
+			t.Fatalf("%d retries executed after the lapse, want 1", executed)
+		}
+		wantCount(t, b, path, 2)
+	}
+	stalled.Release()
+}
