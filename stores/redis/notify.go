@@ -48,14 +48,17 @@ func startListener(client goredis.UniversalClient, channel string, idle time.Dur
 func (l *listener) run(ctx context.Context) {
 	defer close(l.done)
 	retry := sqlstore.Backoff{Min: 100 * time.Millisecond, Max: 5 * time.Second}
-	warned := false
+	warned := false // once per outage, not once per attempt
 	for {
 		ps := l.client.Subscribe(ctx, l.channel)
-		err := l.serve(ctx, ps, &retry)
+		subscribed, err := l.serve(ctx, ps, &retry)
 		_ = ps.Close()
 		l.wakeAll() // messages may be missed until the next subscription
 		if ctx.Err() != nil {
 			return
+		}
+		if subscribed {
+			warned = false
 		}
 		if !warned {
 			l.log.Warn("redis subscription lost, resubscribing", zap.Error(err))
@@ -66,9 +69,6 @@ func (l *listener) run(ctx context.Context) {
 			return
 		case <-time.After(retry.Next()):
 		}
-		if err == nil {
-			warned = false
-		}
 	}
 }
 
@@ -76,7 +76,7 @@ func (l *listener) run(ctx context.Context) {
 // silent is pinged once; a ping left unanswered means the connection is
 // dead even if TCP has not noticed (a partition), and serve returns so
 // that run subscribes on a fresh one.
-func (l *listener) serve(ctx context.Context, ps *goredis.PubSub, retry *sqlstore.Backoff) error {
+func (l *listener) serve(ctx context.Context, ps *goredis.PubSub, retry *sqlstore.Backoff) (subscribed bool, err error) {
 	pinged := false
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, l.idle)
@@ -85,16 +85,17 @@ func (l *listener) serve(ctx context.Context, ps *goredis.PubSub, retry *sqlstor
 			if ctx.Err() == nil && !pinged && errors.As(err, &ne) && ne.Timeout() {
 				pinged = true
 				if err := ps.Ping(ctx); err != nil {
-					return err
+					return subscribed, err
 				}
 				continue
 			}
-			return err
+			return subscribed, err
 		}
 		pinged = false
 		switch m := msg.(type) {
 		case *goredis.Subscription:
 			if m.Kind == "subscribe" {
+				subscribed = true
 				*retry = sqlstore.Backoff{Min: retry.Min, Max: retry.Max}
 				l.wakeAll() // changes before this were not heard
 			}
