@@ -23,6 +23,13 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+func TestAdmin(t *testing.T) {
+	storetest.RunAdmin(t, func(t *testing.T) storetest.Harness {
+		s, _ := openStore(t, nil)
+		return storetest.Harness{Store: s, Advance: time.Sleep}
+	})
+}
+
 func TestBinaryBodyRoundTrip(t *testing.T) {
 	s, _ := openStore(t, nil)
 	ctx := context.Background()

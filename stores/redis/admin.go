@@ -1,0 +1,65 @@
+package redis
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+var (
+	_ stores.Forgetter = (*Store)(nil)
+	_ stores.Counter   = (*Store)(nil)
+	_ stores.Inspector = (*Store)(nil)
+)
+
+// forgetScript deletes a record whatever its state or owner and tells the
+// waiters, who then find no record and execute afresh. ARGV: channel, key.
+var forgetScript = goredis.NewScript(prelude + `
+if redis.call('DEL', KEYS[1]) == 0 then return 0 end
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+`)
+
+// Forget implements stores.Forgetter.
+func (s *Store) Forget(ctx context.Context, key string) (bool, error) {
+	return s.cas(ctx, "forget", forgetScript, key, s.channel, key)
+}
+
+// Inspect implements stores.Inspector: the record and its lease left, by
+// the server's clock.
+func (s *Store) Inspect(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
+	return s.load(ctx, key)
+}
+
+// Count implements stores.Counter by scanning every key under the prefix
+// (SCAN, in batches, so the server is never blocked) and reading each
+// record: one round trip per record. It serves an operator's occasional
+// look; on a Cluster it covers the node the client reaches for SCAN only.
+func (s *Store) Count(ctx context.Context) (stores.Counts, error) {
+	var c stores.Counts
+	iter := s.client.Scan(ctx, 0, s.cfg.KeyPrefix+"*", 1000).Iterator()
+	for iter.Next(ctx) {
+		key := strings.TrimPrefix(iter.Val(), s.cfg.KeyPrefix)
+		rec, _, err := s.load(ctx, key)
+		if err != nil {
+			return stores.Counts{}, err
+		}
+		switch {
+		case rec == nil:
+		case rec.State == stores.StateFinal:
+			c.Final++
+		case rec.Abandoned:
+			c.Abandoned++
+		default:
+			c.InFlight++
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return stores.Counts{}, s.wrap("count", err)
+	}
+	return c, nil
+}
