@@ -35,9 +35,12 @@ type App struct {
 
 	mu     sync.Mutex
 	stores map[string]stores.Store
-	logger *zap.Logger
-	cancel context.CancelFunc
-	done   chan struct{}
+	// selfExpiringNoted remembers the stores already reported as left
+	// out of the purge rounds.
+	selfExpiringNoted map[string]bool
+	logger            *zap.Logger
+	cancel            context.CancelFunc
+	done              chan struct{}
 }
 
 var (
@@ -170,6 +173,10 @@ func (a *App) PurgeOnce(ctx context.Context) {
 	a.mu.Unlock()
 
 	for key, s := range tracked {
+		if selfExpiring(s) {
+			a.noteSelfExpiring(key)
+			continue
+		}
 		backend := backendOf(s)
 		s := instrumentStore(s, backend)
 		total := 0
@@ -191,4 +198,29 @@ func (a *App) PurgeOnce(ctx context.Context) {
 			a.logger.Info("purged expired records", zap.String("store", key), zap.Int("records", total))
 		}
 	}
+}
+
+// selfExpiring reports whether the store under s's pool wrapper deletes
+// expired records itself (stores.SelfExpiring).
+func selfExpiring(s stores.Store) bool {
+	if p, ok := s.(*pooledStore); ok {
+		s = p.Store
+	}
+	se, ok := s.(stores.SelfExpiring)
+	return ok && se.SelfExpiring()
+}
+
+// noteSelfExpiring says once per store, not every interval, that a store
+// is left out of the purge rounds.
+func (a *App) noteSelfExpiring(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.selfExpiringNoted == nil {
+		a.selfExpiringNoted = make(map[string]bool)
+	}
+	if a.selfExpiringNoted[key] {
+		return
+	}
+	a.selfExpiringNoted[key] = true
+	a.logger.Info("store expires records itself (key TTL): not purging it", zap.String("store", key))
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func newCaddyContext(t *testing.T) caddy.Context {
@@ -162,4 +164,40 @@ func TestStorePoolClosesAfterRunningRequests(t *testing.T) {
 	leave()
 	leave() // leaving twice counts once
 	waitClosed(t, p.store, 1)
+}
+
+// selfExpiringStore deletes expired records itself, like Redis; it counts
+// the purges it is asked for.
+type selfExpiringStore struct {
+	stores.Store
+	purges atomic.Int32
+}
+
+func (s *selfExpiringStore) SelfExpiring() bool { return true }
+
+func (s *selfExpiringStore) PurgeExpired(context.Context, int) (int, error) {
+	s.purges.Add(1)
+	return 0, nil
+}
+
+// A store that expires records itself is left out of the purge rounds, and
+// the app says so once, not every interval.
+func TestAppSkipsSelfExpiringStores(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	app := &App{CleanupBatch: 10}
+	if err := app.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	app.logger = zap.New(core)
+	s := &selfExpiringStore{}
+	app.track("redis/test", newPooledStore(s))
+	for range 3 {
+		app.PurgeOnce(t.Context())
+	}
+	if n := s.purges.Load(); n != 0 {
+		t.Fatalf("PurgeExpired called %d times on a self-expiring store", n)
+	}
+	if n := logs.FilterMessageSnippet("expires records itself").Len(); n != 1 {
+		t.Fatalf("logged %d times that the store expires records itself, want once", n)
+	}
 }
