@@ -2,7 +2,6 @@ package postgres
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -20,22 +19,16 @@ type listener struct {
 	channel string
 	log     *zap.Logger
 
-	mu      sync.Mutex
-	waiters map[string]*waiters
+	sqlstore.Wakers
 
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-type waiters struct {
-	ch chan struct{} // closed on a notification for the key
-	n  int           // subscribers holding ch
-}
-
 // startListener connects and LISTENs before returning, so that no
 // notification sent after Open returns is missed.
 func startListener(ctx context.Context, cfg *pgx.ConnConfig, channel string, log *zap.Logger) (*listener, error) {
-	l := &listener{cfg: cfg, channel: channel, log: log, waiters: map[string]*waiters{}, done: make(chan struct{})}
+	l := &listener{cfg: cfg, channel: channel, log: log, done: make(chan struct{})}
 	conn, err := l.connect(ctx)
 	if err != nil {
 		return nil, err
@@ -80,7 +73,7 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 			}
 			conn, retry = c, sqlstore.Backoff{Min: retry.Min, Max: retry.Max}
 			l.log.Info("postgres listen: reconnected")
-			l.wakeAll() // notifications may have been missed meanwhile
+			l.WakeAll() // notifications may have been missed meanwhile
 		}
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
@@ -90,48 +83,10 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 				return
 			}
 			l.log.Warn("postgres listen: connection lost", zap.Error(err))
-			l.wakeAll()
+			l.WakeAll()
 			continue
 		}
-		l.wake(n.Payload)
-	}
-}
-
-// subscribe returns a channel closed at the next notification for key.
-func (l *listener) subscribe(key string) (<-chan struct{}, func()) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	w := l.waiters[key]
-	if w == nil {
-		w = &waiters{ch: make(chan struct{})}
-		l.waiters[key] = w
-	}
-	w.n++
-	return w.ch, func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		w.n--
-		if w.n == 0 && l.waiters[key] == w {
-			delete(l.waiters, key)
-		}
-	}
-}
-
-func (l *listener) wake(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if w := l.waiters[key]; w != nil {
-		close(w.ch)
-		delete(l.waiters, key)
-	}
-}
-
-func (l *listener) wakeAll() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for key, w := range l.waiters {
-		close(w.ch)
-		delete(l.waiters, key)
+		l.Wake(n.Payload)
 	}
 }
 

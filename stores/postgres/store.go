@@ -263,7 +263,7 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
 	var sub sqlstore.SubscribeFunc
 	if s.listener != nil {
-		sub = func() (<-chan struct{}, func()) { return s.listener.subscribe(key) }
+		sub = func() (<-chan struct{}, func()) { return s.listener.Subscribe(key) }
 	}
 	return sqlstore.Await(ctx, s.backoff, load, sub)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -25,22 +24,16 @@ type listener struct {
 	idle    time.Duration // ping after this long without traffic
 	log     *zap.Logger
 
-	mu      sync.Mutex
-	waiters map[string]*waiters
+	sqlstore.Wakers
 
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
-type waiters struct {
-	ch chan struct{} // closed on a change of the key
-	n  int           // subscribers holding ch
-}
-
 func startListener(client goredis.UniversalClient, channel string, idle time.Duration, log *zap.Logger) *listener {
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &listener{client: client, channel: channel, idle: max(idle, 100*time.Millisecond), log: log,
-		waiters: map[string]*waiters{}, cancel: cancel, done: make(chan struct{})}
+		cancel: cancel, done: make(chan struct{})}
 	go l.run(ctx)
 	return l
 }
@@ -53,7 +46,7 @@ func (l *listener) run(ctx context.Context) {
 		ps := l.client.Subscribe(ctx, l.channel)
 		subscribed, err := l.serve(ctx, ps, &retry)
 		_ = ps.Close()
-		l.wakeAll() // messages may be missed until the next subscription
+		l.WakeAll() // messages may be missed until the next subscription
 		if ctx.Err() != nil {
 			return
 		}
@@ -97,49 +90,11 @@ func (l *listener) serve(ctx context.Context, ps *goredis.PubSub, retry *sqlstor
 			if m.Kind == "subscribe" {
 				subscribed = true
 				*retry = sqlstore.Backoff{Min: retry.Min, Max: retry.Max}
-				l.wakeAll() // changes before this were not heard
+				l.WakeAll() // changes before this were not heard
 			}
 		case *goredis.Message:
-			l.wake(m.Payload)
+			l.Wake(m.Payload)
 		}
-	}
-}
-
-// subscribe returns a channel closed at the next change of key.
-func (l *listener) subscribe(key string) (<-chan struct{}, func()) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	w := l.waiters[key]
-	if w == nil {
-		w = &waiters{ch: make(chan struct{})}
-		l.waiters[key] = w
-	}
-	w.n++
-	return w.ch, func() {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		w.n--
-		if w.n == 0 && l.waiters[key] == w {
-			delete(l.waiters, key)
-		}
-	}
-}
-
-func (l *listener) wake(key string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if w := l.waiters[key]; w != nil {
-		close(w.ch)
-		delete(l.waiters, key)
-	}
-}
-
-func (l *listener) wakeAll() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for key, w := range l.waiters {
-		close(w.ch)
-		delete(l.waiters, key)
 	}
 }
 

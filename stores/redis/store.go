@@ -294,7 +294,7 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
 	var sub sqlstore.SubscribeFunc
 	if l := s.listener; l != nil {
-		sub = func() (<-chan struct{}, func()) { return l.subscribe(key) }
+		sub = func() (<-chan struct{}, func()) { return l.Subscribe(key) }
 	}
 	backoff := sqlstore.Backoff{Min: s.cfg.NotifyFallback, Max: s.cfg.NotifyFallback}
 	return sqlstore.Await(ctx, backoff, load, sub)
