@@ -15,39 +15,14 @@ var (
 	_ stores.Inspector = (*Store)(nil)
 )
 
-// The admin statements are not prepared at the first contact like the
-// request path's: they run rarely, and an unprepared call costs only a
-// round trip more.
-
 // Forget implements stores.Forgetter: one DELETE by primary key, re-run
 // after a deadlock like the request path's writes.
 func (s *Store) Forget(ctx context.Context, key string) (bool, error) {
 	if err := sqlstore.CheckKey(key); err != nil {
 		return false, fmt.Errorf("mysql forget: %w", err)
 	}
-	if err := s.ready(ctx); err != nil {
-		return false, err
-	}
-	stmt := fmt.Sprintf("DELETE FROM %s WHERE `key` = ?", s.cfg.Table)
-	for attempt := 1; ; attempt++ {
-		n, err := s.forgetOnce(ctx, stmt, key)
-		if err == nil {
-			return n > 0, nil
-		}
-		if !retryable(err) || attempt == maxAttempts || ctx.Err() != nil {
-			return false, s.wrap("forget", err)
-		}
-	}
-}
-
-func (s *Store) forgetOnce(ctx context.Context, stmt, key string) (int64, error) {
-	ctx, cancel := s.opCtx(ctx)
-	defer cancel()
-	res, err := s.db.ExecContext(ctx, stmt, key)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+	n, err := s.exec(ctx, "forget", &s.stmts.forget, key)
+	return n > 0, err
 }
 
 // Count implements stores.Counter with one aggregate over the whole table:

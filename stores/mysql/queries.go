@@ -7,7 +7,7 @@ import "fmt"
 // added to UTC_TIMESTAMP(6), which is constant within a statement, so
 // every comparison in one statement uses one database-clock instant.
 type queries struct {
-	reserve, load, owned, finalize, release, extend, abandon, takeOver, purge string
+	reserve, load, owned, finalize, release, extend, abandon, takeOver, purge, forget string
 }
 
 // recordCols selects a record the way sqlstore.Row scans it. `key` is a
@@ -81,5 +81,8 @@ ON DUPLICATE KEY UPDATE
 			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6) AND lease_until <= UTC_TIMESTAMP(6)", table),
 
 		purge: fmt.Sprintf("DELETE FROM %s WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?", table),
+
+		// Forget (admin API) deletes a row whatever its state or owner.
+		forget: fmt.Sprintf("DELETE FROM %s WHERE `key` = ?", table),
 	}
 }

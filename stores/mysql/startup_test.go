@@ -123,3 +123,30 @@ func TestStartWithDatabaseDown(t *testing.T) {
 		t.Fatalf("Finalize after recovery: %v", err)
 	}
 }
+
+// The purge loop and the admin API may be the first to call a store that
+// has not made its first contact: the statement they run is prepared by
+// that contact, inside the call. Before, they passed the still-nil
+// statement in and the call panicked.
+func TestFirstCallPreparesItsStatement(t *testing.T) {
+	for _, call := range []struct {
+		name string
+		run  func(s *Store) error
+	}{
+		{"purge", func(s *Store) error { _, err := s.PurgeExpired(context.Background(), 10); return err }},
+		{"forget", func(s *Store) error { _, err := s.Forget(context.Background(), storetest.NewKey(t)); return err }},
+	} {
+		t.Run(call.name, func(t *testing.T) {
+			cfg := Config{DSN: testDSN(t), Table: sqltest.TableName(t), AutoMigrate: true}
+			dropOnCleanup(t, cfg.Table)
+			s, err := Open(context.Background(), cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			if err := call.run(s); err != nil {
+				t.Fatalf("%s as the first call: %v", call.name, err)
+			}
+		})
+	}
+}

@@ -41,7 +41,7 @@ type Store struct {
 // new connection by itself, so a call costs one round trip, not the
 // prepare-execute-close of an unprepared call with arguments.
 type statements struct {
-	reserve, load, owned, finalize, release, extend, abandon, takeOver, purge *sql.Stmt
+	reserve, load, owned, finalize, release, extend, abandon, takeOver, purge, forget *sql.Stmt
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -133,6 +133,7 @@ func (s *Store) firstContact(ctx context.Context) error {
 		{&s.stmts.reserve, q.reserve}, {&s.stmts.load, q.load}, {&s.stmts.owned, q.owned},
 		{&s.stmts.finalize, q.finalize}, {&s.stmts.release, q.release}, {&s.stmts.extend, q.extend},
 		{&s.stmts.takeOver, q.takeOver}, {&s.stmts.purge, q.purge}, {&s.stmts.abandon, q.abandon},
+		{&s.stmts.forget, q.forget},
 	} {
 		if *p.dst != nil {
 			continue // prepared by an earlier attempt
@@ -155,7 +156,7 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.lazy.Close() // no first contact runs after this
 		for _, st := range []*sql.Stmt{s.stmts.reserve, s.stmts.load, s.stmts.owned, s.stmts.finalize,
-			s.stmts.release, s.stmts.extend, s.stmts.takeOver, s.stmts.purge, s.stmts.abandon} {
+			s.stmts.release, s.stmts.extend, s.stmts.takeOver, s.stmts.purge, s.stmts.abandon, s.stmts.forget} {
 			if st != nil {
 				st.Close()
 			}
@@ -200,13 +201,15 @@ func retryable(err error) bool {
 func (s *Store) ready(ctx context.Context) error { return s.lazy.Ready(ctx) }
 
 // exec runs a write statement, re-running it after a deadlock, and returns
-// the number of rows it changed.
-func (s *Store) exec(ctx context.Context, op string, stmt *sql.Stmt, args ...any) (int64, error) {
+// the number of rows it changed. The statement is passed by address and read
+// only once the first contact has prepared it: a caller that runs before
+// then (the purge loop, the admin API) must not hand over a nil statement.
+func (s *Store) exec(ctx context.Context, op string, stmt **sql.Stmt, args ...any) (int64, error) {
 	if err := s.ready(ctx); err != nil {
 		return 0, err
 	}
 	for attempt := 1; ; attempt++ {
-		n, err := s.execOnce(ctx, stmt, args...)
+		n, err := s.execOnce(ctx, *stmt, args...)
 		if err == nil {
 			return n, nil
 		}
@@ -237,7 +240,7 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 		return stores.ReserveResult{}, err
 	}
 	for range maxAttempts {
-		n, err := s.exec(ctx, "reserve", s.stmts.reserve,
+		n, err := s.exec(ctx, "reserve", &s.stmts.reserve,
 			r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
 			sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL))
 		if err != nil {
@@ -335,7 +338,7 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 
 // Release implements stores.Store.
 func (s *Store) Release(ctx context.Context, key, owner string) error {
-	n, err := s.exec(ctx, "release", s.stmts.release, key, owner)
+	n, err := s.exec(ctx, "release", &s.stmts.release, key, owner)
 	if err != nil {
 		return err
 	}
@@ -350,7 +353,7 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 // nothing and reports 0. Only then a second statement tells that apart from
 // a lost ownership.
 func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
-	n, err := s.exec(ctx, "extend lease", s.stmts.extend, sqlstore.Micros(lease), key, owner)
+	n, err := s.exec(ctx, "extend lease", &s.stmts.extend, sqlstore.Micros(lease), key, owner)
 	if err != nil {
 		return err
 	}
@@ -362,7 +365,7 @@ func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.D
 
 // Abandon implements stores.Store.
 func (s *Store) Abandon(ctx context.Context, key, owner string) error {
-	n, err := s.exec(ctx, "abandon", s.stmts.abandon, key, owner)
+	n, err := s.exec(ctx, "abandon", &s.stmts.abandon, key, owner)
 	if err != nil {
 		return err
 	}
@@ -394,7 +397,7 @@ func (s *Store) confirmOwned(ctx context.Context, op, key, owner string) error {
 // TakeOver implements stores.Store. The row always changes when it matches
 // (a new owner, or a lease moved from the past into the future).
 func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
-	n, err := s.exec(ctx, "take over", s.stmts.takeOver, newOwner, sqlstore.Micros(lease), key, oldOwner)
+	n, err := s.exec(ctx, "take over", &s.stmts.takeOver, newOwner, sqlstore.Micros(lease), key, oldOwner)
 	if err != nil {
 		return false, err
 	}
@@ -406,6 +409,6 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, nil
 	}
-	n, err := s.exec(ctx, "purge", s.stmts.purge, limit)
+	n, err := s.exec(ctx, "purge", &s.stmts.purge, limit)
 	return int(n), err
 }

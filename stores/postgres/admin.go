@@ -15,25 +15,14 @@ var (
 	_ stores.Inspector = (*Store)(nil)
 )
 
-// forgetSQL deletes key's row whatever its state. With ListenNotify it
-// notifies like Release, so that waiters on other nodes look again at once
-// instead of at their slow fallback poll. The admin statements are built
-// here, not in queries, because no request runs them.
-func (s *Store) forgetSQL() string {
-	stmt := fmt.Sprintf(`DELETE FROM %s WHERE key = $1`, s.cfg.Table)
-	if s.cfg.ListenNotify {
-		return fmt.Sprintf("WITH changed AS (%s RETURNING key)\nSELECT pg_notify('%s', key) FROM changed",
-			stmt, s.cfg.Table+"_changed")
-	}
-	return stmt
-}
-
-// Forget implements stores.Forgetter: one DELETE by primary key.
+// Forget implements stores.Forgetter: one DELETE by primary key. With
+// ListenNotify it notifies like Release, so that waiters on other nodes look
+// again at once instead of at their slow fallback poll.
 func (s *Store) Forget(ctx context.Context, key string) (bool, error) {
 	if err := sqlstore.CheckKey(key); err != nil {
 		return false, fmt.Errorf("postgres forget: %w", err)
 	}
-	n, err := s.exec(ctx, "forget", s.forgetSQL(), key)
+	n, err := s.exec(ctx, "forget", s.q.forget, key)
 	return n > 0, err
 }
 

@@ -6,7 +6,7 @@ import "fmt"
 // Durations arrive as microseconds ($n::bigint) and are added to now(), the
 // transaction (here: statement) start time on the database's clock.
 type queries struct {
-	reserve, deleteExpired, load, finalize, release, extend, abandon, takeOver, purge string
+	reserve, deleteExpired, load, finalize, release, extend, abandon, takeOver, purge, forget string
 }
 
 // recordCols selects a record the way sqlstore.Row scans it.
@@ -73,6 +73,9 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND
 	SELECT key FROM %[1]s WHERE expires_at <= now()
 	ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ) AND expires_at <= now()`, table),
+
+		// Forget (admin API) deletes a row whatever its state or owner.
+		forget: fmt.Sprintf(`DELETE FROM %s WHERE key = $1`, table),
 	}
 	if channel != "" {
 		// The NOTIFY rides in the same statement (delivered at its commit),
@@ -85,6 +88,7 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND
 		q.release = notify(q.release)
 		q.takeOver = notify(q.takeOver)
 		q.abandon = notify(q.abandon)
+		q.forget = notify(q.forget)
 	}
 	return q
 }
