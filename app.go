@@ -105,10 +105,7 @@ func (a *App) track(key string, s stores.Store) {
 
 // warmable returns the store under s's pool wrapper if it is a Warmer.
 func warmable(s stores.Store) (Warmer, bool) {
-	if p, ok := s.(*pooledStore); ok {
-		s = p.Store
-	}
-	w, ok := s.(Warmer)
+	w, ok := unpooled(s).(Warmer)
 	return w, ok
 }
 
@@ -203,10 +200,7 @@ func (a *App) PurgeOnce(ctx context.Context) {
 // selfExpiring reports whether the store under s's pool wrapper deletes
 // expired records itself (stores.SelfExpiring).
 func selfExpiring(s stores.Store) bool {
-	if p, ok := s.(*pooledStore); ok {
-		s = p.Store
-	}
-	se, ok := s.(stores.SelfExpiring)
+	se, ok := unpooled(s).(stores.SelfExpiring)
 	return ok && se.SelfExpiring()
 }
 

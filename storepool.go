@@ -108,6 +108,15 @@ func (p *pooledStore) waitIdle(timeout time.Duration) {
 	}
 }
 
+// unpooled returns the store under s's pool wrapper, where optional
+// interfaces (Warmer, stores.SelfExpiring) are found.
+func unpooled(s stores.Store) stores.Store {
+	if p, ok := s.(*pooledStore); ok {
+		return p.Store
+	}
+	return s
+}
+
 func acquireStore(ctx caddy.Context, p StoreProvider) (*pooledStore, error) {
 	val, loaded, err := storePool.LoadOrNew(p.StoreKey(), func() (caddy.Destructor, error) {
 		s, err := p.OpenStore(ctx)
