@@ -156,7 +156,7 @@ func (g *guarded) execute() error {
 
 	if err != nil {
 		status := errorStatus(err)
-		switch notSent(g.r, err) {
+		switch howMuchSent(g.r, err) {
 		case sentNothing:
 			// A handler before reverse_proxy failed: its error is the
 			// answer, as without this module.
@@ -237,7 +237,7 @@ const (
 	sentNoConnection        // reverse_proxy chose an upstream but could not connect, or had none
 )
 
-// notSent tells how much of the request err proves did not reach the
+// howMuchSent tells how much of the request err proves did not reach the
 // catalog. reverse_proxy sets the upstream placeholders just before it
 // sends, so without them no upstream was even chosen; a dial error means no
 // connection existed; "no upstreams available" means none was chosen. Any
@@ -247,7 +247,7 @@ const (
 // With lb_retry_match configured to retry POSTs after a transport error,
 // reverse_proxy may end with a dial error after an earlier attempt reached
 // the catalog; such a configuration defeats idempotency on its own.
-func notSent(r *http.Request, err error) int {
+func howMuchSent(r *http.Request, err error) int {
 	var dialErr reverseproxy.DialError
 	if errors.As(err, &dialErr) {
 		return sentNoConnection
