@@ -1,14 +1,10 @@
 package mysql
 
 import (
-	"bytes"
 	"context"
-	"math/rand/v2"
-	"net/http"
 	"testing"
 	"time"
 
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -17,40 +13,6 @@ func TestConformance(t *testing.T) {
 		s, _ := openStore(t, nil)
 		return storetest.Harness{Store: s, Advance: time.Sleep}
 	})
-}
-
-func TestBinaryBodyRoundTrip(t *testing.T) {
-	s, _ := openStore(t, nil)
-	ctx := context.Background()
-	body := make([]byte, 0, 1<<20+512)
-	for i := range 512 {
-		body = append(body, byte(i)) // every byte value, NUL and 0xFF included
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	for len(body) < cap(body) {
-		body = append(body, byte(rng.Uint32()))
-	}
-	body = append(body, 0, 0xff, 0)
-	key := storetest.NewKey(t)
-	r := storetest.Reservation(key, storetest.Long, storetest.Long)
-	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
-		t.Fatalf("Reserve = %+v, %v", res, err)
-	}
-	resp := stores.Response{Status: 201, Header: http.Header{"Content-Type": {"application/octet-stream"}, "X-Multi": {"a", "b"}}, Body: body}
-	if err := s.Finalize(ctx, key, r.Owner, resp); err != nil {
-		t.Fatal(err)
-	}
-	rec, err := s.Load(ctx, key)
-	if err != nil || rec == nil || !bytes.Equal(rec.Response.Body, body) {
-		t.Fatalf("Load: body differs (err %v)", err)
-	}
-	if got := rec.Response.Header["X-Multi"]; len(got) != 2 || got[0] != "a" || got[1] != "b" {
-		t.Fatalf("headers = %v", rec.Response.Header)
-	}
-	res, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
-	if err != nil || res.Existing == nil || !bytes.Equal(res.Existing.Response.Body, body) || res.Existing.Response.Status != 201 {
-		t.Fatalf("replay: body differs (err %v)", err)
-	}
 }
 
 func TestReserveOverExpiredRebinds(t *testing.T) {
