@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -186,7 +185,7 @@ func TestMultiNodeRedis(t *testing.T) {
 	for _, policy := range []string{"unknown", "reexecute"} {
 		t.Run("crash_abandoned_"+policy, func(t *testing.T) {
 			t.Parallel()
-			testRedisCrash(t, addr, policy)
+			testCrash(t, redisStoreBlock(addr, redisPrefix(t, addr)), policy)
 		})
 	}
 
@@ -250,65 +249,4 @@ func TestMultiNodeRedis(t *testing.T) {
 		wantReplayOf(t, "second retry", commit(t, node, path, key), first)
 		wantCount(t, b, path, 1)
 	})
-}
-
-// testRedisCrash kills the owner of a key while the catalog call is in
-// flight: the other node says "in flight" while the dead owner's lease
-// runs, then applies policy — unknown: never execute again; reexecute:
-// exactly once more.
-func testRedisCrash(t *testing.T, addr, policy string) {
-	const lease = 3 * time.Second
-	b := caddyproc.NewBackend(t)
-	store := redisStoreBlock(addr, redisPrefix(t, addr))
-	nodeA := caddyproc.Start(t, multiNodeSite(b, store, "lease 3s", "in_flight_wait 500ms"))
-	nodeB := caddyproc.Start(t, multiNodeSite(b, store, "lease 3s", "in_flight_wait 500ms", "abandoned "+policy))
-
-	path := multiNodePath("crash")
-	stalled := b.Stall(path)
-	key := newKey(t)
-	lost := make(chan error, 1)
-	go func() {
-		_, err := request(context.Background(), http.MethodPost, nodeA.URL()+path, multiNodeBody, keyHeader, key)
-		lost <- err
-	}()
-	stalled.WaitArrived(t, 1, 30*time.Second)
-	nodeA.Kill()
-	killed := time.Now()
-	select {
-	case err := <-lost:
-		if err == nil {
-			t.Fatal("the request to the killed node got an answer")
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the request to the killed node never ended")
-	}
-	r := commit(t, nodeB, path, key)
-	wantIcebergError(t, "retry on B while the lease runs", r, http.StatusServiceUnavailable, "ServiceUnavailableException")
-	wantCount(t, b, path, 1)
-
-	// Past the latest moment the lease can lapse by the Redis server's
-	// clock (this machine's), with a margin.
-	time.Sleep(time.Until(killed.Add(lease + 500*time.Millisecond)))
-	switch policy {
-	case "unknown":
-		for i, r := range burst(t, []*caddyproc.Instance{nodeB}, path, key, 4) {
-			wantIcebergError(t, "retry after the lapse "+strconv.Itoa(i), r, http.StatusInternalServerError, "CommitStateUnknownException")
-		}
-		wantCount(t, b, path, 1)
-	case "reexecute":
-		b.Stall(path).Release()
-		rs := burst(t, []*caddyproc.Instance{nodeB}, path, key, 4)
-		executed := 0
-		for i, r := range rs {
-			wantStatus(t, "retry after the lapse "+strconv.Itoa(i), r, http.StatusOK)
-			if !r.replayed() {
-				executed++
-			}
-		}
-		if executed != 1 {
-			t.Fatalf("%d retries executed after the lapse, want 1", executed)
-		}
-		wantCount(t, b, path, 2)
-	}
-	stalled.Release()
 }

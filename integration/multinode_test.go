@@ -228,20 +228,23 @@ func TestMultiNodeCrash(t *testing.T) {
 		for _, policy := range []string{"unknown", "reexecute"} {
 			t.Run("abandoned_"+policy, func(t *testing.T) {
 				t.Parallel()
-				testCrash(t, db, dsn, policy)
+				testCrash(t, db.storeBlock(dsn, db.newTable(t, dsn)), policy)
 			})
 		}
 	})
 }
 
-func testCrash(t *testing.T, db *sqlDB, dsn, policy string) {
+// testCrash kills the owner of a key while the catalog call is in flight,
+// on two nodes sharing store (a Caddyfile store block): the other node says
+// "in flight" while the dead owner's lease runs, then applies policy —
+// unknown: never execute again; reexecute: exactly once more.
+func testCrash(t *testing.T, store, policy string) {
 	// The owner renews its lease every lease/3, so at its death the lease
 	// has between 2/3 and all of it left: with 3s, at least 2s. The two
 	// retries right after the kill wait in_flight_wait (0.5s) each, well
 	// inside that.
 	const lease = 3 * time.Second
 	b := caddyproc.NewBackend(t)
-	store := db.storeBlock(dsn, db.newTable(t, dsn))
 	nodeA := caddyproc.Start(t, multiNodeSite(b, store, "lease 3s", "in_flight_wait 500ms"))
 	nodeB := caddyproc.Start(t, multiNodeSite(b, store, "lease 3s", "in_flight_wait 500ms", "abandoned "+policy))
 
@@ -276,7 +279,7 @@ func testCrash(t *testing.T, db *sqlDB, dsn, policy string) {
 		wantCount(t, b, path, 1)
 	}
 
-	// Past the latest moment the lease can lapse (judged by the database's
+	// Past the latest moment the lease can lapse (judged by the store's
 	// clock, which is this machine's too), with a margin.
 	time.Sleep(time.Until(killed.Add(lease + 500*time.Millisecond)))
 
