@@ -161,6 +161,9 @@ type Options struct {
 	Port, AdminPort int
 	// Env is added to the process environment.
 	Env []string
+	// Binary runs this Caddy binary instead of Binary's, e.g. one built
+	// from an earlier commit to compare against.
+	Binary string
 }
 
 // Instance is one running Caddy process.
@@ -183,7 +186,10 @@ func Start(t testing.TB, caddyfile string) *Instance {
 // StartWith is Start with Options.
 func StartWith(t testing.TB, caddyfile string, opts Options) *Instance {
 	t.Helper()
-	bin := Binary(t)
+	bin := opts.Binary
+	if bin == "" {
+		bin = Binary(t)
+	}
 	tmpl, err := template.New("Caddyfile").Option("missingkey=error").Parse(caddyfile)
 	if err != nil {
 		t.Fatalf("caddyproc: parsing Caddyfile template: %v", err)

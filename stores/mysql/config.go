@@ -11,6 +11,9 @@ import (
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
 
+// DefaultMaxConns is the pool size when Config.MaxConns is 0.
+const DefaultMaxConns = 10
+
 // Config configures a Store.
 type Config struct {
 	// DSN is a go-sql-driver/mysql DSN: user:password@tcp(host:3306)/db.
@@ -21,7 +24,7 @@ type Config struct {
 	// Table is the records table; its schema version table is
 	// <Table>_schema. Default iceberg_idempotency_records.
 	Table string
-	// MaxConns bounds the connection pool (0: 10).
+	// MaxConns bounds the connection pool (0: DefaultMaxConns).
 	MaxConns int
 	// AutoMigrate applies missing schema versions at the first contact with
 	// the database (under GET_LOCK, so nodes may start together). Without
@@ -67,7 +70,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("mysql: negative max_conns, timeout or interval")
 	}
 	if c.MaxConns == 0 {
-		c.MaxConns = 10
+		c.MaxConns = DefaultMaxConns
 	}
 	if c.StatementTimeout == 0 {
 		c.StatementTimeout = sqlstore.DefaultStatementTimeout
