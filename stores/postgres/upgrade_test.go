@@ -20,9 +20,9 @@ import (
 // oldBody is a clear-text body with the bytes a careless codec would lose.
 var oldBody = []byte("{\"metadata-location\":\"s3://b/m.json\"}\n\x00\xff")
 
-// A table created by the previous build (schema version 1) holding a final
-// clear-text row: without auto_migrate the store names 0002 and serves
-// nothing; with it, the first contact migrates to version 2 and the old
+// A table created by an older build (schema version 1) holding a final
+// clear-text row: without auto_migrate the store names 0002 and 0003 and
+// serves nothing; with it, the first contact migrates to version 3 and the old
 // row replays as it was written, with no key id. Sealed rows written
 // afterwards sit next to it.
 func TestUpgradeFromVersion1(t *testing.T) {
@@ -51,7 +51,7 @@ func TestUpgradeFromVersion1(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Without auto_migrate: reported, naming 0002 only.
+	// Without auto_migrate: reported, naming 0002 and 0003 only.
 	s, err := Open(ctx, Config{DSN: dsn, Table: table, RetryCooldown: time.Nanosecond}, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func TestUpgradeFromVersion1(t *testing.T) {
 	if err == nil || !errors.Is(err, sqlstore.ErrNotReady) {
 		t.Fatalf("Load at version 1 without auto_migrate = %v, want ErrNotReady", err)
 	}
-	for _, want := range []string{"version 1", "needs 2", "sql/postgres/0002_key_id.sql", "auto_migrate"} {
+	for _, want := range []string{"version 1", "needs 3", "sql/postgres/0002_key_id.sql, then sql/postgres/0003_watched.sql", "auto_migrate"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -87,8 +87,9 @@ func TestUpgradeFromVersion1(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT count(*), max(version) FROM "+table+"_schema").Scan(&versions, &maxVersion); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 2 || maxVersion != 2 || !columnExists(t, table, "key_id") {
-		t.Fatalf("after auto_migrate: %d versions, max %d, key_id present %v; want 2, 2, true", versions, maxVersion, columnExists(t, table, "key_id"))
+	if versions != 3 || maxVersion != 3 || !columnExists(t, table, "key_id") || !columnExists(t, table, "watched") {
+		t.Fatalf("after auto_migrate: %d versions, max %d, key_id present %v, watched present %v; want 3, 3, true, true",
+			versions, maxVersion, columnExists(t, table, "key_id"), columnExists(t, table, "watched"))
 	}
 	want := stores.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}, "Etag": {`"v1"`}}, Body: oldBody}
 	if rec == nil || rec.State != stores.StateFinal || rec.Response == nil || !reflect.DeepEqual(*rec.Response, want) {
