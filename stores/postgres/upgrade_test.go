@@ -140,3 +140,90 @@ func columnExists(t *testing.T, table, column string) bool {
 	}
 	return n == 1
 }
+
+// A table at schema version 2 holding an in-flight row written by that
+// build: without auto_migrate the store names 0003 only and serves
+// nothing; with it, the first contact adds watched (false on the old row),
+// and a waiter marks the old row so that its owner's Finalize notifies.
+func TestUpgradeFromVersion2(t *testing.T) {
+	ctx := context.Background()
+	dsn := testDSN(t)
+	table := sqltest.TableName(t)
+	dropOnCleanup(t, table)
+	conn := admin(t)
+	ms, err := schema.Migrations(schema.Postgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[:2] {
+		for _, stmt := range m.Statements(table) {
+			if _, err := conn.Exec(ctx, stmt); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The row exactly as the version-2 Reserve left it.
+	key, owner := storetest.NewKey(t), "owner-v2"
+	_, err = conn.Exec(ctx, `INSERT INTO `+table+` (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
+	VALUES ($1, 'createTable', '/v1/namespaces/ns/tables', 'p-old', 'fp-old', 'in_flight', $2, now() + interval '1 hour', now(), now() + interval '1 hour')`,
+		key, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Without auto_migrate: reported, naming 0003 only.
+	s, err := Open(ctx, Config{DSN: dsn, Table: table, ListenNotify: true, RetryCooldown: time.Nanosecond}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Load(ctx, key)
+	s.Close()
+	if err == nil || !errors.Is(err, sqlstore.ErrNotReady) {
+		t.Fatalf("Load at version 2 without auto_migrate = %v, want ErrNotReady", err)
+	}
+	for _, want := range []string{"version 2", "needs 3", "apply sql/postgres/0003_watched.sql with", "auto_migrate"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "0001") || strings.Contains(err.Error(), "0002") {
+		t.Errorf("error %q asks for a file that is applied", err)
+	}
+	if columnExists(t, table, "watched") {
+		t.Fatal("watched added without auto_migrate")
+	}
+
+	// With auto_migrate: migrated at first contact; the old row is
+	// unwatched until a waiter marks it.
+	cfg := Config{DSN: dsn, Table: table, AutoMigrate: true, ListenNotify: true}
+	s, err = Open(ctx, cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if rec, err := s.Load(ctx, key); err != nil || rec == nil || rec.State != stores.StateInFlight {
+		t.Fatalf("Load after auto_migrate = %+v, %v", rec, err)
+	}
+	if watched(t, table, key) {
+		t.Fatal("the old row is watched after the migration")
+	}
+	l := listenTo(t, cfg)
+	got := make(chan *stores.Record, 1)
+	go func() {
+		rec, err := s.Await(ctx, key)
+		if err != nil {
+			t.Errorf("Await: %v", err)
+		}
+		got <- rec
+	}()
+	waitWatched(t, table, key)
+	if err := s.Finalize(ctx, key, owner, finalResp); err != nil {
+		t.Fatal(err)
+	}
+	if p := l.next(); p != key {
+		t.Fatalf("notification %q, want %q", p, key)
+	}
+	if rec := <-got; rec == nil || rec.State != stores.StateFinal {
+		t.Fatalf("Await = %+v, want the final record", rec)
+	}
+}
