@@ -296,7 +296,7 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 		return nil, err
 	}
 	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
-	return sqlstore.Await(ctx, s.backoff, load, nil)
+	return sqlstore.Await(ctx, s.backoff, load, nil, nil)
 }
 
 // Finalize implements stores.Store. One statement; it always changes the

@@ -34,9 +34,10 @@ type Config struct {
 	// PollMin and PollMax bound Await's polling backoff, which doubles from
 	// PollMin to PollMax. Defaults 10ms and 200ms.
 	PollMin, PollMax time.Duration
-	// ListenNotify makes Finalize, Release and TakeOver send a NOTIFY in
-	// the same statement, and Await wake on it through one dedicated
-	// LISTEN connection per Store. Await then polls only every
+	// ListenNotify makes Await mark the in-flight row it waits for, and
+	// Finalize, Release, TakeOver, Abandon and Forget of a marked row send
+	// a NOTIFY in the same statement; Await wakes on it through one
+	// dedicated LISTEN connection per Store. Await then polls only every
 	// NotifyFallback, in case a notification was lost.
 	ListenNotify bool
 	// NotifyFallback is Await's polling interval with ListenNotify.

@@ -53,8 +53,8 @@ func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	if err := conn.QueryRow(context.Background(), "SELECT count(*), max(version) FROM "+table+"_schema").Scan(&versions, &maxVersion); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 2 || maxVersion != 2 {
-		t.Fatalf("schema table has %d rows, max version %d; want two rows, version 2", versions, maxVersion)
+	if versions != 3 || maxVersion != 3 {
+		t.Fatalf("schema table has %d rows, max version %d; want three rows, version 3", versions, maxVersion)
 	}
 	// Again, with and without AutoMigrate: nothing to do, no error.
 	for _, auto := range []bool{true, false} {
@@ -85,7 +85,7 @@ func TestMissingSchemaWithoutAutoMigrate(t *testing.T) {
 	if err == nil {
 		t.Fatal("Reserve without schema and without auto_migrate succeeded")
 	}
-	for _, want := range []string{table, "version 0", "sql/postgres/0001_records.sql, then sql/postgres/0002_key_id.sql", "auto_migrate"} {
+	for _, want := range []string{table, "version 0", "sql/postgres/0001_records.sql, then sql/postgres/0002_key_id.sql, then sql/postgres/0003_watched.sql", "auto_migrate"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}

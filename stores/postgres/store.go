@@ -34,6 +34,9 @@ type Store struct {
 	// lostRaces counts Reserve statements re-run after seeing neither a
 	// reservation nor a row (see queries.reserve); tests read it.
 	lostRaces atomic.Int64
+	// marks counts Await's marks that set watched on a row (see
+	// queries.mark); tests read it.
+	marks atomic.Int64
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -255,17 +258,31 @@ func (s *Store) Load(ctx context.Context, key string) (*stores.Record, error) {
 }
 
 // Await implements stores.Store: polling with backoff, or, with
-// ListenNotify, waking on NOTIFY with a slow fallback poll.
+// ListenNotify, waking on NOTIFY with a slow fallback poll. Changes notify
+// only a watched row, so with ListenNotify Await first marks the in-flight
+// row it waits for (see sqlstore.Await and queries.mark).
 func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 	if err := s.lazy.Ready(ctx); err != nil {
 		return nil, err
 	}
 	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
-	var sub sqlstore.SubscribeFunc
+	var (
+		sub  sqlstore.SubscribeFunc
+		mark sqlstore.MarkFunc
+	)
 	if s.listener != nil {
 		sub = func() (<-chan struct{}, func()) { return s.listener.Subscribe(key) }
+		mark = func(ctx context.Context) error { return s.mark(ctx, key) }
 	}
-	return sqlstore.Await(ctx, s.backoff, load, sub)
+	return sqlstore.Await(ctx, s.backoff, load, sub, mark)
+}
+
+// mark sets watched on key's in-flight row, so that its next change
+// notifies. It writes the row only if no other waiter marked it already.
+func (s *Store) mark(ctx context.Context, key string) error {
+	n, err := s.exec(ctx, "mark", s.q.mark, key)
+	s.marks.Add(n)
+	return err
 }
 
 // exec runs a compare-and-swap statement and returns how many rows it hit.

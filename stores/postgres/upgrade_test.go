@@ -20,9 +20,9 @@ import (
 // oldBody is a clear-text body with the bytes a careless codec would lose.
 var oldBody = []byte("{\"metadata-location\":\"s3://b/m.json\"}\n\x00\xff")
 
-// A table created by the previous build (schema version 1) holding a final
-// clear-text row: without auto_migrate the store names 0002 and serves
-// nothing; with it, the first contact migrates to version 2 and the old
+// A table created by an older build (schema version 1) holding a final
+// clear-text row: without auto_migrate the store names 0002 and 0003 and
+// serves nothing; with it, the first contact migrates to version 3 and the old
 // row replays as it was written, with no key id. Sealed rows written
 // afterwards sit next to it.
 func TestUpgradeFromVersion1(t *testing.T) {
@@ -51,7 +51,7 @@ func TestUpgradeFromVersion1(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Without auto_migrate: reported, naming 0002 only.
+	// Without auto_migrate: reported, naming 0002 and 0003 only.
 	s, err := Open(ctx, Config{DSN: dsn, Table: table, RetryCooldown: time.Nanosecond}, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func TestUpgradeFromVersion1(t *testing.T) {
 	if err == nil || !errors.Is(err, sqlstore.ErrNotReady) {
 		t.Fatalf("Load at version 1 without auto_migrate = %v, want ErrNotReady", err)
 	}
-	for _, want := range []string{"version 1", "needs 2", "sql/postgres/0002_key_id.sql", "auto_migrate"} {
+	for _, want := range []string{"version 1", "needs 3", "sql/postgres/0002_key_id.sql, then sql/postgres/0003_watched.sql", "auto_migrate"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
 		}
@@ -87,8 +87,9 @@ func TestUpgradeFromVersion1(t *testing.T) {
 	if err := conn.QueryRow(ctx, "SELECT count(*), max(version) FROM "+table+"_schema").Scan(&versions, &maxVersion); err != nil {
 		t.Fatal(err)
 	}
-	if versions != 2 || maxVersion != 2 || !columnExists(t, table, "key_id") {
-		t.Fatalf("after auto_migrate: %d versions, max %d, key_id present %v; want 2, 2, true", versions, maxVersion, columnExists(t, table, "key_id"))
+	if versions != 3 || maxVersion != 3 || !columnExists(t, table, "key_id") || !columnExists(t, table, "watched") {
+		t.Fatalf("after auto_migrate: %d versions, max %d, key_id present %v, watched present %v; want 3, 3, true, true",
+			versions, maxVersion, columnExists(t, table, "key_id"), columnExists(t, table, "watched"))
 	}
 	want := stores.Response{Status: 200, Header: map[string][]string{"Content-Type": {"application/json"}, "Etag": {`"v1"`}}, Body: oldBody}
 	if rec == nil || rec.State != stores.StateFinal || rec.Response == nil || !reflect.DeepEqual(*rec.Response, want) {
@@ -138,4 +139,91 @@ func columnExists(t *testing.T, table, column string) bool {
 		t.Fatal(err)
 	}
 	return n == 1
+}
+
+// A table at schema version 2 holding an in-flight row written by that
+// build: without auto_migrate the store names 0003 only and serves
+// nothing; with it, the first contact adds watched (false on the old row),
+// and a waiter marks the old row so that its owner's Finalize notifies.
+func TestUpgradeFromVersion2(t *testing.T) {
+	ctx := context.Background()
+	dsn := testDSN(t)
+	table := sqltest.TableName(t)
+	dropOnCleanup(t, table)
+	conn := admin(t)
+	ms, err := schema.Migrations(schema.Postgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[:2] {
+		for _, stmt := range m.Statements(table) {
+			if _, err := conn.Exec(ctx, stmt); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The row exactly as the version-2 Reserve left it.
+	key, owner := storetest.NewKey(t), "owner-v2"
+	_, err = conn.Exec(ctx, `INSERT INTO `+table+` (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
+	VALUES ($1, 'createTable', '/v1/namespaces/ns/tables', 'p-old', 'fp-old', 'in_flight', $2, now() + interval '1 hour', now(), now() + interval '1 hour')`,
+		key, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Without auto_migrate: reported, naming 0003 only.
+	s, err := Open(ctx, Config{DSN: dsn, Table: table, ListenNotify: true, RetryCooldown: time.Nanosecond}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Load(ctx, key)
+	s.Close()
+	if err == nil || !errors.Is(err, sqlstore.ErrNotReady) {
+		t.Fatalf("Load at version 2 without auto_migrate = %v, want ErrNotReady", err)
+	}
+	for _, want := range []string{"version 2", "needs 3", "apply sql/postgres/0003_watched.sql with", "auto_migrate"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "0001") || strings.Contains(err.Error(), "0002") {
+		t.Errorf("error %q asks for a file that is applied", err)
+	}
+	if columnExists(t, table, "watched") {
+		t.Fatal("watched added without auto_migrate")
+	}
+
+	// With auto_migrate: migrated at first contact; the old row is
+	// unwatched until a waiter marks it.
+	cfg := Config{DSN: dsn, Table: table, AutoMigrate: true, ListenNotify: true}
+	s, err = Open(ctx, cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if rec, err := s.Load(ctx, key); err != nil || rec == nil || rec.State != stores.StateInFlight {
+		t.Fatalf("Load after auto_migrate = %+v, %v", rec, err)
+	}
+	if watched(t, table, key) {
+		t.Fatal("the old row is watched after the migration")
+	}
+	l := listenTo(t, cfg)
+	got := make(chan *stores.Record, 1)
+	go func() {
+		rec, err := s.Await(ctx, key)
+		if err != nil {
+			t.Errorf("Await: %v", err)
+		}
+		got <- rec
+	}()
+	waitWatched(t, table, key)
+	if err := s.Finalize(ctx, key, owner, finalResp); err != nil {
+		t.Fatal(err)
+	}
+	if p := l.next(); p != key {
+		t.Fatalf("notification %q, want %q", p, key)
+	}
+	if rec := <-got; rec == nil || rec.State != stores.StateFinal {
+		t.Fatalf("Await = %+v, want the final record", rec)
+	}
 }

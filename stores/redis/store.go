@@ -297,7 +297,7 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 		sub = func() (<-chan struct{}, func()) { return l.Subscribe(key) }
 	}
 	backoff := sqlstore.Backoff{Min: s.cfg.NotifyFallback, Max: s.cfg.NotifyFallback}
-	return sqlstore.Await(ctx, backoff, load, sub)
+	return sqlstore.Await(ctx, backoff, load, sub, nil)
 }
 
 // cas runs a compare-and-swap script and reports whether it applied.
