@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"bytes"
 	"net/http"
+	"strconv"
 )
 
 // captureWriter buffers a response so it can be stored before the client
@@ -40,6 +41,11 @@ func (c *captureWriter) WriteHeader(status int) {
 	}
 	c.status = status
 	c.wroteHeader = true
+	// One allocation of the announced size instead of a buffer grown by
+	// doubling; a length above the limit is left to overflow as it comes.
+	if n, err := strconv.ParseInt(c.w.Header().Get("Content-Length"), 10, 64); err == nil && n > 0 && n <= c.limit {
+		c.buf.Grow(int(n))
+	}
 }
 
 func (c *captureWriter) Write(p []byte) (int, error) {

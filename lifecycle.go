@@ -13,6 +13,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -474,41 +475,56 @@ func abandonTakeOver(ctx context.Context, s stores.Store, key, owner string) err
 const lostReplyWindow = 2 * time.Minute
 
 // heartbeat renews the lease every third of it until stopped, so that other
-// nodes can tell a long upstream call from a dead owner.
+// nodes can tell a long upstream call from a dead owner. It is a timer, not
+// a goroutine: most executions end long before the first renewal is due,
+// and then the heartbeat costs one timer, started and stopped. stop waits
+// for a renewal under way, so none lands after the key is finalized or
+// released (where it could only fail and be counted as a lost lease).
 func (g *guarded) heartbeat(ctx context.Context) (stop func()) {
 	lease := time.Duration(g.h.Lease)
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		ticker := time.NewTicker(lease / 3)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-ticker.C:
-				err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease)
-				if err != nil && ctx.Err() == nil {
-					// Counted unless the execution itself ended (its
-					// timeout): then nothing needs the lease any more.
-					leaseRenewalsFailed.Inc()
-				}
-				if errors.Is(err, stores.ErrNotOwner) {
-					g.log(zapcore.WarnLevel, "lost ownership of key while executing", zap.Error(err))
-					return
-				}
-				if err != nil {
-					g.log(zapcore.ErrorLevel, "lease renewal failed", zap.Error(err))
-				}
-			}
+	var (
+		mu       sync.Mutex
+		stopped  bool
+		renewing sync.WaitGroup
+		timer    *time.Timer
+	)
+	beat := func() {
+		mu.Lock()
+		if stopped || ctx.Err() != nil {
+			mu.Unlock()
+			return
 		}
-	}()
+		renewing.Add(1)
+		mu.Unlock()
+		defer renewing.Done()
+		err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease)
+		if err != nil && ctx.Err() == nil {
+			// Counted unless the execution itself ended (its timeout):
+			// then nothing needs the lease any more.
+			leaseRenewalsFailed.Inc()
+		}
+		if errors.Is(err, stores.ErrNotOwner) {
+			g.log(zapcore.WarnLevel, "lost ownership of key while executing", zap.Error(err))
+			return
+		}
+		if err != nil {
+			g.log(zapcore.ErrorLevel, "lease renewal failed", zap.Error(err))
+		}
+		mu.Lock()
+		if !stopped {
+			timer.Reset(lease / 3)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	timer = time.AfterFunc(lease/3, beat)
+	mu.Unlock()
 	return func() {
-		close(done)
-		<-finished
+		mu.Lock()
+		stopped = true
+		timer.Stop()
+		mu.Unlock()
+		renewing.Wait()
 	}
 }
 

@@ -24,6 +24,15 @@ func normalizePath(escaped string) string {
 	if escaped == "" {
 		return "/"
 	}
+	if alreadyNormal(escaped) {
+		// The common case, without the allocations of a rebuild.
+		return escaped
+	}
+	return rebuildPath(escaped)
+}
+
+// rebuildPath is normalizePath by splitting and joining every segment.
+func rebuildPath(escaped string) string {
 	segs := strings.Split(escaped, "/")
 	out := make([]string, 0, len(segs))
 	for _, seg := range segs {
@@ -46,6 +55,24 @@ func normalizePath(escaped string) string {
 // and upper-cases the hex digits of the escapes it keeps. A '%' that starts
 // no valid escape becomes "%25", so that decoding what follows it cannot
 // form a new escape ("%a%41" must not become "%aA").
+// alreadyNormal reports whether normalizePath would return p unchanged: it
+// starts with "/", has no escape, no empty, "." or ".." segment and no
+// trailing "/".
+func alreadyNormal(p string) bool {
+	if p == "/" {
+		return true
+	}
+	if p[0] != '/' || p[len(p)-1] == '/' || strings.IndexByte(p, '%') >= 0 {
+		return false
+	}
+	for seg := range strings.SplitSeq(p[1:], "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return false
+		}
+	}
+	return true
+}
+
 func normalizeEscapes(seg string) string {
 	if !strings.Contains(seg, "%") {
 		return seg

@@ -1,0 +1,88 @@
+package icebergidempotency
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// leaseLog records lease renewals, and any that comes once the key's
+// execution has ended (Finalize or Release called).
+type leaseLog struct {
+	stores.Store
+	mu       sync.Mutex
+	renewals int
+	ended    bool
+	late     int
+}
+
+func (s *leaseLog) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	s.mu.Lock()
+	s.renewals++
+	if s.ended {
+		s.late++
+	}
+	s.mu.Unlock()
+	return s.Store.ExtendLease(ctx, key, owner, lease)
+}
+
+func (s *leaseLog) end() {
+	s.mu.Lock()
+	s.ended = true
+	s.mu.Unlock()
+}
+
+func (s *leaseLog) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	s.end()
+	return s.Store.Finalize(ctx, key, owner, resp)
+}
+
+func (s *leaseLog) Release(ctx context.Context, key, owner string) error {
+	s.end()
+	return s.Store.Release(ctx, key, owner)
+}
+
+func (s *leaseLog) counts() (renewals, late int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.renewals, s.late
+}
+
+// The lease is renewed every third of it while the catalog executes, and
+// never once the execution has ended: a renewal racing Finalize or Release
+// could only fail and be counted as a lost lease.
+func TestHeartbeatRenewsWhileExecutingOnly(t *testing.T) {
+	for _, status := range []int{200, 503} { // finalized, released
+		log := &leaseLog{Store: newMemoryStore(t)}
+		h := newTestHandler(t, log)
+		h.Lease = caddy.Duration(30 * time.Millisecond) // renewed every 10ms
+		slow := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+			time.Sleep(120 * time.Millisecond)
+			w.WriteHeader(status)
+			_, _ = io.WriteString(w, "{}")
+			return nil
+		}}
+		if res := serve(t, h, slow, "POST", "/v1/namespaces", storetest.NewKey(t), nsBody); res.code() != status {
+			t.Fatalf("status %d, want %d: %s", res.code(), status, res.body)
+		}
+		renewed, _ := log.counts()
+		// 120ms at one renewal per 10ms: at least a few, whatever the
+		// scheduler does.
+		if renewed < 3 {
+			t.Fatalf("status %d: %d renewals during a 120ms execution with a 30ms lease, want at least 3", status, renewed)
+		}
+		time.Sleep(40 * time.Millisecond) // four more periods
+		after, late := log.counts()
+		if late != 0 || after != renewed {
+			t.Fatalf("status %d: %d renewals after the execution ended (%d late, %d in all)", status, after-renewed, late, after)
+		}
+	}
+}
