@@ -50,8 +50,9 @@ const purgeKeyPrefix = "e0000000-0000-7000-8000-"
 // goal is at most 2), x-p50, purge-s (from the end of the insert until no
 // expired row is left, so it includes up to one cleanup interval before the
 // purge starts), insert-s, rows (inserted), rows-left (expired rows still
-// there at the end: anything but 0 fails the benchmark), requests and
-// errors (any answer but 200 fails it). Run it with -benchtime 1x:
+// there at the end: anything but 0 fails the benchmark), requests,
+// purge-requests, rps and purge-rps (the load's throughput without and
+// with the purge), and errors (any answer but 200 fails it). Run it with -benchtime 1x:
 //
 //	go test -run '^$' -bench PurgeUnderLoad -benchtime 1x -timeout 30m ./bench/
 func BenchmarkPurgeUnderLoad(b *testing.B) {
@@ -158,6 +159,8 @@ func BenchmarkPurgeUnderLoad(b *testing.B) {
 				b.ReportMetric(float64(left), "rows-left")
 				b.ReportMetric(float64(base.requests), "requests")
 				b.ReportMetric(float64(under.requests), "purge-requests")
+				b.ReportMetric(float64(base.requests)/base.elapsed.Seconds(), "rps")
+				b.ReportMetric(float64(under.requests)/under.elapsed.Seconds(), "purge-rps")
 				b.ReportMetric(float64(len(base.errs)+len(under.errs)), "errors")
 			}
 		})
@@ -169,6 +172,7 @@ type loadResult struct {
 	lat      []time.Duration
 	requests int
 	errs     []error
+	elapsed  time.Duration // from the first request sent to the last answered
 }
 
 // runLoad sends fresh-key commits to url from purgeClients keep-alive
@@ -204,6 +208,7 @@ func runLoad(cl *http.Client, url string, more func(start time.Time) bool) loadR
 		})
 	}
 	wg.Wait()
+	out.elapsed = time.Since(start)
 	return out
 }
 
