@@ -1,0 +1,244 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+)
+
+// The environment variables of the store-level growth benchmarks
+// (storetest.BenchGrowth), read the same way here.
+const (
+	growthSizesEnv   = "ICEBERG_IDEMPOTENCY_BENCH_GROWTH_SIZES"   // default "10000,1000000"
+	growthSamplesEnv = "ICEBERG_IDEMPOTENCY_BENCH_GROWTH_SAMPLES" // per operation and size, default 2000
+)
+
+// growthKeyPrefix starts the keys of the rows a fill inserts: version 7
+// UUIDs (the handler's default key_versions) that sort before today's, so
+// fresh keys land at the right edge of the primary key, as in production.
+const growthKeyPrefix = "00000000-0000-7000-8000-"
+
+func growthKey(i int) string { return fmt.Sprintf("%s%012d", growthKeyPrefix, i) }
+
+// BenchmarkGrowth is the end-to-end counterpart of the stores' own
+// BenchmarkGrowth: through one Caddy node, the latency of a fresh-key
+// commit and of a replay when the PostgreSQL or MariaDB/MySQL table holds
+// 10,000 and 1,000,000 live final records (ICEBERG_IDEMPOTENCY_BENCH_GROWTH_SIZES).
+//
+// The fill clones a real record: one commit goes through Caddy first, and
+// each size is reached with one INSERT … SELECT that copies its row (its
+// binding, status, headers and ~1.9 KB body) under fresh keys, followed by
+// ANALYZE. Each replay sends the commit again under a key drawn at random
+// from all the filled ones and must get the stored answer back (200,
+// Idempotent-Replayed, the same body); any other answer fails the
+// benchmark. Per size it reports p50 and p99 in milliseconds
+// (fresh-10k-p50-ms, replay-1M-p99-ms, …) of 2,000 sequential requests of
+// each kind (ICEBERG_IDEMPOTENCY_BENCH_GROWTH_SAMPLES), and the ratios of
+// the largest size to the smallest (x-fresh-p50, x-fresh-p99, x-replay-p50,
+// x-replay-p99). Run it with -benchtime 1x:
+//
+//	go test -run '^$' -bench Growth -benchtime 1x ./bench/
+func BenchmarkGrowth(b *testing.B) {
+	sizes := growthSizes(b)
+	samples := envInt(b, growthSamplesEnv, 2000)
+	up := upstream(b)
+	const path = "/v1/namespaces/ns/tables/t"
+	for _, db := range []growthDB{pgGrowthDB(), myGrowthDB()} {
+		b.Run(db.name, func(b *testing.B) {
+			dsn := db.dsn(b)
+			table := tableName()
+			b.Cleanup(func() { db.drop(b, dsn, table) })
+			site := fmt.Sprintf("iceberg_idempotency {\nstore %s {\ndsn %q\ntable %s\n}\n}\nreverse_proxy %s", db.name, dsn, table, up)
+			url := caddyproc.Start(b, caddyproc.Caddyfile("", site)).URL() + path
+			probe := newKey()
+			post(b, url, probe)
+			// Warm the connections, the store's pool and Caddy before the
+			// first size is timed.
+			for range 200 {
+				post(b, url, newKey())
+				post(b, url, probe)
+			}
+
+			rng := rand.New(rand.NewPCG(1, 2))
+			type pcts struct{ p50, p99 float64 }
+			fresh, replay := map[int]pcts{}, map[int]pcts{}
+			have := 0
+			b.ResetTimer()
+			for range b.N {
+				for _, n := range sizes {
+					b.StopTimer()
+					if n > have {
+						t0 := time.Now()
+						got, err := db.fill(context.Background(), dsn, table, probe, have, n)
+						if err != nil {
+							b.Fatalf("filling records %d to %d: %v", have, n, err)
+						}
+						if got != n-have {
+							b.Fatalf("filling records %d to %d: inserted %d", have, n, got)
+						}
+						b.Logf("filled %d records up to %d in %v", n-have, n, time.Since(t0).Round(time.Millisecond))
+						have = n
+					}
+					b.StartTimer()
+
+					fl := make([]time.Duration, samples)
+					for i := range fl {
+						t0 := time.Now()
+						post(b, url, newKey())
+						fl[i] = time.Since(t0)
+					}
+					rl := make([]time.Duration, samples)
+					for i := range rl {
+						t0 := time.Now()
+						replayFilled(b, url, growthKey(rng.IntN(n)))
+						rl[i] = time.Since(t0)
+					}
+					fresh[n] = pcts{percentileMs(fl, 0.50), percentileMs(fl, 0.99)}
+					replay[n] = pcts{percentileMs(rl, 0.50), percentileMs(rl, 0.99)}
+				}
+			}
+			b.StopTimer()
+			for _, n := range sizes {
+				name := growthSizeName(n)
+				b.ReportMetric(fresh[n].p50, "fresh-"+name+"-p50-ms")
+				b.ReportMetric(fresh[n].p99, "fresh-"+name+"-p99-ms")
+				b.ReportMetric(replay[n].p50, "replay-"+name+"-p50-ms")
+				b.ReportMetric(replay[n].p99, "replay-"+name+"-p99-ms")
+			}
+			if len(sizes) > 1 {
+				lo, hi := sizes[0], sizes[len(sizes)-1]
+				b.ReportMetric(fresh[hi].p50/fresh[lo].p50, "x-fresh-p50")
+				b.ReportMetric(fresh[hi].p99/fresh[lo].p99, "x-fresh-p99")
+				b.ReportMetric(replay[hi].p50/replay[lo].p50, "x-replay-p50")
+				b.ReportMetric(replay[hi].p99/replay[lo].p99, "x-replay-p99")
+			}
+		})
+	}
+}
+
+// replayFilled sends the commit under a filled key and fails unless the
+// stored answer comes back.
+func replayFilled(b *testing.B, url, key string) {
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(commitBody))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Idempotent-Replayed") != "true" || !bytes.Equal(body, responseBody) {
+		b.Fatalf("replay of filled key %s: status %d, Idempotent-Replayed %q, body %.200q; want the stored 200",
+			key, resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), body)
+	}
+}
+
+func growthSizes(b *testing.B) []int {
+	b.Helper()
+	spec := os.Getenv(growthSizesEnv)
+	if spec == "" {
+		spec = "10000,1000000"
+	}
+	var sizes []int
+	for _, f := range strings.Split(spec, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			b.Fatalf("%s: %q is not a positive record count", growthSizesEnv, f)
+		}
+		sizes = append(sizes, n)
+	}
+	slices.Sort(sizes)
+	return slices.Compact(sizes)
+}
+
+func growthSizeName(n int) string {
+	switch {
+	case n%1_000_000 == 0:
+		return strconv.Itoa(n/1_000_000) + "M"
+	case n%1000 == 0:
+		return strconv.Itoa(n/1000) + "k"
+	}
+	return strconv.Itoa(n)
+}
+
+// growthDB is one database server as BenchmarkGrowth uses it.
+type growthDB struct {
+	name string // store module
+	dsn  func(b *testing.B) string
+	// fill inserts the live final records growthKey(from) … growthKey(to-1),
+	// clones of the row of key probe, and reports how many went in.
+	fill func(ctx context.Context, dsn, table, probe string, from, to int) (int, error)
+	drop func(b *testing.B, dsn, table string)
+}
+
+func pgGrowthDB() growthDB {
+	pg := pgPurgeDB()
+	return growthDB{
+		name: "postgres",
+		dsn:  pgDSN,
+		fill: func(ctx context.Context, dsn, table, probe string, from, to int) (int, error) {
+			out, err := psqlQuery(ctx, dsn, fmt.Sprintf(`WITH ins AS (
+	INSERT INTO %[1]s (key, operation, path, principal, fingerprint, state, created_at, expires_at, status, headers, body, key_id)
+	SELECT '%[2]s' || lpad(i::text, 12, '0'), p.operation, p.path, p.principal, p.fingerprint, 'final',
+		now(), now() + interval '1 day', p.status, p.headers, p.body, p.key_id
+	FROM generate_series(%[4]d, %[5]d) AS i, (SELECT * FROM %[1]s WHERE key = '%[3]s' AND state = 'final') AS p
+	RETURNING 1
+) SELECT count(*) FROM ins`, table, growthKeyPrefix, probe, from, to-1))
+			if err != nil {
+				return 0, err
+			}
+			n, err := strconv.Atoi(out)
+			if err != nil {
+				return 0, err
+			}
+			_, err = psqlQuery(ctx, dsn, "ANALYZE "+table)
+			return n, err
+		},
+		drop: pg.drop,
+	}
+}
+
+func myGrowthDB() growthDB {
+	my := myPurgeDB()
+	return growthDB{
+		name: "mysql",
+		dsn:  myDSN,
+		fill: func(ctx context.Context, dsn, table, probe string, from, to int) (int, error) {
+			db, _, err := myOpen(dsn)
+			if err != nil {
+				return 0, err
+			}
+			defer db.Close()
+			stmt := fmt.Sprintf("INSERT INTO %[1]s\n"+
+				"\t(`key`, operation, path, principal, fingerprint, state, created_at, expires_at, status, headers, body, key_id)\n"+
+				"%[2]s\n"+
+				"SELECT CONCAT(?, LPAD(i, 12, '0')), p.operation, p.path, p.principal, p.fingerprint, 'final',\n"+
+				"\tUTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 DAY, p.status, p.headers, p.body, p.key_id\n"+
+				"FROM seq, (SELECT * FROM %[1]s WHERE `key` = ? AND state = 'final') AS p\n"+
+				"WHERE i >= ? AND i < ?", table, digitsCTE(to))
+			res, err := db.ExecContext(ctx, stmt, growthKeyPrefix, probe, from, to)
+			if err != nil {
+				return 0, err
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return 0, err
+			}
+			_, err = db.ExecContext(ctx, "ANALYZE TABLE "+table)
+			return int(n), err
+		},
+		drop: my.drop,
+	}
+}
