@@ -79,7 +79,7 @@ if has proxy; then
 fi
 # Bursts and phases that are one measurement each.
 if has bursts; then
-	run "$root/integration" 'Benchmark(Contention|PurgeUnderLoad)$' 1x 1 ./bench/
+	run "$root/integration" 'Benchmark(Contention|PurgeUnderLoad|Growth)$' 1x 1 ./bench/
 fi
 # Store level: cost growth with the table's size, and waiters' wake-up.
 if has stores; then
