@@ -201,3 +201,43 @@ func TestAppSkipsSelfExpiringStores(t *testing.T) {
 		t.Fatalf("logged %d times that the store expires records itself, want once", n)
 	}
 }
+
+// slowPurger takes batchTime for every purge batch and records when each
+// call started and ended.
+type slowPurger struct {
+	stores.Store
+	batchTime time.Duration
+	left      int
+	starts    []time.Time
+	ends      []time.Time
+}
+
+func (s *slowPurger) PurgeExpired(_ context.Context, limit int) (int, error) {
+	s.starts = append(s.starts, time.Now())
+	time.Sleep(s.batchTime)
+	n := min(limit, s.left)
+	s.left -= n
+	s.ends = append(s.ends, time.Now())
+	return n, nil
+}
+
+// A backlog is purged with a pause after each full batch as long as the
+// batch took, so the requests get the database for at least half the time.
+func TestPurgePausesBetweenBatches(t *testing.T) {
+	s := &slowPurger{Store: newMemoryStore(t), batchTime: 20 * time.Millisecond, left: 35}
+	app := &App{CleanupBatch: 10}
+	if err := app.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	app.track("slow/test", s)
+	app.PurgeOnce(t.Context())
+	if len(s.starts) != 4 || s.left != 0 {
+		t.Fatalf("%d batches, %d records left; want 4 batches (10, 10, 10, 5) and none left", len(s.starts), s.left)
+	}
+	for i := 1; i < len(s.starts); i++ {
+		took := s.ends[i-1].Sub(s.starts[i-1])
+		if gap := s.starts[i].Sub(s.ends[i-1]); gap < took {
+			t.Fatalf("batch %d started %v after batch %d ended, which took %v: want a pause at least as long", i, gap, i-1, took)
+		}
+	}
+}

@@ -38,9 +38,14 @@ func concurrencies(b *testing.B) []int {
 // connection pool does.
 var loadClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 
-// send makes one request and checks it got want. It returns an error
-// rather than failing the benchmark, so that client goroutines can call it.
-func send(method, url, key string, want int) error {
+// routeHeader picks the route of the one Caddy process under test that a
+// request takes (see BenchmarkProxy).
+const routeHeader = "X-Bench-Route"
+
+// send makes one request on route and checks it got want. It returns an
+// error rather than failing the benchmark, so that client goroutines can
+// call it.
+func send(method, url, route, key string, want int) error {
 	var body io.Reader
 	if method == http.MethodPost {
 		body = bytes.NewReader(commitBody)
@@ -54,6 +59,9 @@ func send(method, url, key string, want int) error {
 	}
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
+	}
+	if route != "" {
+		req.Header.Set(routeHeader, route)
 	}
 	resp, err := loadClient.Do(req)
 	if err != nil {

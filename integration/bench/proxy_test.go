@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
@@ -12,9 +13,10 @@ import (
 )
 
 // baselineEnv names a Caddy binary built from an earlier commit (see
-// scripts/bench.sh --baseline). When set, every case of the module also
-// runs against that binary right before the current one, and the current
-// one reports vs-baseline: an optimization's before and after in one run.
+// scripts/bench.sh --baseline). When set, a second process runs the same
+// configuration on it, every case runs there right before the current
+// one, and the current one reports vs-baseline: an optimization's before
+// and after in one run.
 const baselineEnv = "ICEBERG_IDEMPOTENCY_BENCH_BASELINE_BINARY"
 
 // maxConnsEnv sets max_conns of the SQL stores and the size of their floor
@@ -25,9 +27,15 @@ const maxConnsEnv = "ICEBERG_IDEMPOTENCY_BENCH_MAX_CONNS"
 // reverse_proxy and, for the SQL stores, beside the floor loop (floor.go),
 // at each client count of ICEBERG_IDEMPOTENCY_BENCH_CLIENTS (default 1
 // and 32). Each case reports req/s, p50-ms, p99-ms and ratios of its
-// throughput measured in the same round: vs-plain (to plain reverse_proxy,
-// same method), vs-floor (SQL fresh keys, to the floor loop) and, with a
-// baseline binary, vs-baseline.
+// throughput to cases measured in the same round: vs-plain (plain
+// reverse_proxy, same method), vs-floor (SQL fresh keys: the floor loop)
+// and, with a baseline binary, vs-baseline (its vs-plain over the
+// baseline's, each process against its own plain route).
+//
+// Plain reverse_proxy and every store are routes of one Caddy process,
+// picked by a request header: separate processes for the two sides of a
+// ratio differed by up to 30% at 32 clients on a 2-core machine with the
+// very same binary, whichever side ran first.
 func BenchmarkProxy(b *testing.B) {
 	up := upstream(b)
 	baseline := os.Getenv(baselineEnv)
@@ -39,118 +47,142 @@ func BenchmarkProxy(b *testing.B) {
 		}
 		maxConns = n
 	}
-
-	// target is one Caddy process under test, and the same configuration
-	// on the baseline binary.
-	type target struct{ url, baseURL string }
-	start := func(site string) target {
-		t := target{url: caddyproc.Start(b, caddyproc.Caddyfile("", site)).URL()}
-		if baseline != "" {
-			t.baseURL = caddyproc.StartWith(b, caddyproc.Caddyfile("", site), caddyproc.Options{Binary: baseline}).URL()
-		}
-		return t
-	}
-	plain := caddyproc.Start(b, caddyproc.Caddyfile("", "reverse_proxy "+up)).URL()
-	memory := start("iceberg_idempotency\nreverse_proxy " + up)
-
-	type sqlTarget struct {
-		name  string
-		node  target
-		floor func(key string) error
-	}
-	var sqls []sqlTarget
 	poolLine := ""
 	if maxConns > 0 {
 		poolLine = fmt.Sprintf("max_conns %d\n", maxConns)
 	}
+
+	// routes are the handle blocks of a process, by route name; the route
+	// without a name is plain reverse_proxy. The baseline process gets
+	// tables of its own: an older binary may not know the current schema.
+	type sqlStore struct{ name, dsn, table, baseTable string }
+	var sqls []sqlStore
 	pgDSN := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/iceberg_idempotency_test?sslmode=disable")
 	myDSN := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/iceberg_idempotency_test")
-	for _, s := range []struct{ name, dsn string }{{"postgres", pgDSN}, {"mysql", myDSN}} {
-		table := tableName()
-		dropTableAtEnd(b, s.name, s.dsn, table)
-		site := fmt.Sprintf("iceberg_idempotency {\nstore %s {\ndsn %q\ntable %s\n%s}\n}\nreverse_proxy %s", s.name, s.dsn, table, poolLine, up)
-		node := start(site)
-		// The first request makes the store's first contact, which
-		// creates the table the floor loop writes to.
-		if err := send(http.MethodPost, node.url+floorPath, newKey(), http.StatusOK); err != nil {
-			b.Fatal(err)
-		}
-		floor := pgFloor
-		if s.name == "mysql" {
-			floor = mysqlFloor
-		}
-		sqls = append(sqls, sqlTarget{s.name, node, floor(b, s.dsn, table, maxConns)})
+	for _, s := range []sqlStore{{"postgres", pgDSN, tableName(), tableName()}, {"mysql", myDSN, tableName(), tableName()}} {
+		dropTableAtEnd(b, s.name, s.dsn, s.table)
+		dropTableAtEnd(b, s.name, s.dsn, s.baseTable)
+		sqls = append(sqls, s)
 	}
-	var redis *target
-	if block, err := redisStoreBlock(b); err == nil {
-		t := start("iceberg_idempotency {\nstore " + block + "\n}\nreverse_proxy " + up)
-		redis = &t
-	} else {
-		b.Logf("redis cases skipped: %v", err)
+	redis, redisErr := redisStoreBlock(b)
+	if redisErr != nil {
+		b.Logf("redis cases skipped: %v", redisErr)
+	}
+	caddyfile := func(baseline bool) string {
+		var site strings.Builder
+		route := func(name, store string) {
+			fmt.Fprintf(&site, "@%[1]s header %[2]s %[1]s\nhandle @%[1]s {\niceberg_idempotency {\nstore %[3]s\n}\nreverse_proxy %[4]s\n}\n", name, routeHeader, store, up)
+		}
+		route("memory", "memory")
+		for _, s := range sqls {
+			table := s.table
+			if baseline {
+				table = s.baseTable
+			}
+			route(s.name, fmt.Sprintf("%s {\ndsn %q\ntable %s\n%s}", s.name, s.dsn, table, poolLine))
+		}
+		if redis != "" {
+			route("redis", redis)
+		}
+		fmt.Fprintf(&site, "handle {\nreverse_proxy %s\n}\n", up)
+		return caddyproc.Caddyfile("", site.String())
+	}
+	head := caddyproc.Start(b, caddyfile(false)).URL()
+	base := ""
+	if baseline != "" {
+		base = caddyproc.StartWith(b, caddyfile(true), caddyproc.Options{Binary: baseline}).URL()
+	}
+	// The first keyed request of a SQL route makes its store's first
+	// contact, which creates the table the floor loop writes to.
+	for _, s := range sqls {
+		for _, url := range []string{head, base} {
+			if url == "" {
+				continue
+			}
+			if err := send(http.MethodPost, url+floorPath, s.name, newKey(), http.StatusOK); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	floors := map[string]func(string) error{}
+	for _, s := range sqls {
+		if s.name == "postgres" {
+			floors[s.name] = pgFloor(b, s.dsn, s.table, maxConns)
+		} else {
+			floors[s.name] = mysqlFloor(b, s.dsn, s.table, maxConns)
+		}
 	}
 
 	for _, clients := range concurrencies(b) {
 		b.Run(fmt.Sprintf("c=%d", clients), func(b *testing.B) {
-			ref := map[string]float64{} // ns/op of the reference cases of this round
-			// run measures one case; ratios name the reference cases it
-			// is compared with, by metric.
+			perSec := map[string]float64{} // req/s of the cases of this round
+			// run measures one case and reports its throughput's ratio to
+			// each earlier case of the round named in ratios.
 			run := func(name string, op func(i int) error, ratios map[string]string) {
 				b.Run(name, func(b *testing.B) {
-					ns := drive(b, clients, op)
-					ref[name] = ns
+					rate := 1e9 / drive(b, clients, op)
+					perSec[name] = rate
 					for metric, of := range ratios {
-						if base := ref[of]; base > 0 {
-							b.ReportMetric(base/ns, metric)
+						if ref := perSec[of]; ref > 0 {
+							b.ReportMetric(rate/ref, metric)
+						}
+					}
+					if base := perSec[name+"/baseline"]; base > 0 && ratios["vs-plain"] != "" {
+						if plain, basePlain := perSec[ratios["vs-plain"]], perSec[ratios["vs-plain"]+"/baseline"]; plain > 0 && basePlain > 0 {
+							b.ReportMetric((rate/plain)/(base/basePlain), "vs-baseline")
 						}
 					}
 				})
 			}
-			post := func(url string) func(int) error {
-				return func(int) error { return send(http.MethodPost, url+floorPath, "", http.StatusOK) }
-			}
-			get := func(url string) func(int) error {
-				return func(int) error { return send(http.MethodGet, url+"/v1/namespaces/ns", "", http.StatusOK) }
-			}
-			fresh := func(url string) func(int) error {
-				return func(int) error { return send(http.MethodPost, url+floorPath, newKey(), http.StatusOK) }
-			}
-			replay := func(url string) func(int) error {
-				key := newKey()
-				if err := send(http.MethodPost, url+floorPath, key, http.StatusOK); err != nil {
-					b.Fatal(err)
+			// both runs a case on the baseline process first, if any.
+			both := func(name string, op func(url string) func(int) error, ratios map[string]string) {
+				if base != "" {
+					run(name+"/baseline", op(base), nil)
 				}
-				return func(int) error { return send(http.MethodPost, url+floorPath, key, http.StatusOK) }
+				run(name, op(head), ratios)
 			}
-			// both runs a case of an iceberg_idempotency node, first on
-			// the baseline binary when there is one.
-			both := func(name string, node target, op func(url string) func(int) error, ratios map[string]string) {
-				if node.baseURL != "" {
-					run(name+"/baseline", op(node.baseURL), ratios)
-					r := map[string]string{"vs-baseline": name + "/baseline"}
-					for k, v := range ratios {
-						r[k] = v
+			post := func(route string) func(string) func(int) error {
+				return func(url string) func(int) error {
+					return func(int) error { return send(http.MethodPost, url+floorPath, route, "", http.StatusOK) }
+				}
+			}
+			get := func(route string) func(string) func(int) error {
+				return func(url string) func(int) error {
+					return func(int) error { return send(http.MethodGet, url+"/v1/namespaces/ns", route, "", http.StatusOK) }
+				}
+			}
+			fresh := func(route string) func(string) func(int) error {
+				return func(url string) func(int) error {
+					return func(int) error { return send(http.MethodPost, url+floorPath, route, newKey(), http.StatusOK) }
+				}
+			}
+			replay := func(route string) func(string) func(int) error {
+				return func(url string) func(int) error {
+					key := newKey()
+					if err := send(http.MethodPost, url+floorPath, route, key, http.StatusOK); err != nil {
+						b.Fatal(err)
 					}
-					ratios = r
+					return func(int) error { return send(http.MethodPost, url+floorPath, route, key, http.StatusOK) }
 				}
-				run(name, op(node.url), ratios)
 			}
 			vsPost := map[string]string{"vs-plain": "plain/post"}
 			vsGet := map[string]string{"vs-plain": "plain/get"}
 
-			run("plain/post", post(plain), nil)
-			run("plain/get", get(plain), nil)
-			both("memory/no_key", memory, post, vsPost)
-			both("memory/get", memory, get, vsGet)
-			both("memory/fresh_key", memory, fresh, vsPost)
-			both("memory/replay", memory, replay, vsPost)
+			both("plain/post", post(""), nil)
+			both("plain/get", get(""), nil)
+			both("memory/no_key", post("memory"), vsPost)
+			both("memory/get", get("memory"), vsGet)
+			both("memory/fresh_key", fresh("memory"), vsPost)
+			both("memory/replay", replay("memory"), vsPost)
 			for _, s := range sqls {
-				run(s.name+"/floor", func(int) error { return s.floor(newKey()) }, vsPost)
-				both(s.name+"/fresh_key", s.node, fresh, map[string]string{"vs-plain": "plain/post", "vs-floor": s.name + "/floor"})
-				both(s.name+"/replay", s.node, replay, vsPost)
+				floor := floors[s.name]
+				run(s.name+"/floor", func(int) error { return floor(newKey()) }, vsPost)
+				both(s.name+"/fresh_key", fresh(s.name), map[string]string{"vs-plain": "plain/post", "vs-floor": s.name + "/floor"})
+				both(s.name+"/replay", replay(s.name), vsPost)
 			}
-			if redis != nil {
-				both("redis/fresh_key", *redis, fresh, vsPost)
-				both("redis/replay", *redis, replay, vsPost)
+			if redis != "" {
+				both("redis/fresh_key", fresh("redis"), vsPost)
+				both("redis/replay", replay("redis"), vsPost)
 			}
 		})
 	}

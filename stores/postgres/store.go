@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,8 +68,11 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 		password: pcfg.ConnConfig.Password,
 		log:      logger.With(zap.String("table", cfg.Table)),
 	}
-	if cfg.MaxConns > 0 {
+	switch {
+	case cfg.MaxConns > 0:
 		pcfg.MaxConns = int32(cfg.MaxConns)
+	case !strings.Contains(cfg.DSN, "pool_max_conns"):
+		pcfg.MaxConns = DefaultMaxConns
 	}
 	cc := pcfg.ConnConfig
 	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > cfg.StatementTimeout {

@@ -1,0 +1,31 @@
+package postgres
+
+import "testing"
+
+// The pool holds DefaultMaxConns unless max_conns or the DSN's
+// pool_max_conns says otherwise. Opening connects to nothing, so this
+// needs no server.
+func TestPoolSize(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		dsn      string
+		maxConns int
+		want     int32
+	}{
+		{"default", "postgres://u@127.0.0.1:1/db", 0, DefaultMaxConns},
+		{"max_conns", "postgres://u@127.0.0.1:1/db", 5, 5},
+		{"dsn pool_max_conns", "postgres://u@127.0.0.1:1/db?pool_max_conns=3", 0, 3},
+		{"max_conns over the dsn", "postgres://u@127.0.0.1:1/db?pool_max_conns=3", 7, 7},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Open(t.Context(), Config{DSN: tt.dsn, MaxConns: tt.maxConns}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if got := s.pool.Config().MaxConns; got != tt.want {
+				t.Fatalf("pool max conns %d, want %d", got, tt.want)
+			}
+		})
+	}
+}
