@@ -53,8 +53,9 @@ const maxAttempts = 5
 func (g *guarded) run() error {
 	h := g.h
 	g.owner = uuid.NewString()
-	waitCtx, cancel := context.WithTimeout(g.r.Context(), time.Duration(h.InFlightWait))
-	defer cancel()
+	// The wait's deadline is made when a wait begins: most keyed requests
+	// reserve at once and never need its timer.
+	var waitCtx context.Context
 
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		res, err := h.store.Reserve(g.r.Context(), stores.Reservation{
@@ -78,6 +79,11 @@ func (g *guarded) run() error {
 		}
 		if rec.State == stores.StateInFlight && !rec.Abandoned {
 			g.log(zapcore.DebugLevel, "key in flight: waiting for its owner", zap.String("outcome", "wait"))
+			if waitCtx == nil {
+				var cancel context.CancelFunc
+				waitCtx, cancel = context.WithTimeout(g.r.Context(), time.Duration(h.InFlightWait))
+				defer cancel()
+			}
 			rec, err = h.store.Await(waitCtx, g.key)
 			switch {
 			case g.r.Context().Err() != nil:
