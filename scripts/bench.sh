@@ -85,6 +85,7 @@ fi
 if has stores; then
 	run "$root" 'BenchmarkGrowth$' 1x 1 ./stores/...
 	run "$root" 'BenchmarkAwaitWake$' 60x 1 ./stores/...
+	run "$root" 'BenchmarkFinalizeNotify$' "$benchtime" "$count" ./stores/postgres/
 fi
 
 {
