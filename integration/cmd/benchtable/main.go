@@ -51,6 +51,7 @@ func parse(r io.Reader, passthrough io.Writer) ([]*table, []string, error) {
 		tables []*table
 		byName = map[string]*table{}
 		header []string
+		pkg    string
 	)
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
@@ -60,6 +61,9 @@ func parse(r io.Reader, passthrough io.Writer) ([]*table, []string, error) {
 			if strings.HasPrefix(line, p) && !slices.Contains(header, line) {
 				header = append(header, line)
 			}
+		}
+		if p, ok := strings.CutPrefix(line, "pkg: "); ok {
+			pkg = p
 		}
 		fields := strings.Fields(line)
 		if len(fields) < 4 || !strings.HasPrefix(fields[0], "Benchmark") {
@@ -72,6 +76,13 @@ func parse(r io.Reader, passthrough io.Writer) ([]*table, []string, error) {
 		}
 		name := procsSuffix.ReplaceAllString(fields[0], "")
 		top, row, _ := strings.Cut(name, "/")
+		if row == "" {
+			row = "-"
+		}
+		// Packages may have benchmarks of the same name (one per store).
+		if pkg != "" {
+			top = pkg[strings.LastIndex(pkg, "/")+1:] + ": " + top
+		}
 		t := byName[top]
 		if t == nil {
 			t = &table{name: top, values: map[string]map[string][]float64{}}
