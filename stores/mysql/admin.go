@@ -22,6 +22,9 @@ func (s *Store) Forget(ctx context.Context, key string) (bool, error) {
 		return false, fmt.Errorf("mysql forget: %w", err)
 	}
 	n, err := s.exec(ctx, "forget", &s.stmts.forget, key)
+	if n > 0 {
+		s.wakers.Wake(key)
+	}
 	return n > 0, err
 }
 

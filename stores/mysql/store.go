@@ -34,6 +34,13 @@ type Store struct {
 	maxRow            atomic.Int64
 	clientPacketLimit int64 // the driver's cap on packets it sends
 
+	// MySQL has no notification: Awaits poll, one shared poll per key
+	// (awaits), and a change made through this store wakes its own
+	// node's Awaits at once (wakers); other nodes' see it at their next
+	// poll.
+	awaits sqlstore.AwaitGroup
+	wakers sqlstore.Wakers
+
 	closeOnce sync.Once
 }
 
@@ -296,7 +303,10 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 		return nil, err
 	}
 	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
-	return sqlstore.Await(ctx, s.backoff, load, nil, nil)
+	subscribe := func() (<-chan struct{}, func()) { return s.wakers.Subscribe(key) }
+	return s.awaits.Do(ctx, key, func(ctx context.Context) (*stores.Record, error) {
+		return sqlstore.Await(ctx, s.backoff, load, subscribe, nil)
+	})
 }
 
 // Finalize implements stores.Store. One statement; it always changes the
@@ -333,6 +343,7 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 	if n == 0 {
 		return stores.ErrNotOwner
 	}
+	s.wakers.Wake(key)
 	return nil
 }
 
@@ -345,6 +356,7 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 	if n == 0 {
 		return stores.ErrNotOwner
 	}
+	s.wakers.Wake(key)
 	return nil
 }
 
@@ -369,10 +381,13 @@ func (s *Store) Abandon(ctx context.Context, key, owner string) error {
 	if err != nil {
 		return err
 	}
-	if n > 0 {
-		return nil
+	if n == 0 {
+		if err := s.confirmOwned(ctx, "abandon", key, owner); err != nil {
+			return err
+		}
 	}
-	return s.confirmOwned(ctx, "abandon", key, owner)
+	s.wakers.Wake(key)
+	return nil
 }
 
 // confirmOwned tells a statement that matched no row because the owner's
@@ -400,6 +415,9 @@ func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, le
 	n, err := s.exec(ctx, "take over", &s.stmts.takeOver, newOwner, sqlstore.Micros(lease), key, oldOwner)
 	if err != nil {
 		return false, err
+	}
+	if n == 1 {
+		s.wakers.Wake(key)
 	}
 	return n == 1, nil
 }

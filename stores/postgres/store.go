@@ -30,6 +30,7 @@ type Store struct {
 	log      *zap.Logger
 	lazy     sqlstore.Lazy
 	migrated bool // by an earlier attempt of the first contact
+	awaits   sqlstore.AwaitGroup
 
 	closeOnce sync.Once
 	// lostRaces counts Reserve statements re-run after seeing neither a
@@ -278,7 +279,12 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 		sub = func() (<-chan struct{}, func()) { return s.listener.Subscribe(key) }
 		mark = func(ctx context.Context) error { return s.mark(ctx, key) }
 	}
-	return sqlstore.Await(ctx, s.backoff, load, sub, mark)
+	// One shared wait per key on this node: a thousand duplicates of one
+	// key then cost one mark and one reload per notification, not a
+	// thousand.
+	return s.awaits.Do(ctx, key, func(ctx context.Context) (*stores.Record, error) {
+		return sqlstore.Await(ctx, s.backoff, load, sub, mark)
+	})
 }
 
 // mark sets watched on key's in-flight row, so that its next change

@@ -1,0 +1,103 @@
+package sqlstore
+
+import (
+	"context"
+	"sync"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+)
+
+// AwaitGroup lets the Awaits of one key on one node share a single wait:
+// the first runs it, later ones join it, and each gets its result. A
+// thousand duplicates of one key then cost one poll loop (and one mark and
+// reload on a notification) per node instead of a thousand. The zero value
+// is ready to use.
+type AwaitGroup struct {
+	mu    sync.Mutex
+	calls map[string]*awaitCall
+}
+
+type awaitCall struct {
+	done    chan struct{}
+	rec     *stores.Record
+	err     error
+	waiters int                // Awaits still waiting for done
+	cancel  context.CancelFunc // ends the shared wait once no Await waits
+}
+
+// Do runs await for key, or joins the one running. The shared wait runs
+// until it ends or every Await that joined it has left (its own context
+// ended); each Await returns its own context's error when it leaves. The
+// record each gets is its own copy.
+func (g *AwaitGroup) Do(ctx context.Context, key string, await func(context.Context) (*stores.Record, error)) (*stores.Record, error) {
+	g.mu.Lock()
+	if g.calls == nil {
+		g.calls = make(map[string]*awaitCall)
+	}
+	c := g.calls[key]
+	if c == nil {
+		// Detached from the first Await, which may leave before others.
+		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		c = &awaitCall{done: make(chan struct{}), cancel: cancel}
+		g.calls[key] = c
+		go func() {
+			rec, err := await(runCtx)
+			g.mu.Lock()
+			if g.calls[key] == c {
+				delete(g.calls, key)
+			}
+			c.rec, c.err = rec, err
+			g.mu.Unlock()
+			close(c.done)
+			cancel()
+		}()
+	}
+	c.waiters++
+	g.mu.Unlock()
+
+	select {
+	case <-c.done:
+		if c.err != nil {
+			return nil, c.err
+		}
+		return copyRecord(c.rec), nil
+	case <-ctx.Done():
+		g.mu.Lock()
+		c.waiters--
+		if c.waiters == 0 {
+			// Nobody left to answer: stop, and let the next Await of
+			// the key start afresh instead of joining a cancelled wait.
+			c.cancel()
+			if g.calls[key] == c {
+				delete(g.calls, key)
+			}
+		}
+		g.mu.Unlock()
+		return nil, ctx.Err()
+	}
+}
+
+// copyRecord gives an Await a record of its own: the callers may change
+// what they got, and they must not change one another's.
+func copyRecord(rec *stores.Record) *stores.Record {
+	if rec == nil {
+		return nil
+	}
+	out := *rec
+	if rec.Response != nil {
+		resp := *rec.Response
+		resp.Header = rec.Response.Header.Clone()
+		out.Response = &resp
+	}
+	return &out
+}
+
+// Waiting reports how many Awaits wait on key's shared wait.
+func (g *AwaitGroup) Waiting(key string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if c := g.calls[key]; c != nil {
+		return c.waiters
+	}
+	return 0
+}
