@@ -16,6 +16,20 @@ import (
 )
 
 // GrowthSizesEnv names the environment variable with the record counts
+// GrowthSamples is the count of GrowthSamplesEnv, by default 2,000.
+func GrowthSamples(b *testing.B) int {
+	b.Helper()
+	v := os.Getenv(GrowthSamplesEnv)
+	if v == "" {
+		return 2000
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s: %q is not a positive count", GrowthSamplesEnv, v)
+	}
+	return n
+}
+
 // BenchGrowth measures at, comma-separated, smallest first.
 const GrowthSizesEnv = "ICEBERG_IDEMPOTENCY_BENCH_GROWTH_SIZES"
 
@@ -84,15 +98,7 @@ func GrowthSizes(b *testing.B) []int {
 // (default 2,000) of each operation per size.
 func BenchGrowth(b *testing.B, s stores.Store, fill func(b *testing.B, from, to int)) {
 	sizes := GrowthSizes(b)
-	samples := 2000
-	if v := os.Getenv(GrowthSamplesEnv); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n <= 0 {
-			b.Fatalf("%s: %q is not a positive count", GrowthSamplesEnv, v)
-		}
-		samples = n
-	}
-	samples *= b.N
+	samples := GrowthSamples(b) * b.N
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
 	type pcts struct{ p50, p99 float64 }
@@ -139,9 +145,9 @@ func BenchGrowth(b *testing.B, s stores.Store, fill func(b *testing.B, from, to 
 				b.Fatalf("Load of filled key %s at %d records: %+v, want a final record", key, n, rec)
 			}
 		}
-		reserve[n] = pcts{percentileUs(res, 0.50), percentileUs(res, 0.99)}
-		load[n] = pcts{percentileUs(lds, 0.50), percentileUs(lds, 0.99)}
-		name := sizeName(n)
+		reserve[n] = pcts{us(Percentile(res, 0.50)), us(Percentile(res, 0.99))}
+		load[n] = pcts{us(Percentile(lds, 0.50)), us(Percentile(lds, 0.99))}
+		name := SizeName(n)
 		b.ReportMetric(reserve[n].p50, "reserve-"+name+"-p50-us")
 		b.ReportMetric(reserve[n].p99, "reserve-"+name+"-p99-us")
 		b.ReportMetric(load[n].p50, "load-"+name+"-p50-us")
@@ -178,14 +184,8 @@ func checkGrowthRecord(b *testing.B, s stores.Store, key string) {
 	}
 }
 
-func percentileUs(d []time.Duration, p float64) float64 {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return float64(s[min(len(s)-1, int(p*float64(len(s))))]) / float64(time.Microsecond)
-}
-
-// sizeName writes a record count the short way: 10k, 1M, 2500.
-func sizeName(n int) string {
+// SizeName writes a record count the short way: 10k, 1M, 2500.
+func SizeName(n int) string {
 	switch {
 	case n%1_000_000 == 0:
 		return strconv.Itoa(n/1_000_000) + "M"
@@ -194,3 +194,5 @@ func sizeName(n int) string {
 	}
 	return strconv.Itoa(n)
 }
+
+func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
