@@ -23,10 +23,10 @@ func TestAdminAPI(t *testing.T) {
 		testAdminAPI(t, "memory", "")
 	})
 	for _, db := range multiNodeDBs {
-		t.Run(db.name, func(t *testing.T) {
+		t.Run(db.Name, func(t *testing.T) {
 			t.Parallel()
 			dsn := db.dsn(t)
-			testAdminAPI(t, db.name, db.storeBlock(dsn, db.newTable(t, dsn)))
+			testAdminAPI(t, db.Name, db.storeBlock(dsn, db.newTable(t, dsn)))
 		})
 	}
 }

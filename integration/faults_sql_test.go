@@ -25,7 +25,7 @@ import (
 // forEachSQLFaultDB runs test once per database server, one after the other.
 func forEachSQLFaultDB(t *testing.T, test func(t *testing.T, db *sqlDB, dsn string)) {
 	for _, db := range multiNodeDBs {
-		t.Run(db.name, func(t *testing.T) { test(t, db, db.dsn(t)) })
+		t.Run(db.Name, func(t *testing.T) { test(t, db, db.dsn(t)) })
 	}
 }
 
@@ -112,7 +112,7 @@ func TestFaultSQLNodeKilled(t *testing.T) {
 		wantCount(t, b, path, 1)
 
 		recordFault(faultRow{
-			Fault:      "node SIGKILL mid-commit, retry on the other node (" + db.name + ")",
+			Fault:      "node SIGKILL mid-commit, retry on the other node (" + db.Name + ")",
 			Sent:       sent,
 			Keys:       1,
 			Executions: b.Count(path),
@@ -153,7 +153,7 @@ func TestFaultSQLDatabaseGone(t *testing.T) {
 
 		stop := make(chan struct{})
 		done := make(chan *sqlFaultLoad, 1)
-		go func() { done <- runSQLFaultLoad(nodes, "dbgone-"+db.name, stop) }()
+		go func() { done <- runSQLFaultLoad(nodes, "dbgone-"+db.Name, stop) }()
 		time.Sleep(time.Second)
 		proxy.Stop()
 		cut := time.Now()
@@ -209,7 +209,7 @@ func TestFaultSQLDatabaseGone(t *testing.T) {
 			t.Errorf("%d duplicate executions", out.Duplicates)
 		}
 		recordFault(faultRow{
-			Fault:      "database cut 3s (connections dropped, new ones refused) under 32-client load (" + db.name + ")",
+			Fault:      "database cut 3s (connections dropped, new ones refused) under 32-client load (" + db.Name + ")",
 			Sent:       load.Sent,
 			Keys:       len(load.Commits),
 			Executions: out.Executions,
@@ -260,7 +260,7 @@ func testSQLReloadUnderLoad(t *testing.T, db *sqlDB, dsn, mode string) {
 
 	stop := make(chan struct{})
 	done := make(chan *sqlFaultLoad, 1)
-	go func() { done <- runSQLFaultLoad(nodes, "reload-"+mode+"-"+db.name, stop) }()
+	go func() { done <- runSQLFaultLoad(nodes, "reload-"+mode+"-"+db.Name, stop) }()
 	stopLoad := func() *sqlFaultLoad {
 		close(stop)
 		select {
@@ -348,7 +348,7 @@ func testSQLReloadUnderLoad(t *testing.T, db *sqlDB, dsn, mode string) {
 		what = "pool kept (in_flight_wait 10s↔11s)"
 	}
 	recordFault(faultRow{
-		Fault:      fmt.Sprintf("%d reloads under 32-client load, %s (%s)", reloads, what, db.name),
+		Fault:      fmt.Sprintf("%d reloads under 32-client load, %s (%s)", reloads, what, db.Name),
 		Sent:       load.Sent,
 		Keys:       len(load.Commits),
 		Executions: out.Executions,

@@ -34,7 +34,7 @@ func multiNodePath(table string) string { return "/v1/namespaces/multinode/table
 func forEachDB(t *testing.T, test func(t *testing.T, db *sqlDB, dsn string)) {
 	t.Parallel()
 	for _, db := range multiNodeDBs {
-		t.Run(db.name, func(t *testing.T) {
+		t.Run(db.Name, func(t *testing.T) {
 			t.Parallel()
 			test(t, db, db.dsn(t))
 		})

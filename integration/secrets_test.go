@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
 )
 
 // The environment variables the tests put the secrets in.
@@ -94,10 +95,10 @@ func forEachSecretStore(t *testing.T, withMemory bool, test func(t *testing.T, s
 		})
 	}
 	for _, db := range multiNodeDBs {
-		t.Run(db.name, func(t *testing.T) {
+		t.Run(db.Name, func(t *testing.T) {
 			t.Parallel()
 			dsn := db.dsn(t)
-			test(t, &secretStore{name: db.name, db: db, dsn: dsn, table: db.newTable(t, dsn)})
+			test(t, &secretStore{name: db.Name, db: db, dsn: dsn, table: db.newTable(t, dsn)})
 		})
 	}
 }
@@ -229,7 +230,7 @@ func pgDump(ctx context.Context, dsn, table string) (string, error) {
 }
 
 func myDump(ctx context.Context, dsn, table string) (string, error) {
-	db, _, err := myOpen(dsn)
+	db, _, err := testdb.OpenMySQL(dsn)
 	if err != nil {
 		return "", err
 	}
@@ -276,7 +277,7 @@ func moveRecord(t *testing.T, s *secretStore, from, to string) {
 		col = "`key`"
 	}
 	stmt := fmt.Sprintf("UPDATE %s SET %s = '%s' WHERE %s = '%s'", s.table, col, to, col, from)
-	if err := s.db.exec(ctx, s.dsn, stmt); err != nil {
+	if err := s.db.Exec(ctx, s.dsn, stmt); err != nil {
 		t.Fatalf("moving the record: %v", err)
 	}
 	if dump := dumpRecords(t, s); !strings.Contains(dump, to) || strings.Contains(dump, from) {

@@ -36,15 +36,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The default test databases, created when missing (as .ci/run does).
-if [[ -z "${ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN:-}" ]]; then
-	psql -X -q -h 127.0.0.1 -U postgres -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'iceberg_idempotency_test'" | grep -q 1 ||
-		psql -X -q -h 127.0.0.1 -U postgres -d postgres -c "CREATE DATABASE iceberg_idempotency_test" || true
-fi
-if [[ -z "${ICEBERG_IDEMPOTENCY_TEST_MYSQL_DSN:-}" ]]; then
-	mysql -h 127.0.0.1 -u root -e "CREATE DATABASE IF NOT EXISTS iceberg_idempotency_test" || true
-fi
-
 echo "building caddy from the working tree" >&2
 (cd "$root" && go build -o "$work/caddy" ./cmd/caddy)
 export CADDY_BINARY="$work/caddy"

@@ -24,6 +24,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
 
@@ -84,7 +85,7 @@ const (
 // reason the server cannot be reached. The server is shared with other
 // tests, so the benchmark never flushes it: when it ends it deletes only
 // the keys under its own prefix. It talks to the server through redis-cli,
-// as pgStoreBlock does through psql, so that this module needs no Redis
+// as testdb does PostgreSQL through psql, so that this module needs no Redis
 // client of its own.
 func redisStoreBlock(b *testing.B) (string, error) {
 	addr := sqltest.DSN(redisAddrEnv, "127.0.0.1:6379")
@@ -184,13 +185,12 @@ func BenchmarkSecret(b *testing.B) {
 	}
 
 	run(b, "plain_reverse_proxy", "no_key", fresh(plainURL))
-	pgDSN := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/iceberg_idempotency_test?sslmode=disable")
 	stores := []struct {
 		name  string
 		block func() string
 	}{
 		{"memory", func() string { return "memory" }},
-		{"postgres", func() string { return pgStoreBlock(b, pgDSN) }},
+		{"postgres", func() string { return storeBlock(b, testdb.Postgres) }},
 	}
 	for _, s := range stores {
 		// Without and with a secret on separate nodes (and tables), each
@@ -203,16 +203,21 @@ func BenchmarkSecret(b *testing.B) {
 	}
 }
 
-// pgStoreBlock is a postgres store block on a fresh table, dropped (with
+// storeBlock is a store block of server on a fresh table, dropped (with
 // its schema-version table) when the benchmark ends.
-func pgStoreBlock(b *testing.B, dsn string) string {
+func storeBlock(b *testing.B, server *testdb.Server) string {
+	dsn := server.DSN(b)
 	table := tableName()
+	dropAtEnd(b, server, dsn, table)
+	return fmt.Sprintf("%s {\ndsn %q\ntable %s\n}", server.Name, dsn, table)
+}
+
+// dropAtEnd drops table when the benchmark ends; a failure is only
+// logged, as the measurement stands.
+func dropAtEnd(b *testing.B, server *testdb.Server, dsn, table string) {
 	b.Cleanup(func() {
-		cmd := exec.Command("psql", "-X", "-q", "-d", dsn, "-c", "DROP TABLE IF EXISTS "+table+", "+table+"_schema")
-		cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=5")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Logf("dropping %s: %v: %s", table, err, out)
+		if err := server.Drop(dsn, table); err != nil {
+			b.Logf("dropping %s: %v", table, err)
 		}
 	})
-	return fmt.Sprintf("postgres {\ndsn %q\ntable %s\n}", dsn, table)
 }

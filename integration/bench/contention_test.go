@@ -3,8 +3,6 @@ package bench
 import (
 	"bytes"
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,18 +10,16 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
 // Environment variables that size BenchmarkContention; the defaults are the
@@ -79,8 +75,8 @@ func BenchmarkContention(b *testing.B) {
 	}
 	storeCases := []storeCase{
 		{"memory", 1, func(*testing.B) string { return "memory" }},
-		{"postgres", 2, func(b *testing.B) string { return pgStoreBlock(b, pgDSN(b)) }},
-		{"mysql", 2, func(b *testing.B) string { return myStoreBlock(b, myDSN(b)) }},
+		{"postgres", 2, func(b *testing.B) string { return storeBlock(b, testdb.Postgres) }},
+		{"mysql", 2, func(b *testing.B) string { return storeBlock(b, testdb.MySQL) }},
 		{"redis", 2, func(b *testing.B) string {
 			block, err := redisStoreBlock(b)
 			if err != nil {
@@ -342,10 +338,9 @@ func warmUp(b *testing.B, cl *http.Client, nodes []string, n int) {
 	}
 }
 
+// percentileMs is storetest.Percentile in milliseconds.
 func percentileMs(d []time.Duration, p float64) float64 {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return float64(s[min(len(s)-1, int(p*float64(len(s))))]) / float64(time.Millisecond)
+	return float64(storetest.Percentile(d, p)) / float64(time.Millisecond)
 }
 
 func envInt(b *testing.B, env string, def int) int {
@@ -359,136 +354,4 @@ func envInt(b *testing.B, env string, def int) int {
 		b.Fatalf("%s: %q is not a positive integer", env, v)
 	}
 	return n
-}
-
-// --- Database servers, found as the store packages' own tests find them ---
-
-const (
-	pgDSNEnv     = "ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN"
-	pgDefaultDSN = "postgres://postgres@127.0.0.1:5432/iceberg_idempotency_test?sslmode=disable"
-	pgStartHint  = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
-	myDSNEnv     = "ICEBERG_IDEMPOTENCY_TEST_MYSQL_DSN"
-	myDefaultDSN = "root@tcp(127.0.0.1:3306)/iceberg_idempotency_test"
-	myStartHint  = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd"
-)
-
-var (
-	pgOnce, myOnce sync.Once
-	pgErr, myErr   error
-)
-
-// pgDSN is the PostgreSQL test server's DSN, its database created on first
-// use; an unreachable server skips the benchmark (fails it under CI=true).
-func pgDSN(b *testing.B) string {
-	b.Helper()
-	dsn := sqltest.DSN(pgDSNEnv, pgDefaultDSN)
-	pgOnce.Do(func() { pgErr = pgEnsure(dsn) })
-	if pgErr != nil {
-		sqltest.Unavailable(b, "PostgreSQL", pgDSNEnv, pgStartHint, pgErr)
-	}
-	return dsn
-}
-
-// psqlQuery runs one statement with psql and returns its unaligned,
-// tuples-only output.
-func psqlQuery(ctx context.Context, dsn, stmt string) (string, error) {
-	cmd := exec.CommandContext(ctx, "psql", "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-c", stmt)
-	cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=5")
-	var out, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &stderr
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("psql: %v: %s", err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	return strings.TrimSpace(out.String()), nil
-}
-
-func pgEnsure(dsn string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if _, err := exec.LookPath("psql"); err != nil {
-		return fmt.Errorf("the benchmarks administer PostgreSQL with psql (postgresql-client): %w", err)
-	}
-	_, err := psqlQuery(ctx, dsn, "SELECT 1")
-	if err == nil || !strings.Contains(err.Error(), "does not exist") {
-		return err
-	}
-	u, perr := url.Parse(dsn)
-	if perr != nil || !strings.HasPrefix(dsn, "postgres") || u.Path == "" {
-		return err // only a URL DSN says which database to create
-	}
-	name := strings.TrimPrefix(u.Path, "/")
-	u.Path = "/postgres"
-	_, err = psqlQuery(ctx, u.String(), `CREATE DATABASE "`+strings.ReplaceAll(name, `"`, `""`)+`"`)
-	if err != nil && strings.Contains(err.Error(), "already exists") {
-		err = nil
-	}
-	return err
-}
-
-// myDSN is the MySQL/MariaDB test server's DSN, its database created on
-// first use; an unreachable server skips the benchmark (fails it under
-// CI=true).
-func myDSN(b *testing.B) string {
-	b.Helper()
-	dsn := sqltest.DSN(myDSNEnv, myDefaultDSN)
-	myOnce.Do(func() { myErr = myEnsure(dsn) })
-	if myErr != nil {
-		sqltest.Unavailable(b, "MySQL/MariaDB", myDSNEnv, myStartHint, myErr)
-	}
-	return dsn
-}
-
-func myOpen(dsn string) (*sql.DB, *mysql.Config, error) {
-	cfg, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return nil, nil, errors.New("unparsable MySQL DSN") // never echo it: it may hold a password
-	}
-	cfg.Timeout = 5 * time.Second
-	connector, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, nil, err
-	}
-	return sql.OpenDB(connector), cfg, nil
-}
-
-func myEnsure(dsn string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	db, cfg, err := myOpen(dsn)
-	if err != nil {
-		return err
-	}
-	err = db.PingContext(ctx)
-	db.Close()
-	var me *mysql.MySQLError
-	if !errors.As(err, &me) || me.Number != 1049 { // ER_BAD_DB_ERROR
-		return err
-	}
-	name := cfg.DBName
-	cfg.DBName = ""
-	db, _, err = myOpen(cfg.FormatDSN())
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	_, err = db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+strings.ReplaceAll(name, "`", "``")+"`")
-	return err
-}
-
-// myStoreBlock is a mysql store block on a fresh table, dropped (with its
-// schema-version table) when the benchmark ends.
-func myStoreBlock(b *testing.B, dsn string) string {
-	table := tableName()
-	b.Cleanup(func() {
-		db, _, err := myOpen(dsn)
-		if err != nil {
-			b.Logf("dropping %s: %v", table, err)
-			return
-		}
-		defer db.Close()
-		if _, err := db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_schema"); err != nil {
-			b.Logf("dropping %s: %v", table, err)
-		}
-	})
-	return fmt.Sprintf("mysql {\ndsn %q\ntable %s\n}", dsn, table)
 }

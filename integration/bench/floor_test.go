@@ -120,29 +120,3 @@ func mysqlFloor(b *testing.B, dsn, table string, maxConns int) func(key string) 
 		return nil
 	}
 }
-
-// dropTableAtEnd drops table and its schema-version table when the
-// benchmark ends.
-func dropTableAtEnd(b *testing.B, dialect, dsn, table string) {
-	b.Cleanup(func() {
-		stmt := "DROP TABLE IF EXISTS " + table + ", " + table + "_schema"
-		var err error
-		switch dialect {
-		case "postgres":
-			var pool *pgxpool.Pool
-			if pool, err = pgxpool.New(context.Background(), dsn); err == nil {
-				_, err = pool.Exec(context.Background(), stmt)
-				pool.Close()
-			}
-		default:
-			var db *sql.DB
-			if db, err = sql.Open("mysql", dsn); err == nil {
-				_, err = db.Exec(stmt)
-				_ = db.Close()
-			}
-		}
-		if err != nil {
-			b.Logf("dropping %s: %v", table, err)
-		}
-	})
-}

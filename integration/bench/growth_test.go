@@ -7,29 +7,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"slices"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
-
-// The environment variables of the store-level growth benchmarks
-// (storetest.BenchGrowth), read the same way here.
-const (
-	growthSizesEnv   = "ICEBERG_IDEMPOTENCY_BENCH_GROWTH_SIZES"   // default "10000,1000000"
-	growthSamplesEnv = "ICEBERG_IDEMPOTENCY_BENCH_GROWTH_SAMPLES" // per operation and size, default 2000
-)
-
-// growthKeyPrefix starts the keys of the rows a fill inserts: version 7
-// UUIDs (the handler's default key_versions) that sort before today's, so
-// fresh keys land at the right edge of the primary key, as in production.
-const growthKeyPrefix = "00000000-0000-7000-8000-"
-
-func growthKey(i int) string { return fmt.Sprintf("%s%012d", growthKeyPrefix, i) }
 
 // BenchmarkGrowth is the end-to-end counterpart of the stores' own
 // BenchmarkGrowth: through one Caddy node, the latency of a fresh-key
@@ -50,8 +35,8 @@ func growthKey(i int) string { return fmt.Sprintf("%s%012d", growthKeyPrefix, i)
 //
 //	go test -run '^$' -bench Growth -benchtime 1x ./bench/
 func BenchmarkGrowth(b *testing.B) {
-	sizes := growthSizes(b)
-	samples := envInt(b, growthSamplesEnv, 2000)
+	sizes := storetest.GrowthSizes(b)
+	samples := storetest.GrowthSamples(b)
 	up := upstream(b)
 	const path = "/v1/namespaces/ns/tables/t"
 	for _, db := range []growthDB{pgGrowthDB(), myGrowthDB()} {
@@ -101,7 +86,7 @@ func BenchmarkGrowth(b *testing.B) {
 					rl := make([]time.Duration, samples)
 					for i := range rl {
 						t0 := time.Now()
-						replayFilled(b, url, growthKey(rng.IntN(n)))
+						replayFilled(b, url, storetest.GrowthKey(rng.IntN(n)))
 						rl[i] = time.Since(t0)
 					}
 					fresh[n] = pcts{percentileMs(fl, 0.50), percentileMs(fl, 0.99)}
@@ -110,7 +95,7 @@ func BenchmarkGrowth(b *testing.B) {
 			}
 			b.StopTimer()
 			for _, n := range sizes {
-				name := growthSizeName(n)
+				name := storetest.SizeName(n)
 				b.ReportMetric(fresh[n].p50, "fresh-"+name+"-p50-ms")
 				b.ReportMetric(fresh[n].p99, "fresh-"+name+"-p99-ms")
 				b.ReportMetric(replay[n].p50, "replay-"+name+"-p50-ms")
@@ -145,39 +130,11 @@ func replayFilled(b *testing.B, url, key string) {
 	}
 }
 
-func growthSizes(b *testing.B) []int {
-	b.Helper()
-	spec := os.Getenv(growthSizesEnv)
-	if spec == "" {
-		spec = "10000,1000000"
-	}
-	var sizes []int
-	for _, f := range strings.Split(spec, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n <= 0 {
-			b.Fatalf("%s: %q is not a positive record count", growthSizesEnv, f)
-		}
-		sizes = append(sizes, n)
-	}
-	slices.Sort(sizes)
-	return slices.Compact(sizes)
-}
-
-func growthSizeName(n int) string {
-	switch {
-	case n%1_000_000 == 0:
-		return strconv.Itoa(n/1_000_000) + "M"
-	case n%1000 == 0:
-		return strconv.Itoa(n/1000) + "k"
-	}
-	return strconv.Itoa(n)
-}
-
 // growthDB is one database server as BenchmarkGrowth uses it.
 type growthDB struct {
 	name string // store module
-	dsn  func(b *testing.B) string
-	// fill inserts the live final records growthKey(from) … growthKey(to-1),
+	dsn  func(testing.TB) string
+	// fill inserts the live final records storetest.GrowthKey(from) … storetest.GrowthKey(to-1),
 	// clones of the row of key probe, and reports how many went in.
 	fill func(ctx context.Context, dsn, table, probe string, from, to int) (int, error)
 	drop func(b *testing.B, dsn, table string)
@@ -187,15 +144,15 @@ func pgGrowthDB() growthDB {
 	pg := pgPurgeDB()
 	return growthDB{
 		name: "postgres",
-		dsn:  pgDSN,
+		dsn:  testdb.Postgres.DSN,
 		fill: func(ctx context.Context, dsn, table, probe string, from, to int) (int, error) {
-			out, err := psqlQuery(ctx, dsn, fmt.Sprintf(`WITH ins AS (
+			out, err := testdb.PsqlQuery(ctx, dsn, fmt.Sprintf(`WITH ins AS (
 	INSERT INTO %[1]s (key, operation, path, principal, fingerprint, state, created_at, expires_at, status, headers, body, key_id)
 	SELECT '%[2]s' || lpad(i::text, 12, '0'), p.operation, p.path, p.principal, p.fingerprint, 'final',
 		now(), now() + interval '1 day', p.status, p.headers, p.body, p.key_id
 	FROM generate_series(%[4]d, %[5]d) AS i, (SELECT * FROM %[1]s WHERE key = '%[3]s' AND state = 'final') AS p
 	RETURNING 1
-) SELECT count(*) FROM ins`, table, growthKeyPrefix, probe, from, to-1))
+) SELECT count(*) FROM ins`, table, storetest.GrowthKeyPrefix, probe, from, to-1))
 			if err != nil {
 				return 0, err
 			}
@@ -203,7 +160,7 @@ func pgGrowthDB() growthDB {
 			if err != nil {
 				return 0, err
 			}
-			_, err = psqlQuery(ctx, dsn, "ANALYZE "+table)
+			_, err = testdb.PsqlQuery(ctx, dsn, "ANALYZE "+table)
 			return n, err
 		},
 		drop: pg.drop,
@@ -214,9 +171,9 @@ func myGrowthDB() growthDB {
 	my := myPurgeDB()
 	return growthDB{
 		name: "mysql",
-		dsn:  myDSN,
+		dsn:  testdb.MySQL.DSN,
 		fill: func(ctx context.Context, dsn, table, probe string, from, to int) (int, error) {
-			db, _, err := myOpen(dsn)
+			db, _, err := testdb.OpenMySQL(dsn)
 			if err != nil {
 				return 0, err
 			}
@@ -228,7 +185,7 @@ func myGrowthDB() growthDB {
 				"\tUTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 DAY, p.status, p.headers, p.body, p.key_id\n"+
 				"FROM seq, (SELECT * FROM %[1]s WHERE `key` = ? AND state = 'final') AS p\n"+
 				"WHERE i >= ? AND i < ?", table, digitsCTE(to))
-			res, err := db.ExecContext(ctx, stmt, growthKeyPrefix, probe, from, to)
+			res, err := db.ExecContext(ctx, stmt, storetest.GrowthKeyPrefix, probe, from, to)
 			if err != nil {
 				return 0, err
 			}

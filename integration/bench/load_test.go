@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,17 +110,8 @@ func drive(b *testing.B, clients int, op func(i int) error) float64 {
 		b.Fatal(*err)
 	}
 	ns := float64(b.Elapsed().Nanoseconds()) / float64(b.N)
-	slices.Sort(lat)
 	b.ReportMetric(1e9/ns, "req/s")
-	b.ReportMetric(percentile(lat, 0.50), "p50-ms")
-	b.ReportMetric(percentile(lat, 0.99), "p99-ms")
+	b.ReportMetric(percentileMs(lat, 0.50), "p50-ms")
+	b.ReportMetric(percentileMs(lat, 0.99), "p99-ms")
 	return ns
-}
-
-// percentile is the p-quantile of sorted, in milliseconds.
-func percentile(sorted []time.Duration, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return float64(sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]) / float64(time.Millisecond)
 }

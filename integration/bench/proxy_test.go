@@ -4,12 +4,11 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
 )
 
 // baselineEnv names a Caddy binary built from an earlier commit (see
@@ -39,14 +38,7 @@ const maxConnsEnv = "ICEBERG_IDEMPOTENCY_BENCH_MAX_CONNS"
 func BenchmarkProxy(b *testing.B) {
 	up := upstream(b)
 	baseline := os.Getenv(baselineEnv)
-	maxConns := 0
-	if v := os.Getenv(maxConnsEnv); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			b.Fatalf("%s=%q: not a positive integer", maxConnsEnv, v)
-		}
-		maxConns = n
-	}
+	maxConns := envInt(b, maxConnsEnv, 0)
 	poolLine := ""
 	if maxConns > 0 {
 		poolLine = fmt.Sprintf("max_conns %d\n", maxConns)
@@ -57,11 +49,10 @@ func BenchmarkProxy(b *testing.B) {
 	// tables of its own: an older binary may not know the current schema.
 	type sqlStore struct{ name, dsn, table, baseTable string }
 	var sqls []sqlStore
-	pgDSN := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/iceberg_idempotency_test?sslmode=disable")
-	myDSN := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/iceberg_idempotency_test")
-	for _, s := range []sqlStore{{"postgres", pgDSN, tableName(), tableName()}, {"mysql", myDSN, tableName(), tableName()}} {
-		dropTableAtEnd(b, s.name, s.dsn, s.table)
-		dropTableAtEnd(b, s.name, s.dsn, s.baseTable)
+	for _, server := range []*testdb.Server{testdb.Postgres, testdb.MySQL} {
+		s := sqlStore{server.Name, server.DSN(b), tableName(), tableName()}
+		dropAtEnd(b, server, s.dsn, s.table)
+		dropAtEnd(b, server, s.dsn, s.baseTable)
 		sqls = append(sqls, s)
 	}
 	redis, redisErr := redisStoreBlock(b)

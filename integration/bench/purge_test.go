@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
 )
 
 // Environment variables that size BenchmarkPurgeUnderLoad.
@@ -236,7 +237,7 @@ func postOnce(cl *http.Client, url, key string) error {
 // purgeDB is one database server as BenchmarkPurgeUnderLoad uses it.
 type purgeDB struct {
 	name string // store module
-	dsn  func(b *testing.B) string
+	dsn  func(testing.TB) string
 	// insertExpired inserts n expired final rows and reports how many
 	// went in.
 	insertExpired func(ctx context.Context, dsn, table string, n int) (int, error)
@@ -255,9 +256,9 @@ const purgeHeaders = `{"Content-Type":["application/json"]}`
 func pgPurgeDB() purgeDB {
 	return purgeDB{
 		name: "postgres",
-		dsn:  pgDSN,
+		dsn:  testdb.Postgres.DSN,
 		insertExpired: func(ctx context.Context, dsn, table string, n int) (int, error) {
-			out, err := psqlQuery(ctx, dsn, fmt.Sprintf(`WITH ins AS (
+			out, err := testdb.PsqlQuery(ctx, dsn, fmt.Sprintf(`WITH ins AS (
 	INSERT INTO %s (key, operation, path, principal, fingerprint, state, created_at, expires_at, status, headers, body)
 	SELECT '%s' || lpad(i::text, 12, '0'), 'updateTable', '/v1/namespaces/ns/tables/t',
 		md5(i::text) || md5((-i)::text), md5((i+1)::text) || md5((-i-1)::text), 'final',
@@ -273,11 +274,11 @@ func pgPurgeDB() purgeDB {
 			return strconv.Atoi(out)
 		},
 		anyExpired: func(ctx context.Context, dsn, table string) (bool, error) {
-			out, err := psqlQuery(ctx, dsn, "SELECT EXISTS (SELECT FROM "+table+" WHERE expires_at <= now())")
+			out, err := testdb.PsqlQuery(ctx, dsn, "SELECT EXISTS (SELECT FROM "+table+" WHERE expires_at <= now())")
 			return out == "t", err
 		},
 		countExpired: func(ctx context.Context, dsn, table string) (int, error) {
-			out, err := psqlQuery(ctx, dsn, "SELECT count(*) FROM "+table+" WHERE expires_at <= now()")
+			out, err := testdb.PsqlQuery(ctx, dsn, "SELECT count(*) FROM "+table+" WHERE expires_at <= now()")
 			if err != nil {
 				return 0, err
 			}
@@ -286,7 +287,7 @@ func pgPurgeDB() purgeDB {
 		drop: func(b *testing.B, dsn, table string) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			if _, err := psqlQuery(ctx, dsn, "DROP TABLE IF EXISTS "+table+", "+table+"_schema"); err != nil {
+			if _, err := testdb.PsqlQuery(ctx, dsn, "DROP TABLE IF EXISTS "+table+", "+table+"_schema"); err != nil {
 				b.Logf("dropping %s: %v", table, err)
 			}
 		},
@@ -304,7 +305,7 @@ func myPurgeDB() purgeDB {
 		if db := dbs[dsn]; db != nil {
 			return db, nil
 		}
-		db, _, err := myOpen(dsn)
+		db, _, err := testdb.OpenMySQL(dsn)
 		if err != nil {
 			return nil, err
 		}
@@ -313,7 +314,7 @@ func myPurgeDB() purgeDB {
 	}
 	return purgeDB{
 		name: "mysql",
-		dsn:  myDSN,
+		dsn:  testdb.MySQL.DSN,
 		insertExpired: func(ctx context.Context, dsn, table string, n int) (int, error) {
 			db, err := open(dsn)
 			if err != nil {
