@@ -117,14 +117,7 @@ func TestNotifyOnlyWhenAwaited(t *testing.T) {
 	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
 		t.Fatalf("Reserve = %+v, %v", res, err)
 	}
-	got := make(chan *stores.Record, 1)
-	go func() {
-		rec, err := s.Await(ctx, awaited)
-		if err != nil {
-			t.Errorf("Await: %v", err)
-		}
-		got <- rec
-	}()
+	got := awaitAsync(t, ctx, s, awaited)
 	waitWatched(t, cfg.Table, awaited)
 	if err := s.Finalize(ctx, awaited, r.Owner, finalResp); err != nil {
 		t.Fatal(err)
@@ -149,14 +142,7 @@ func TestNoMarkWithoutListenNotify(t *testing.T) {
 	if _, err := s.Reserve(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *stores.Record, 1)
-	go func() {
-		rec, err := s.Await(ctx, key)
-		if err != nil {
-			t.Errorf("Await: %v", err)
-		}
-		got <- rec
-	}()
+	got := awaitAsync(t, ctx, s, key)
 	time.Sleep(50 * time.Millisecond)
 	if watched(t, cfg.Table, key) {
 		t.Fatal("marked without listen_notify")
@@ -301,4 +287,18 @@ func TestAwaitManyWaitersOneMark(t *testing.T) {
 			t.Fatalf("round %d: %d marks wrote the row, watched %v; want at most one (one in round 0), watched if one", round, marks, w)
 		}
 	}
+}
+
+// awaitAsync runs s.Await(ctx, key) in the background; the channel gets its
+// record (nil after an error, which fails the test).
+func awaitAsync(t *testing.T, ctx context.Context, s *Store, key string) <-chan *stores.Record {
+	got := make(chan *stores.Record, 1)
+	go func() {
+		rec, err := s.Await(ctx, key)
+		if err != nil {
+			t.Errorf("Await: %v", err)
+		}
+		got <- rec
+	}()
+	return got
 }

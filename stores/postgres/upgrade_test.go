@@ -52,29 +52,15 @@ func TestUpgradeFromVersion1(t *testing.T) {
 	}
 
 	// Without auto_migrate: reported, naming 0002 and 0003 only.
-	s, err := Open(ctx, Config{DSN: dsn, Table: table, RetryCooldown: time.Nanosecond}, zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.Load(ctx, oldKey)
-	s.Close()
-	if err == nil || !errors.Is(err, sqlstore.ErrNotReady) {
-		t.Fatalf("Load at version 1 without auto_migrate = %v, want ErrNotReady", err)
-	}
-	for _, want := range []string{"version 1", "needs 3", "sql/postgres/0002_key_id.sql, then sql/postgres/0003_watched.sql", "auto_migrate"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
-		}
-	}
-	if strings.Contains(err.Error(), "0001") {
-		t.Errorf("error %q asks for 0001, which is applied", err)
-	}
+	wantNotReady(t, Config{DSN: dsn, Table: table}, oldKey, 1,
+		[]string{"version 1", "needs 3", "sql/postgres/0002_key_id.sql, then sql/postgres/0003_watched.sql", "auto_migrate"},
+		"0001")
 	if columnExists(t, table, "key_id") {
 		t.Fatal("key_id added without auto_migrate")
 	}
 
 	// With auto_migrate: migrated at first contact.
-	s, err = Open(ctx, Config{DSN: dsn, Table: table, AutoMigrate: true}, zaptest.NewLogger(t))
+	s, err := Open(ctx, Config{DSN: dsn, Table: table, AutoMigrate: true}, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,23 +158,9 @@ func TestUpgradeFromVersion2(t *testing.T) {
 	}
 
 	// Without auto_migrate: reported, naming 0003 only.
-	s, err := Open(ctx, Config{DSN: dsn, Table: table, ListenNotify: true, RetryCooldown: time.Nanosecond}, zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = s.Load(ctx, key)
-	s.Close()
-	if err == nil || !errors.Is(err, sqlstore.ErrNotReady) {
-		t.Fatalf("Load at version 2 without auto_migrate = %v, want ErrNotReady", err)
-	}
-	for _, want := range []string{"version 2", "needs 3", "apply sql/postgres/0003_watched.sql with", "auto_migrate"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
-		}
-	}
-	if strings.Contains(err.Error(), "0001") || strings.Contains(err.Error(), "0002") {
-		t.Errorf("error %q asks for a file that is applied", err)
-	}
+	wantNotReady(t, Config{DSN: dsn, Table: table, ListenNotify: true}, key, 2,
+		[]string{"version 2", "needs 3", "apply sql/postgres/0003_watched.sql with", "auto_migrate"},
+		"0001", "0002")
 	if columnExists(t, table, "watched") {
 		t.Fatal("watched added without auto_migrate")
 	}
@@ -196,7 +168,7 @@ func TestUpgradeFromVersion2(t *testing.T) {
 	// With auto_migrate: migrated at first contact; the old row is
 	// unwatched until a waiter marks it.
 	cfg := Config{DSN: dsn, Table: table, AutoMigrate: true, ListenNotify: true}
-	s, err = Open(ctx, cfg, zaptest.NewLogger(t))
+	s, err := Open(ctx, cfg, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,14 +180,7 @@ func TestUpgradeFromVersion2(t *testing.T) {
 		t.Fatal("the old row is watched after the migration")
 	}
 	l := listenTo(t, cfg)
-	got := make(chan *stores.Record, 1)
-	go func() {
-		rec, err := s.Await(ctx, key)
-		if err != nil {
-			t.Errorf("Await: %v", err)
-		}
-		got <- rec
-	}()
+	got := awaitAsync(t, ctx, s, key)
 	waitWatched(t, table, key)
 	if err := s.Finalize(ctx, key, owner, finalResp); err != nil {
 		t.Fatal(err)
@@ -225,5 +190,32 @@ func TestUpgradeFromVersion2(t *testing.T) {
 	}
 	if rec := <-got; rec == nil || rec.State != stores.StateFinal {
 		t.Fatalf("Await = %+v, want the final record", rec)
+	}
+}
+
+// wantNotReady opens a store on cfg without auto_migrate, on a schema at
+// version, and checks that loading key fails as not ready with an error
+// that names every piece of mention and none of the applied files.
+func wantNotReady(t *testing.T, cfg Config, key string, version int, mention []string, applied ...string) {
+	t.Helper()
+	cfg.AutoMigrate, cfg.RetryCooldown = false, time.Nanosecond
+	s, err := Open(context.Background(), cfg, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Load(context.Background(), key)
+	s.Close()
+	if err == nil || !errors.Is(err, sqlstore.ErrNotReady) {
+		t.Fatalf("Load at version %d without auto_migrate = %v, want ErrNotReady", version, err)
+	}
+	for _, want := range mention {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+	for _, file := range applied {
+		if strings.Contains(err.Error(), file) {
+			t.Errorf("error %q asks for %s, which is applied", err, file)
+		}
 	}
 }
