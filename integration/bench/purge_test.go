@@ -285,9 +285,7 @@ func pgPurgeDB() purgeDB {
 			return strconv.Atoi(out)
 		},
 		drop: func(b *testing.B, dsn, table string) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			if _, err := testdb.PsqlQuery(ctx, dsn, "DROP TABLE IF EXISTS "+table+", "+table+"_schema"); err != nil {
+			if err := testdb.Postgres.Drop(dsn, table); err != nil {
 				b.Logf("dropping %s: %v", table, err)
 			}
 		},
