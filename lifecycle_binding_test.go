@@ -33,7 +33,7 @@ func (s *scriptedStore) Await(context.Context, string) (*stores.Record, error) {
 	return s.awaited, nil
 }
 
-func newTestHandler(t *testing.T, s stores.Store) *Handler {
+func newTestHandler(t testing.TB, s stores.Store) *Handler {
 	t.Helper()
 	h := &Handler{store: s, logger: zap.NewNop()}
 	if err := h.prepare(); err != nil {

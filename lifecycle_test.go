@@ -410,7 +410,7 @@ func TestResponseTooLargeForStoreReleases(t *testing.T) {
 	}
 }
 
-func newMemoryStore(t *testing.T) *memory.Store {
+func newMemoryStore(t testing.TB) *memory.Store {
 	t.Helper()
 	s, err := memory.New(memory.Options{})
 	if err != nil {
