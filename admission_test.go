@@ -1,6 +1,9 @@
 package icebergidempotency
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -79,6 +82,61 @@ func TestParseKeyVersions(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("parseKey(%q, %s) = %q, %v; want an error containing %q", tt.in, tt.allowed, got, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// The fingerprint's input is "<length>:<part>" for the method, the path, the
+// query and the body, in that order. Records in a shared store outlive an
+// upgrade, so this layout must never change: a retry would stop matching
+// its own record (422).
+func TestRequestFingerprintLayout(t *testing.T) {
+	body := `{"namespace":["a"]}`
+	want := sha256Hex([]byte("4:POST" + "14:/v1/namespaces" + "3:a=1" + "19:" + body))
+	if got := requestFingerprint("POST", "/v1/namespaces", "a=1", []byte(body)); got != want {
+		t.Fatalf("fingerprint %s, want %s", got, want)
+	}
+	long := strings.Repeat("p", 300) // past the small parts' stack buffer
+	want = sha256Hex([]byte("6:DELETE300:" + long + "0:0:"))
+	if got := requestFingerprint("DELETE", long, "", nil); got != want {
+		t.Fatalf("fingerprint of a long path %s, want %s", got, want)
+	}
+}
+
+// readBody reads a body of announced length in one buffer of that size, an
+// unannounced (chunked) one as it comes, at most limit+1 bytes of either, and
+// fails a body that ends before its announced length.
+func TestReadBody(t *testing.T) {
+	req := func(body string, length int64) *http.Request {
+		r := httptest.NewRequest("POST", "/v1/namespaces", io.NopCloser(strings.NewReader(body)))
+		r.ContentLength = length
+		return r
+	}
+	for _, tt := range []struct {
+		name    string
+		r       *http.Request
+		want    string
+		wantCap int // 0: not checked
+		wantErr bool
+	}{
+		{"announced", req("abcdef", 6), "abcdef", 6, false},
+		{"empty", req("", 0), "", 0, false},
+		{"chunked", req("abcdef", -1), "abcdef", 0, false},
+		{"announced past the limit", req("abcdefghijkl", 12), "abcdefghijk", 0, false},
+		{"chunked past the limit", req("abcdefghijkl", -1), "abcdefghijk", 0, false},
+		{"shorter than announced", req("abc", 6), "", 0, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := readBody(tt.r, 10)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("error %v, want error %v", err, tt.wantErr)
+			}
+			if err == nil && string(got) != tt.want {
+				t.Fatalf("read %q, want %q", got, tt.want)
+			}
+			if tt.wantCap != 0 && cap(got) != tt.wantCap {
+				t.Fatalf("buffer capacity %d, want exactly %d", cap(got), tt.wantCap)
 			}
 		})
 	}

@@ -150,7 +150,8 @@ func (g *guarded) execute() error {
 
 	// Detached from the client: a commit must not be cut off half-way
 	// because the client gave up. The replacer and vars travel along.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(g.r.Context()), time.Duration(h.ExecutionTimeout))
+	detached := context.WithoutCancel(g.r.Context())
+	ctx, cancel := context.WithTimeout(detached, time.Duration(h.ExecutionTimeout))
 	defer cancel()
 	stopHeartbeat := g.heartbeat(ctx)
 
@@ -158,7 +159,7 @@ func (g *guarded) execute() error {
 	err := g.callUpstream(cw, g.r.WithContext(ctx))
 	stopHeartbeat()
 
-	storeCtx, storeCancel := context.WithTimeout(context.WithoutCancel(g.r.Context()), storeOpTimeout)
+	storeCtx, storeCancel := context.WithTimeout(detached, storeOpTimeout)
 	defer storeCancel()
 
 	if err != nil {
@@ -363,7 +364,7 @@ func (g *guarded) tryFinalize(ctx context.Context, resp stores.Response, attempt
 		g.log(zapcore.WarnLevel, "finalize failed: will retry", zap.Int("attempt", attempt), zap.Error(err))
 		return finalizeRetry
 	}
-	executions.WithLabelValues(g.binding.Operation, "finalized").Inc()
+	executionCounters.inc(g.binding.Operation, "finalized")
 	g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", g.status))
 	return finalizeDone
 }
@@ -420,7 +421,7 @@ func (g *guarded) storedAlready(ctx context.Context, resp stores.Response) bool 
 // the owner's node died. If the store cannot be reached either, the lease
 // lapses on its own.
 func (g *guarded) markUnknown(ctx context.Context, cause error) {
-	executions.WithLabelValues(g.binding.Operation, "unknown").Inc()
+	executionCounters.inc(g.binding.Operation, "unknown")
 	if cause != nil {
 		g.log(zapcore.WarnLevel, "the request may have reached the catalog but no response came back: outcome unknown",
 			zap.String("outcome", "unknown"), zap.Error(cause))
@@ -431,7 +432,7 @@ func (g *guarded) markUnknown(ctx context.Context, cause error) {
 }
 
 func (g *guarded) release(ctx context.Context, why string) {
-	executions.WithLabelValues(g.binding.Operation, "released").Inc()
+	executionCounters.inc(g.binding.Operation, "released")
 	if err := g.h.store.Release(ctx, g.key, g.owner); err != nil {
 		g.log(zapcore.ErrorLevel, "release failed", zap.String("reason", why), zap.Error(err))
 		return
@@ -487,51 +488,61 @@ const lostReplyWindow = 2 * time.Minute
 // for a renewal under way, so none lands after the key is finalized or
 // released (where it could only fail and be counted as a lost lease).
 func (g *guarded) heartbeat(ctx context.Context) (stop func()) {
-	lease := time.Duration(g.h.Lease)
-	var (
-		mu       sync.Mutex
-		stopped  bool
-		renewing sync.WaitGroup
-		timer    *time.Timer
-	)
-	beat := func() {
-		mu.Lock()
-		if stopped || ctx.Err() != nil {
-			mu.Unlock()
-			return
-		}
-		renewing.Add(1)
-		mu.Unlock()
-		defer renewing.Done()
-		err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease)
-		if err != nil && ctx.Err() == nil {
-			// Counted unless the execution itself ended (its timeout):
-			// then nothing needs the lease any more.
-			leaseRenewalsFailed.Inc()
-		}
-		if errors.Is(err, stores.ErrNotOwner) {
-			g.log(zapcore.WarnLevel, "lost ownership of key while executing", zap.Error(err))
-			return
-		}
-		if err != nil {
-			g.log(zapcore.ErrorLevel, "lease renewal failed", zap.Error(err))
-		}
-		mu.Lock()
-		if !stopped {
-			timer.Reset(lease / 3)
-		}
-		mu.Unlock()
+	hb := &heartbeat{g: g, ctx: ctx, lease: time.Duration(g.h.Lease)}
+	hb.mu.Lock()
+	hb.timer = time.AfterFunc(hb.lease/3, hb.beat)
+	hb.mu.Unlock()
+	return hb.stop
+}
+
+// heartbeat is the state of one execution's lease renewals: one allocation
+// besides its timer, on every keyed request's path.
+type heartbeat struct {
+	g        *guarded
+	ctx      context.Context
+	lease    time.Duration
+	mu       sync.Mutex
+	stopped  bool
+	renewing sync.WaitGroup
+	timer    *time.Timer
+}
+
+func (hb *heartbeat) beat() {
+	hb.mu.Lock()
+	if hb.stopped || hb.ctx.Err() != nil {
+		hb.mu.Unlock()
+		return
 	}
-	mu.Lock()
-	timer = time.AfterFunc(lease/3, beat)
-	mu.Unlock()
-	return func() {
-		mu.Lock()
-		stopped = true
-		timer.Stop()
-		mu.Unlock()
-		renewing.Wait()
+	hb.renewing.Add(1)
+	hb.mu.Unlock()
+	defer hb.renewing.Done()
+	g := hb.g
+	err := g.h.store.ExtendLease(hb.ctx, g.key, g.owner, hb.lease)
+	if err != nil && hb.ctx.Err() == nil {
+		// Counted unless the execution itself ended (its timeout):
+		// then nothing needs the lease any more.
+		leaseRenewalsFailed.Inc()
 	}
+	if errors.Is(err, stores.ErrNotOwner) {
+		g.log(zapcore.WarnLevel, "lost ownership of key while executing", zap.Error(err))
+		return
+	}
+	if err != nil {
+		g.log(zapcore.ErrorLevel, "lease renewal failed", zap.Error(err))
+	}
+	hb.mu.Lock()
+	if !hb.stopped {
+		hb.timer.Reset(hb.lease / 3)
+	}
+	hb.mu.Unlock()
+}
+
+func (hb *heartbeat) stop() {
+	hb.mu.Lock()
+	hb.stopped = true
+	hb.timer.Stop()
+	hb.mu.Unlock()
+	hb.renewing.Wait()
 }
 
 // replay answers with a stored final response, opening it first when it
@@ -621,5 +632,5 @@ func (g *guarded) log(level zapcore.Level, msg string, fields ...zap.Field) {
 }
 
 func (g *guarded) count(outcome string) {
-	decisions.WithLabelValues(g.binding.Operation, outcome).Inc()
+	decisionCounters.inc(g.binding.Operation, outcome)
 }

@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -67,6 +68,40 @@ var (
 		Name:      "lease_renewals_failed_total",
 		Help:      "Lease renewals of executing requests that failed (store error, or the key is no longer this request's). Other nodes may then take the key for abandoned.",
 	})
+)
+
+// pairCounters hands out the counters of a two-label vector, creating each
+// series on first use as WithLabelValues does, but without hashing the
+// labels and allocating on every keyed request: the pairs are few (an
+// operation and an outcome) and, once made, only read.
+type pairCounters struct {
+	vec *prometheus.CounterVec
+	mu  sync.RWMutex
+	got map[[2]string]prometheus.Counter
+}
+
+func newPairCounters(vec *prometheus.CounterVec) *pairCounters {
+	return &pairCounters{vec: vec, got: map[[2]string]prometheus.Counter{}}
+}
+
+// inc adds one to the series (a, b).
+func (p *pairCounters) inc(a, b string) {
+	k := [2]string{a, b}
+	p.mu.RLock()
+	c, ok := p.got[k]
+	p.mu.RUnlock()
+	if !ok {
+		c = p.vec.WithLabelValues(a, b)
+		p.mu.Lock()
+		p.got[k] = c
+		p.mu.Unlock()
+	}
+	c.Inc()
+}
+
+var (
+	decisionCounters  = newPairCounters(decisions)
+	executionCounters = newPairCounters(executions)
 )
 
 // Both eviction series exist from the start, so that a rate over them works
@@ -143,61 +178,70 @@ func backendOf(s stores.Store) string {
 type instrumentedStore struct {
 	inner   stores.Store
 	backend string
+	// One histogram per operation, looked up once: WithLabelValues hashes
+	// its labels on every call, and this is every keyed request's path.
+	reserve, load, await, finalize, release, extendLease, abandon, takeOver, purge prometheus.Observer
 }
 
 var _ stores.Store = (*instrumentedStore)(nil)
 
 func instrumentStore(s stores.Store, backend string) *instrumentedStore {
-	return &instrumentedStore{inner: s, backend: backend}
+	op := func(name string) prometheus.Observer { return storeDuration.WithLabelValues(backend, name) }
+	return &instrumentedStore{
+		inner: s, backend: backend,
+		reserve: op(opReserve), load: op(opLoad), await: op(opAwait), finalize: op(opFinalize),
+		release: op(opRelease), extendLease: op(opExtendLease), abandon: op(opAbandon),
+		takeOver: op(opTakeOver), purge: op(opPurge),
+	}
 }
 
-// observe records the time since start under op.
-func (s *instrumentedStore) observe(op string, start time.Time) {
-	storeDuration.WithLabelValues(s.backend, op).Observe(time.Since(start).Seconds())
+// observe records the time since start in o.
+func observe(o prometheus.Observer, start time.Time) {
+	o.Observe(time.Since(start).Seconds())
 }
 
 func (s *instrumentedStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
-	defer s.observe(opReserve, time.Now())
+	defer observe(s.reserve, time.Now())
 	return s.inner.Reserve(ctx, r)
 }
 
 func (s *instrumentedStore) Load(ctx context.Context, key string) (*stores.Record, error) {
-	defer s.observe(opLoad, time.Now())
+	defer observe(s.load, time.Now())
 	return s.inner.Load(ctx, key)
 }
 
 func (s *instrumentedStore) Await(ctx context.Context, key string) (*stores.Record, error) {
-	defer s.observe(opAwait, time.Now())
+	defer observe(s.await, time.Now())
 	return s.inner.Await(ctx, key)
 }
 
 func (s *instrumentedStore) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
-	defer s.observe(opFinalize, time.Now())
+	defer observe(s.finalize, time.Now())
 	return s.inner.Finalize(ctx, key, owner, resp)
 }
 
 func (s *instrumentedStore) Release(ctx context.Context, key, owner string) error {
-	defer s.observe(opRelease, time.Now())
+	defer observe(s.release, time.Now())
 	return s.inner.Release(ctx, key, owner)
 }
 
 func (s *instrumentedStore) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
-	defer s.observe(opExtendLease, time.Now())
+	defer observe(s.extendLease, time.Now())
 	return s.inner.ExtendLease(ctx, key, owner, lease)
 }
 
 func (s *instrumentedStore) Abandon(ctx context.Context, key, owner string) error {
-	defer s.observe(opAbandon, time.Now())
+	defer observe(s.abandon, time.Now())
 	return s.inner.Abandon(ctx, key, owner)
 }
 
 func (s *instrumentedStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
-	defer s.observe(opTakeOver, time.Now())
+	defer observe(s.takeOver, time.Now())
 	return s.inner.TakeOver(ctx, key, oldOwner, newOwner, lease)
 }
 
 func (s *instrumentedStore) PurgeExpired(ctx context.Context, limit int) (int, error) {
-	defer s.observe(opPurge, time.Now())
+	defer observe(s.purge, time.Now())
 	return s.inner.PurgeExpired(ctx, limit)
 }
 

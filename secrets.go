@@ -22,6 +22,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -219,10 +220,20 @@ func (p *requestParts) fingerprint(k *secretKeys) string {
 // fingerprintWith writes the request's parts, each prefixed with its length
 // so that no two different requests share an input, into hash.
 func fingerprintWith(hash hash.Hash, method, path, query string, body []byte) string {
-	for _, part := range [][]byte{[]byte(method), []byte(path), []byte(query), body} {
-		_, _ = fmt.Fprintf(hash, "%d:", len(part))
-		hash.Write(part)
+	// One buffer for the small parts and their lengths, written as
+	// "<len>:<part>" each, exactly as fmt.Fprintf("%d:") did; the body
+	// follows without a copy. (The buffer escapes through hash.Write
+	// whatever its declaration, so it is sized for common paths.)
+	buf := make([]byte, 0, 128)
+	for _, part := range [...]string{method, path, query} {
+		buf = strconv.AppendInt(buf, int64(len(part)), 10)
+		buf = append(buf, ':')
+		buf = append(buf, part...)
 	}
+	buf = strconv.AppendInt(buf, int64(len(body)), 10)
+	buf = append(buf, ':')
+	hash.Write(buf)
+	hash.Write(body)
 	return hex.EncodeToString(hash.Sum(nil))
 }
 
