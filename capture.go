@@ -41,10 +41,12 @@ func (c *captureWriter) WriteHeader(status int) {
 	}
 	c.status = status
 	c.wroteHeader = true
-	// One allocation of the announced size instead of a buffer grown by
-	// doubling; a length above the limit is left to overflow as it comes.
+	// One allocation of exactly the announced size instead of a buffer
+	// grown by doubling: the memory store then keeps the body as it is
+	// (see memory.Store.Finalize). A length above the limit is left to
+	// overflow as it comes.
 	if n, err := strconv.ParseInt(c.w.Header().Get("Content-Length"), 10, 64); err == nil && n > 0 && n <= c.limit {
-		c.buf.Grow(int(n))
+		c.buf = *bytes.NewBuffer(make([]byte, 0, n))
 	}
 }
 

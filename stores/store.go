@@ -148,7 +148,9 @@ type Store interface {
 	Await(ctx context.Context, key string) (*Record, error)
 
 	// Finalize stores the final response, only if key is in flight under
-	// owner (compare and swap); otherwise ErrNotOwner.
+	// owner (compare and swap); otherwise ErrNotOwner. The store may keep
+	// resp's header map and body as they are: the caller must not change
+	// them afterwards.
 	Finalize(ctx context.Context, key, owner string, resp Response) error
 
 	// Release deletes the in-flight record, only if it is owned by owner;

@@ -81,16 +81,18 @@ func headerSize(h http.Header) int64 {
 	return n
 }
 
-// exactCopy copies a response so that the store keeps no reference to the
-// caller's buffers: the body lands in a slice whose capacity equals its
-// length, not in a capture buffer that doubled while it grew.
-func exactCopy(resp stores.Response) stores.Response {
-	out := stores.Response{Status: resp.Status, Header: resp.Header.Clone(), KeyID: resp.KeyID}
-	if resp.Body != nil {
-		out.Body = make([]byte, len(resp.Body))
-		copy(out.Body, resp.Body)
+// exactFit returns resp with a body whose capacity equals its length, so
+// that what the record holds is what max_bytes counts. A body that already
+// fits (the handler sizes its capture buffer from Content-Length) is kept
+// as it is, which Finalize's contract allows; one in a buffer that grew by
+// doubling is copied.
+func exactFit(resp stores.Response) stores.Response {
+	if cap(resp.Body) != len(resp.Body) {
+		body := make([]byte, len(resp.Body))
+		copy(body, resp.Body)
+		resp.Body = body
 	}
-	return out
+	return resp
 }
 
 // addFinal makes e, whose size is set, a final record at the head of the

@@ -267,7 +267,7 @@ func (s *Store) Finalize(_ context.Context, key, owner string, resp stores.Respo
 	if err := resp.Check(); err != nil {
 		return fmt.Errorf("memory finalize %s: %w", key, err)
 	}
-	stored := exactCopy(resp)
+	stored := exactFit(resp)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
