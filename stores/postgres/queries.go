@@ -22,27 +22,21 @@ const recordCols = `key, operation, path, principal, fingerprint, state,
 
 func newQueries(table, channel string) queries {
 	q := queries{
-		// One statement. The INSERT creates the row unless the key exists;
-		// DO NOTHING leaves an existing row untouched and unlocked, so a
-		// replay writes nothing and commits without a WAL flush. The outer
-		// SELECT returns the live row that blocked the INSERT. Its snapshot
-		// predates the statement, so a row committed by a concurrent
-		// reserver after that is invisible to it; and an expired row blocks
-		// the INSERT without being live. In both cases neither reserved nor
-		// a row comes back: Reserve deletes an expired row (deleteExpired)
-		// and runs the statement again.
-		reserve: fmt.Sprintf(`WITH ins AS (
-	INSERT INTO %[1]s AS r (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
-	VALUES ($1, $2, $3, $4, $5, 'in_flight', $6,
-		now() + $7::bigint * interval '1 microsecond', now(),
-		now() + $8::bigint * interval '1 microsecond')
-	ON CONFLICT (key) DO NOTHING
-	RETURNING 1
-)
-SELECT EXISTS (SELECT FROM ins), e.*
-FROM (SELECT) AS one
-LEFT JOIN (SELECT %[2]s FROM %[1]s WHERE key = $1 AND expires_at > now()) AS e
-	ON NOT EXISTS (SELECT FROM ins)`, table, recordCols),
+		// The INSERT creates the row unless the key exists; DO NOTHING
+		// leaves an existing row untouched and unlocked. A fresh key, the
+		// common case, costs this one statement: the same INSERT a plain
+		// loop over the table would run. Only when it reserved nothing does
+		// Reserve load the row that blocked it, in a statement of its own
+		// whose snapshot sees a row a concurrent reserver committed
+		// meanwhile (ON CONFLICT waited for it). An expired row blocks the
+		// INSERT without being live: then no live row comes back, and
+		// Reserve deletes it (deleteExpired) and runs the INSERT again; so
+		// it does when the row was released or purged in between.
+		reserve: fmt.Sprintf(`INSERT INTO %s (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, 'in_flight', $6,
+	now() + $7::bigint * interval '1 microsecond', now(),
+	now() + $8::bigint * interval '1 microsecond')
+ON CONFLICT (key) DO NOTHING`, table),
 
 		deleteExpired: fmt.Sprintf(`DELETE FROM %s WHERE key = $1 AND expires_at <= now()`, table),
 

@@ -178,12 +178,13 @@ func (s *Store) wrap(op string, err error) error {
 	return out
 }
 
-// maxReserveAttempts bounds Reserve's re-runs after losing the race
-// described in queries.reserve; each re-run sees the newer snapshot, so a
-// second attempt normally settles it.
+// maxReserveAttempts bounds Reserve's re-runs when the INSERT met a row
+// that was gone or expired by the time it was loaded (see queries.reserve);
+// a second attempt normally settles it.
 const maxReserveAttempts = 10
 
-// Reserve implements stores.Store. One statement; see queries.reserve.
+// Reserve implements stores.Store: one statement for a fresh key, two when
+// the key exists; see queries.reserve.
 func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
 	if err := sqlstore.CheckKey(r.Key); err != nil {
 		return stores.ReserveResult{}, fmt.Errorf("postgres reserve: %w", err)
@@ -204,30 +205,32 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	var (
-		reserved bool
-		n        nullRow
-	)
-	err := s.pool.QueryRow(ctx, s.q.reserve,
+	tag, err := s.pool.Exec(ctx, s.q.reserve,
 		r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
 		sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL),
-	).Scan(append([]any{&reserved}, n.dest()...)...)
+	)
 	if err != nil {
 		return stores.ReserveResult{}, s.wrap("reserve", err)
 	}
-	if reserved {
+	if tag.RowsAffected() == 1 {
 		return stores.ReserveResult{Reserved: true}, nil
 	}
-	if n.Key == nil {
-		// Lost a race, or an expired row holds the key: clear the latter
-		// (a no-op for the former) and let the caller retry. Keys are
-		// UUIDv7, so reuse after expiry is rare and this path is cold.
+	var row sqlstore.Row
+	err = s.pool.QueryRow(ctx, s.q.load, r.Key).Scan(rowDest(&row)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// An expired row holds the key, or the row was released or purged
+		// since the INSERT met it: clear the former (a no-op otherwise)
+		// and let the caller retry. Keys are UUIDv7, so reuse after
+		// expiry is rare and this path is cold.
 		if _, err := s.pool.Exec(ctx, s.q.deleteExpired, r.Key); err != nil {
 			return stores.ReserveResult{}, s.wrap("reserve", err)
 		}
 		return stores.ReserveResult{}, nil
 	}
-	rec, _, err := n.row().Record()
+	if err != nil {
+		return stores.ReserveResult{}, s.wrap("reserve", err)
+	}
+	rec, _, err := row.Record()
 	if err != nil {
 		return stores.ReserveResult{}, s.wrap("reserve", err)
 	}
