@@ -64,9 +64,14 @@ run() { # dir, bench regexp, benchtime, count, packages...
 }
 
 has() { [[ ",$groups," == *",$1,"* ]]; }
-# Load cases, repeated in rounds.
+# Load cases, repeated in rounds. Each round is its own go test run: with
+# -count N, go test repeats every case N times before the next one, so the
+# cases a ratio compares would be minutes apart and the machine's drift
+# would land in the ratio; one round at a time keeps them seconds apart.
 if has proxy; then
-	run "$root/integration" 'Benchmark(Proxy|Secret)$' "$benchtime" "$count" ./bench/
+	for _ in $(seq "$count"); do
+		run "$root/integration" 'Benchmark(Proxy|Secret)$' "$benchtime" 1 ./bench/
+	done
 fi
 # Bursts and phases that are one measurement each.
 if has bursts; then
