@@ -27,9 +27,11 @@ const maxConnsEnv = "ICEBERG_IDEMPOTENCY_BENCH_MAX_CONNS"
 // at each client count of ICEBERG_IDEMPOTENCY_BENCH_CLIENTS (default 1
 // and 32). Each case reports req/s, p50-ms, p99-ms and ratios of its
 // throughput to cases measured in the same round: vs-plain (plain
-// reverse_proxy, same method), vs-floor (SQL fresh keys: the floor loop)
-// and, with a baseline binary, vs-baseline (its vs-plain over the
-// baseline's, each process against its own plain route).
+// reverse_proxy, same method), vs-floor (SQL fresh keys: the floor loop),
+// vs-bound (SQL fresh keys: over 1/(1/floor + 1/plain), the most a request
+// needing both the floor's statements and plain proxying can reach when
+// both run on the same CPUs) and, with a baseline binary, vs-baseline (its
+// vs-plain over the baseline's, each process against its own plain route).
 //
 // Plain reverse_proxy and every store are routes of one Caddy process,
 // picked by a request header: separate processes for the two sides of a
@@ -117,6 +119,13 @@ func BenchmarkProxy(b *testing.B) {
 						if ref := perSec[of]; ref > 0 {
 							b.ReportMetric(rate/ref, metric)
 						}
+					}
+					// vs-bound: the floor's statements and plain proxying
+					// share this machine's CPUs, so a proxied request that
+					// needs the work of both cannot beat
+					// 1/(1/floor + 1/plain) on them.
+					if floor, plain := perSec[ratios["vs-floor"]], perSec[ratios["vs-plain"]]; floor > 0 && plain > 0 {
+						b.ReportMetric(rate*(1/floor+1/plain), "vs-bound")
 					}
 					if base := perSec[name+"/baseline"]; base > 0 && ratios["vs-plain"] != "" {
 						if plain, basePlain := perSec[ratios["vs-plain"]], perSec[ratios["vs-plain"]+"/baseline"]; plain > 0 && basePlain > 0 {

@@ -26,7 +26,7 @@ import (
 var hidden = map[string]bool{"ns/op": true, "B/op": true, "allocs/op": true}
 
 // leading metrics come first, in this order; the rest follow as first seen.
-var leading = []string{"req/s", "vs-plain", "vs-floor", "vs-baseline", "p50-ms", "p99-ms"}
+var leading = []string{"req/s", "vs-plain", "vs-floor", "vs-bound", "vs-baseline", "p50-ms", "p99-ms"}
 
 type table struct {
 	name    string
