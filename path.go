@@ -51,10 +51,6 @@ func rebuildPath(escaped string) string {
 	return "/" + strings.Join(out, "/")
 }
 
-// normalizeEscapes decodes escaped unreserved characters in one path segment
-// and upper-cases the hex digits of the escapes it keeps. A '%' that starts
-// no valid escape becomes "%25", so that decoding what follows it cannot
-// form a new escape ("%a%41" must not become "%aA").
 // alreadyNormal reports whether normalizePath would return p unchanged: it
 // starts with "/", has no escape, no empty, "." or ".." segment and no
 // trailing "/".
@@ -73,6 +69,10 @@ func alreadyNormal(p string) bool {
 	return true
 }
 
+// normalizeEscapes decodes escaped unreserved characters in one path segment
+// and upper-cases the hex digits of the escapes it keeps. A '%' that starts
+// no valid escape becomes "%25", so that decoding what follows it cannot
+// form a new escape ("%a%41" must not become "%aA").
 func normalizeEscapes(seg string) string {
 	if !strings.Contains(seg, "%") {
 		return seg
