@@ -215,9 +215,11 @@ func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.R
 	if tag.RowsAffected() == 1 {
 		return stores.ReserveResult{Reserved: true}, nil
 	}
-	var row sqlstore.Row
-	err = s.pool.QueryRow(ctx, s.q.load, r.Key).Scan(rowDest(&row)...)
-	if errors.Is(err, pgx.ErrNoRows) {
+	rec, _, err := s.queryRecord(ctx, "reserve", r.Key)
+	if err != nil {
+		return stores.ReserveResult{}, err
+	}
+	if rec == nil {
 		// An expired row holds the key, or the row was released or purged
 		// since the INSERT met it: clear the former (a no-op otherwise)
 		// and let the caller retry. Keys are UUIDv7, so reuse after
@@ -226,13 +228,6 @@ func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.R
 			return stores.ReserveResult{}, s.wrap("reserve", err)
 		}
 		return stores.ReserveResult{}, nil
-	}
-	if err != nil {
-		return stores.ReserveResult{}, s.wrap("reserve", err)
-	}
-	rec, _, err := row.Record()
-	if err != nil {
-		return stores.ReserveResult{}, s.wrap("reserve", err)
 	}
 	return stores.ReserveResult{Existing: rec}, nil
 }
@@ -244,17 +239,23 @@ func (s *Store) load(ctx context.Context, key string) (*stores.Record, time.Dura
 	}
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
+	return s.queryRecord(ctx, "load", key)
+}
+
+// queryRecord reads key's live record and its remaining lease (nil when
+// there is none), naming op in its errors.
+func (s *Store) queryRecord(ctx context.Context, op, key string) (*stores.Record, time.Duration, error) {
 	var row sqlstore.Row
 	err := s.pool.QueryRow(ctx, s.q.load, key).Scan(rowDest(&row)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, 0, s.wrap("load", err)
+		return nil, 0, s.wrap(op, err)
 	}
 	rec, left, err := row.Record()
 	if err != nil {
-		return nil, 0, s.wrap("load", err)
+		return nil, 0, s.wrap(op, err)
 	}
 	return rec, left, nil
 }
