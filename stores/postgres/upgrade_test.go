@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap/zaptest"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
@@ -27,22 +28,10 @@ var oldBody = []byte("{\"metadata-location\":\"s3://b/m.json\"}\n\x00\xff")
 // afterwards sit next to it.
 func TestUpgradeFromVersion1(t *testing.T) {
 	ctx := context.Background()
-	dsn := testDSN(t)
-	table := sqltest.TableName(t)
-	dropOnCleanup(t, table)
-	conn := admin(t)
-	ms, err := schema.Migrations(schema.Postgres)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, stmt := range ms[0].Statements(table) {
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dsn, table, conn := tableAtVersion(t, 1)
 	// The row exactly as the version-1 Finalize left it.
 	oldKey := storetest.NewKey(t)
-	_, err = conn.Exec(ctx, `INSERT INTO `+table+` (key, operation, path, principal, fingerprint, state, owner, lease_until,
+	_, err := conn.Exec(ctx, `INSERT INTO `+table+` (key, operation, path, principal, fingerprint, state, owner, lease_until,
 		created_at, expires_at, status, headers, body)
 	VALUES ($1, 'createTable', '/v1/namespaces/ns/tables', 'p-old', 'fp-old', 'final', NULL, NULL,
 		now(), now() + interval '1 hour', 200, $2, $3)`,
@@ -133,24 +122,10 @@ func columnExists(t *testing.T, table, column string) bool {
 // and a waiter marks the old row so that its owner's Finalize notifies.
 func TestUpgradeFromVersion2(t *testing.T) {
 	ctx := context.Background()
-	dsn := testDSN(t)
-	table := sqltest.TableName(t)
-	dropOnCleanup(t, table)
-	conn := admin(t)
-	ms, err := schema.Migrations(schema.Postgres)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range ms[:2] {
-		for _, stmt := range m.Statements(table) {
-			if _, err := conn.Exec(ctx, stmt); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	dsn, table, conn := tableAtVersion(t, 2)
 	// The row exactly as the version-2 Reserve left it.
 	key, owner := storetest.NewKey(t), "owner-v2"
-	_, err = conn.Exec(ctx, `INSERT INTO `+table+` (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
+	_, err := conn.Exec(ctx, `INSERT INTO `+table+` (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
 	VALUES ($1, 'createTable', '/v1/namespaces/ns/tables', 'p-old', 'fp-old', 'in_flight', $2, now() + interval '1 hour', now(), now() + interval '1 hour')`,
 		key, owner)
 	if err != nil {
@@ -218,4 +193,27 @@ func wantNotReady(t *testing.T, cfg Config, key string, version int, mention []s
 			t.Errorf("error %q asks for %s, which is applied", err, file)
 		}
 	}
+}
+
+// tableAtVersion creates a table as an older build left it, by applying the
+// first version schema migrations only, and returns the test DSN, the table
+// (dropped at the end) and an admin connection.
+func tableAtVersion(t *testing.T, version int) (dsn, table string, conn *pgx.Conn) {
+	t.Helper()
+	dsn = testDSN(t)
+	table = sqltest.TableName(t)
+	dropOnCleanup(t, table)
+	conn = admin(t)
+	ms, err := schema.Migrations(schema.Postgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms[:version] {
+		for _, stmt := range m.Statements(table) {
+			if _, err := conn.Exec(context.Background(), stmt); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return dsn, table, conn
 }
