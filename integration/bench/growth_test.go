@@ -56,8 +56,7 @@ func BenchmarkGrowth(b *testing.B) {
 			}
 
 			rng := rand.New(rand.NewPCG(1, 2))
-			type pcts struct{ p50, p99 float64 }
-			fresh, replay := map[int]pcts{}, map[int]pcts{}
+			fresh, replay := map[int][]time.Duration{}, map[int][]time.Duration{}
 			have := 0
 			b.ResetTimer()
 			for range b.N {
@@ -89,25 +88,12 @@ func BenchmarkGrowth(b *testing.B) {
 						replayFilled(b, url, storetest.GrowthKey(rng.IntN(n)))
 						rl[i] = time.Since(t0)
 					}
-					fresh[n] = pcts{percentileMs(fl, 0.50), percentileMs(fl, 0.99)}
-					replay[n] = pcts{percentileMs(rl, 0.50), percentileMs(rl, 0.99)}
+					fresh[n], replay[n] = fl, rl
 				}
 			}
 			b.StopTimer()
-			for _, n := range sizes {
-				name := storetest.SizeName(n)
-				b.ReportMetric(fresh[n].p50, "fresh-"+name+"-p50-ms")
-				b.ReportMetric(fresh[n].p99, "fresh-"+name+"-p99-ms")
-				b.ReportMetric(replay[n].p50, "replay-"+name+"-p50-ms")
-				b.ReportMetric(replay[n].p99, "replay-"+name+"-p99-ms")
-			}
-			if len(sizes) > 1 {
-				lo, hi := sizes[0], sizes[len(sizes)-1]
-				b.ReportMetric(fresh[hi].p50/fresh[lo].p50, "x-fresh-p50")
-				b.ReportMetric(fresh[hi].p99/fresh[lo].p99, "x-fresh-p99")
-				b.ReportMetric(replay[hi].p50/replay[lo].p50, "x-replay-p50")
-				b.ReportMetric(replay[hi].p99/replay[lo].p99, "x-replay-p99")
-			}
+			storetest.ReportGrowth(b, "fresh", time.Millisecond, sizes, fresh)
+			storetest.ReportGrowth(b, "replay", time.Millisecond, sizes, replay)
 		})
 	}
 }

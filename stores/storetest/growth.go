@@ -101,9 +101,8 @@ func BenchGrowth(b *testing.B, s stores.Store, fill func(b *testing.B, from, to 
 	samples := GrowthSamples(b) * b.N
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
-	type pcts struct{ p50, p99 float64 }
-	reserve := map[int]pcts{}
-	load := map[int]pcts{}
+	reserve := map[int][]time.Duration{}
+	load := map[int][]time.Duration{}
 	have := 0
 	b.ResetTimer()
 	for _, n := range sizes {
@@ -145,21 +144,32 @@ func BenchGrowth(b *testing.B, s stores.Store, fill func(b *testing.B, from, to 
 				b.Fatalf("Load of filled key %s at %d records: %+v, want a final record", key, n, rec)
 			}
 		}
-		reserve[n] = pcts{us(Percentile(res, 0.50)), us(Percentile(res, 0.99))}
-		load[n] = pcts{us(Percentile(lds, 0.50)), us(Percentile(lds, 0.99))}
-		name := SizeName(n)
-		b.ReportMetric(reserve[n].p50, "reserve-"+name+"-p50-us")
-		b.ReportMetric(reserve[n].p99, "reserve-"+name+"-p99-us")
-		b.ReportMetric(load[n].p50, "load-"+name+"-p50-us")
-		b.ReportMetric(load[n].p99, "load-"+name+"-p99-us")
+		reserve[n], load[n] = res, lds
 	}
 	b.StopTimer()
+	ReportGrowth(b, "reserve", time.Microsecond, sizes, reserve)
+	ReportGrowth(b, "load", time.Microsecond, sizes, load)
+}
+
+// ReportGrowth reports the p50 and p99 of op's latencies at each size in
+// unit (time.Microsecond: "us", time.Millisecond: "ms"), e.g.
+// reserve-10k-p50-us, and, for more than one size, their ratios of the
+// largest size to the smallest, x-<op>-p50 and x-<op>-p99.
+func ReportGrowth(b *testing.B, op string, unit time.Duration, sizes []int, latencies map[int][]time.Duration) {
+	suffix := "-us"
+	if unit == time.Millisecond {
+		suffix = "-ms"
+	}
+	in := func(d time.Duration) float64 { return float64(d) / float64(unit) }
+	for _, n := range sizes {
+		name := op + "-" + SizeName(n)
+		b.ReportMetric(in(Percentile(latencies[n], 0.50)), name+"-p50"+suffix)
+		b.ReportMetric(in(Percentile(latencies[n], 0.99)), name+"-p99"+suffix)
+	}
 	if len(sizes) > 1 {
-		lo, hi := sizes[0], sizes[len(sizes)-1]
-		b.ReportMetric(reserve[hi].p50/reserve[lo].p50, "x-reserve-p50")
-		b.ReportMetric(reserve[hi].p99/reserve[lo].p99, "x-reserve-p99")
-		b.ReportMetric(load[hi].p50/load[lo].p50, "x-load-p50")
-		b.ReportMetric(load[hi].p99/load[lo].p99, "x-load-p99")
+		lo, hi := latencies[sizes[0]], latencies[sizes[len(sizes)-1]]
+		b.ReportMetric(float64(Percentile(hi, 0.50))/float64(Percentile(lo, 0.50)), "x-"+op+"-p50")
+		b.ReportMetric(float64(Percentile(hi, 0.99))/float64(Percentile(lo, 0.99)), "x-"+op+"-p99")
 	}
 }
 
@@ -194,5 +204,3 @@ func SizeName(n int) string {
 	}
 	return strconv.Itoa(n)
 }
-
-func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
