@@ -52,14 +52,7 @@ const (
 func BenchmarkContention(b *testing.B) {
 	dups := envInt(b, contentionDupsEnv, 1000)
 	keys := envInt(b, contentionKeysEnv, 200)
-	delay := 300 * time.Millisecond
-	if v := os.Getenv(contentionDelayEnv); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d < 0 {
-			b.Fatalf("%s: %q is not a duration", contentionDelayEnv, v)
-		}
-		delay = d
-	}
+	delay := envDuration(b, contentionDelayEnv, 300*time.Millisecond, true)
 	cases := []struct {
 		name       string
 		keys, each int
@@ -341,6 +334,24 @@ func warmUp(b *testing.B, cl *http.Client, nodes []string, n int) {
 // percentileMs is storetest.Percentile in milliseconds.
 func percentileMs(d []time.Duration, p float64) float64 {
 	return float64(storetest.Percentile(d, p)) / float64(time.Millisecond)
+}
+
+// envDuration reads a duration from env, or returns def when it is unset;
+// zeroOK admits 0, any other value must be positive.
+func envDuration(b *testing.B, env string, def time.Duration, zeroOK bool) time.Duration {
+	b.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil || d < 0:
+		b.Fatalf("%s: %q is not a duration", env, v)
+	case d == 0 && !zeroOK:
+		b.Fatalf("%s: %q is not a positive duration", env, v)
+	}
+	return d
 }
 
 func envInt(b *testing.B, env string, def int) int {

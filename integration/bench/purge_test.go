@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,14 +58,7 @@ const purgeKeyPrefix = "e0000000-0000-7000-8000-"
 func BenchmarkPurgeUnderLoad(b *testing.B) {
 	seconds := envInt(b, purgeSecondsEnv, 5)
 	rows := envInt(b, purgeRowsEnv, 1_000_000)
-	timeout := 10 * time.Minute
-	if v := os.Getenv(purgeTimeoutEnv); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			b.Fatalf("%s: %q is not a positive duration", purgeTimeoutEnv, v)
-		}
-		timeout = d
-	}
+	timeout := envDuration(b, purgeTimeoutEnv, 10*time.Minute, false)
 	up := upstream(b)
 	for _, db := range []purgeDB{pgPurgeDB(), myPurgeDB()} {
 		b.Run(db.name, func(b *testing.B) {
