@@ -2,11 +2,11 @@ package mysql
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -20,7 +20,7 @@ func BenchmarkGrowth(b *testing.B) {
 	s, cfg := openStore(b, nil)
 	db := admin(b)
 	bind, resp := storetest.GrowthRecord()
-	headers, err := json.Marshal(resp.Header)
+	headers, err := sqlstore.EncodeHeader(resp.Header)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,10 +2,10 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"testing"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -19,7 +19,7 @@ func BenchmarkGrowth(b *testing.B) {
 	s, cfg := openStore(b, nil)
 	conn := admin(b)
 	bind, resp := storetest.GrowthRecord()
-	headers, err := json.Marshal(resp.Header)
+	headers, err := sqlstore.EncodeHeader(resp.Header)
 	if err != nil {
 		b.Fatal(err)
 	}
