@@ -11,7 +11,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -21,8 +20,6 @@ import (
 // other case pays too. allocs/op and B/op do not depend on the machine, so
 // they show a change to the request path exactly; end-to-end ratios
 // against real reverse_proxy are integration/bench's BenchmarkProxy.
-var benchMaxEntries = 0
-
 func BenchmarkServeHTTP(b *testing.B) {
 	reqBody := bytes.Repeat([]byte("x"), 300)
 	respBody := bytes.Repeat([]byte(`{"metadata-location":"s3://bucket/warehouse/ns/t/metadata/00002.metadata.json"}`), 24)
@@ -34,11 +31,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 		_, err := w.Write(respBody)
 		return err
 	})
-	store, err := memory.New(memory.Options{MaxEntries: benchMaxEntries})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h := newTestHandler(b, instrumentStore(store, "memory"))
+	h := newTestHandler(b, instrumentStore(newMemoryStore(b), "memory"))
 	request := func(key string) (*httptest.ResponseRecorder, *http.Request) {
 		req := httptest.NewRequest(http.MethodPost, "/v1/namespaces", bytes.NewReader(reqBody))
 		req.Header.Set("Content-Type", "application/json")
