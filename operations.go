@@ -37,6 +37,10 @@ var mutations = []operation{
 
 func seg(template string) []string { return strings.Split(template, "/") }
 
+// maxTemplateSegments is the length of the longest template in mutations,
+// checked by TestMaxTemplateSegments.
+const maxTemplateSegments = 6
+
 // classify returns the operationId of a mutation, or "" for anything that is
 // not one. rel is the escaped path below the configured base path, starting
 // with "/v1/". The {prefix} segment is optional in deployments, so both
@@ -47,7 +51,18 @@ func classify(method, rel string) string {
 	if !ok {
 		return ""
 	}
-	segs := strings.Split(rest, "/")
+	// No template is longer than maxTemplateSegments, so a longer path is
+	// no mutation; the segments of a shorter one go to an array on the
+	// stack, which keeps requests that pass through free of allocations.
+	n := strings.Count(rest, "/") + 1
+	if n > maxTemplateSegments+1 {
+		return ""
+	}
+	var buf [maxTemplateSegments + 1]string
+	segs := buf[:0]
+	for s := range strings.SplitSeq(rest, "/") {
+		segs = append(segs, s)
+	}
 	if id := match(method, segs); id != "" {
 		return id
 	}

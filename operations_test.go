@@ -1,6 +1,12 @@
 package icebergidempotency
 
-import "testing"
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
 
 func TestClassify(t *testing.T) {
 	mutationsByPath := []struct{ method, path, op string }{
@@ -50,6 +56,8 @@ func TestClassify(t *testing.T) {
 		{"POST", "/v1/{p}namespaces//tables"},
 		{"POST", "/v1/{p}namespaces/ns/tables/"},
 		{"POST", "/v1/{p}unknown/thing"},
+		{"DELETE", "/v1/{p}namespaces/ns/tables/t/plan/plan-1/more"},
+		{"POST", "/v1/{p}namespaces/ns/tables/t/a/b/c/d/e/f"},
 	}
 	for _, prefix := range []string{"", "wh/", "my%20catalog/"} {
 		for _, m := range mutationsByPath {
@@ -95,6 +103,44 @@ func TestBasePath(t *testing.T) {
 	} {
 		if got := h.classifyPath("POST", path); got != want {
 			t.Errorf("classifyPath(POST %s) = %q, want %q", path, got, want)
+		}
+	}
+}
+
+// classify splits into an array of maxTemplateSegments+1 entries and
+// refuses longer paths up front: a template longer than that would never
+// match.
+func TestMaxTemplateSegments(t *testing.T) {
+	longest := 0
+	for _, op := range mutations {
+		longest = max(longest, len(op.template))
+	}
+	if longest != maxTemplateSegments {
+		t.Fatalf("longest template has %d segments; maxTemplateSegments is %d", longest, maxTemplateSegments)
+	}
+}
+
+// Requests that are not mutations, and mutations without a key, pass
+// through without a single allocation of the handler's own: they are most
+// of a catalog's traffic.
+func TestPassThroughAllocatesNothing(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil })
+	w := httptest.NewRecorder()
+	for _, c := range []struct{ method, path string }{
+		{http.MethodPost, "/v1/wh/namespaces/ns/tables/t"}, // a mutation, no key
+		{http.MethodGet, "/v1/wh/namespaces/ns/tables/t"},
+		{http.MethodPost, "/v1/wh/namespaces/ns/tables/t/metrics"},
+		{http.MethodGet, "/v1/wh/namespaces/ns/tables/t/plan/p/a/b/c"},
+	} {
+		r := httptest.NewRequest(c.method, c.path, nil)
+		allocs := testing.AllocsPerRun(100, func() {
+			if err := h.ServeHTTP(w, r, next); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if allocs != 0 {
+			t.Errorf("%s %s: %v allocations per request, want 0", c.method, c.path, allocs)
 		}
 	}
 }
