@@ -32,7 +32,7 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 			"\tbase_path /api/catalog\n\tprincipal {http.auth.user.id}\n\tfinalize_statuses 2xx 409 404\n" +
 			"\trelease_statuses 5xx 401 403 429\n\treplay_headers Content-Type ETag X-Request-Id\n\tfail_open\n}",
 		"iceberg_idempotency {\n\tstore postgres {\n\t\tdsn \"{env.DSN}\"\n\t\ttable t\n\t\tmax_conns 20\n\t\tauto_migrate off\n" +
-			"\t\tstatement_timeout 2s\n\t\tlisten_notify off\n\t}\n}",
+			"\t\tstatement_timeout 2s\n\t\tlisten_notify off\n\t\tcombined_writes off\n\t}\n}",
 		"iceberg_idempotency {\n\tstore mysql {\n\t\tdsn `root@tcp(db:3306)/x`\n\t\tauto_migrate on\n\t}\n}",
 		"iceberg_idempotency {\n\tstore memory\n\tstore nothing\n}",
 		"iceberg_idempotency {\n\tlifetime -1s\n\tin_flight_status 200\n}",

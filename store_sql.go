@@ -203,6 +203,13 @@ type PostgresStore struct {
 	// request. Default: true.
 	ListenNotify *bool `json:"listen_notify,omitempty"`
 
+	// How many batches of reservation and finalization statements may be
+	// in flight at once; beyond that, the statements of concurrent
+	// requests wait and commit together, one round trip and one commit
+	// for the batch. 0 (Caddyfile: off) runs each statement on its own.
+	// Default: postgres.DefaultCombinedWrites.
+	CombinedWrites *int `json:"combined_writes,omitempty"`
+
 	cfg postgres.Config // with defaults applied
 }
 
@@ -237,6 +244,13 @@ func (p *PostgresStore) Provision(caddy.Context) error {
 		on := true
 		p.ListenNotify = &on
 	}
+	if p.CombinedWrites == nil {
+		n := postgres.DefaultCombinedWrites
+		p.CombinedWrites = &n
+	}
+	if *p.CombinedWrites < 0 {
+		return fmt.Errorf("postgres store: combined_writes must be 0 or more, got %d", *p.CombinedWrites)
+	}
 	if err := p.provision("postgres"); err != nil {
 		return err
 	}
@@ -247,6 +261,7 @@ func (p *PostgresStore) Provision(caddy.Context) error {
 		AutoMigrate:      *p.AutoMigrate,
 		StatementTimeout: time.Duration(p.StatementTimeout),
 		ListenNotify:     *p.ListenNotify,
+		CombinedWrites:   *p.CombinedWrites,
 	}.WithDefaults()
 	if err != nil {
 		return fmt.Errorf("postgres store: %w", err)
@@ -259,7 +274,7 @@ func (p *PostgresStore) Provision(caddy.Context) error {
 func (p *PostgresStore) StoreKey() string {
 	c := p.cfg
 	return storeKey("postgres", c.Table, c.DSN, c.Table, strconv.Itoa(c.MaxConns), strconv.FormatBool(c.AutoMigrate),
-		c.StatementTimeout.String(), strconv.FormatBool(c.ListenNotify))
+		c.StatementTimeout.String(), strconv.FormatBool(c.ListenNotify), strconv.Itoa(c.CombinedWrites))
 }
 
 // OpenStore implements StoreProvider. It needs no database: the store
@@ -283,16 +298,36 @@ func (p *PostgresStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 //	    auto_migrate      on|off
 //	    statement_timeout <duration>
 //	    listen_notify     on|off
+//	    combined_writes   <n>|off
 //	}
 func (p *PostgresStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return unmarshalSQLStore(d, "postgres", &p.SQLStoreConfig, func(d *caddyfile.Dispenser) (bool, error) {
-		if d.Val() != "listen_notify" {
-			return false, nil
+		switch d.Val() {
+		case "listen_notify":
+			on, err := parseOnOff(d)
+			p.ListenNotify = &on
+			return true, err
+		case "combined_writes":
+			n, err := parseCombinedWrites(d)
+			p.CombinedWrites = &n
+			return true, err
 		}
-		on, err := parseOnOff(d)
-		p.ListenNotify = &on
-		return true, err
+		return false, nil
 	})
+}
+
+// parseCombinedWrites reads combined_writes' one argument: a count of
+// batches, or off (0).
+func parseCombinedWrites(d *caddyfile.Dispenser) (int, error) {
+	arg, err := singleArg(d)
+	if err != nil || arg == "off" {
+		return 0, err
+	}
+	n, err := strconv.Atoi(arg)
+	if err != nil || n <= 0 {
+		return 0, d.Errf("combined_writes must be a positive integer or off, got %q", arg)
+	}
+	return n, nil
 }
 
 // CaddyModule returns the Caddy module information.

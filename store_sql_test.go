@@ -3,6 +3,8 @@ package icebergidempotency
 import (
 	"strings"
 	"testing"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/postgres"
 )
 
 // {env.*} placeholders in the DSN are expanded at provision time, and the
@@ -22,6 +24,9 @@ func TestSQLStoreDSNPlaceholdersAndKey(t *testing.T) {
 	}
 	if !*p.AutoMigrate || !*p.ListenNotify {
 		t.Fatal("auto_migrate and listen_notify must default to on")
+	}
+	if p.cfg.CombinedWrites != postgres.DefaultCombinedWrites {
+		t.Fatalf("combined_writes defaults to %d, want %d", p.cfg.CombinedWrites, postgres.DefaultCombinedWrites)
 	}
 
 	other := &PostgresStore{SQLStoreConfig: SQLStoreConfig{DSN: p.DSN, Table: "other_records"}}

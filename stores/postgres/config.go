@@ -20,6 +20,10 @@ import (
 // ICEBERG_IDEMPOTENCY_BENCH_MAX_CONNS).
 const DefaultMaxConns = 16
 
+// DefaultCombinedWrites is Config.CombinedWrites' value in the Caddy
+// module when the Caddyfile does not set it.
+const DefaultCombinedWrites = 2
+
 // Config configures a Store.
 type Config struct {
 	// DSN is a libpq/pgx connection string, URL or key=value form.
@@ -49,6 +53,11 @@ type Config struct {
 	// dedicated LISTEN connection per Store. Await then polls only every
 	// NotifyFallback, in case a notification was lost.
 	ListenNotify bool
+	// CombinedWrites is how many batches of Reserve's and Finalize's
+	// statements may be in flight at once (see combiner); the statements
+	// of concurrent requests beyond that wait and go together, as one
+	// transaction. 0 runs every statement on its own.
+	CombinedWrites int
 	// NotifyFallback is Await's polling interval with ListenNotify.
 	// Default 1s.
 	NotifyFallback time.Duration

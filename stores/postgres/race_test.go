@@ -14,6 +14,10 @@ import (
 // concurrent reserver and must be re-run.
 func TestReserveRace(t *testing.T) {
 	s, _ := openStore(t, nil)
+	reserveRace(t, s)
+}
+
+func reserveRace(t *testing.T, s *Store) {
 	ctx := context.Background()
 	const rounds, racers = 50, 16
 	for range rounds {

@@ -30,6 +30,9 @@ type Store struct {
 	log      *zap.Logger
 	lazy     sqlstore.Lazy
 	migrated bool // by an earlier attempt of the first contact
+	// combined runs Reserve's and Finalize's statements together with
+	// those of concurrent requests; nil when Config.CombinedWrites is 0.
+	combined *sqlstore.Combiner[string]
 	awaits   sqlstore.AwaitGroup
 
 	closeOnce sync.Once
@@ -100,6 +103,9 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	s.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, s.wrap("open", err)
+	}
+	if cfg.CombinedWrites > 0 {
+		s.combined = s.newCombiner(cfg.CombinedWrites)
 	}
 	s.lazy = sqlstore.Lazy{
 		Name:    "postgres",
@@ -205,14 +211,14 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, s.q.reserve,
+	n, err := s.write(ctx, s.q.reserve,
 		r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
 		sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL),
 	)
 	if err != nil {
 		return stores.ReserveResult{}, s.wrap("reserve", err)
 	}
-	if tag.RowsAffected() == 1 {
+	if n == 1 {
 		return stores.ReserveResult{Reserved: true}, nil
 	}
 	rec, _, err := s.queryRecord(ctx, "reserve", r.Key)
@@ -313,15 +319,30 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) (int64, e
 	return tag.RowsAffected(), nil
 }
 
+// write runs one of the hot path's statements, combined with concurrent
+// ones when the store combines writes, and returns the rows it changed.
+func (s *Store) write(ctx context.Context, sql string, args ...any) (int64, error) {
+	st := sqlstore.Statement[string]{Stmt: sql, Args: args}
+	if s.combined != nil {
+		return s.combined.Exec(ctx, st)
+	}
+	return s.execAlone(ctx, st)
+}
+
 // Finalize implements stores.Store. One statement.
 func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
 	f, err := sqlstore.EncodeFinal(resp)
 	if err != nil {
 		return fmt.Errorf("postgres finalize %s: %w", key, err)
 	}
-	n, err := s.exec(ctx, "finalize", s.q.finalize, key, owner, f.Status, f.HeadersArg(), f.Body, f.KeyID)
-	if err != nil {
+	if err := s.lazy.Ready(ctx); err != nil {
 		return err
+	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	n, err := s.write(ctx, s.q.finalize, key, owner, f.Status, f.HeadersArg(), f.Body, f.KeyID)
+	if err != nil {
+		return s.wrap("finalize", err)
 	}
 	if n == 0 {
 		return stores.ErrNotOwner

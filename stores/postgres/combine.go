@@ -1,0 +1,75 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// maxCombined bounds the statements of one combined batch.
+const maxCombined = 64
+
+func (s *Store) newCombiner(maxFlushes int) *sqlstore.Combiner[string] {
+	return &sqlstore.Combiner[string]{
+		MaxFlushes: maxFlushes,
+		MaxBatch:   maxCombined,
+		Alone:      s.execAlone,
+		Together:   s.execTogether,
+	}
+}
+
+func (s *Store) execAlone(ctx context.Context, st sqlstore.Statement[string]) (int64, error) {
+	tag, err := s.pool.Exec(ctx, st.Stmt, st.Args...)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
+}
+
+// execTogether sends the statements as one pipelined batch: pgx ends it
+// with a single Sync, so the server runs them as one implicit transaction
+// that commits at the Sync. Close reads up to the Sync's answer, so the
+// rows are reported only once the commit is confirmed. An ERROR from the
+// server aborted that transaction and left the session: nothing of the
+// batch committed. Anything else (the connection broke, the timeout)
+// leaves the commit unknown.
+func (s *Store) execTogether(sts []sqlstore.Statement[string]) ([]int64, bool, error) {
+	ctx, cancel := s.opCtx(context.Background())
+	defer cancel()
+	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(sts))}
+	for _, st := range sts {
+		b.Queue(st.Stmt, st.Args...)
+	}
+	br := s.pool.SendBatch(ctx, b)
+	rows := make([]int64, len(sts))
+	var err error
+	for i := range sts {
+		tag, e := br.Exec()
+		if e != nil {
+			err = e
+			break
+		}
+		rows[i] = tag.RowsAffected()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		var pe *pgconn.PgError
+		return nil, errors.As(err, &pe) && severity(pe) == "ERROR", err
+	}
+	return rows, false, nil
+}
+
+// severity is the error's severity in English (older servers send only
+// the localized one).
+func severity(pe *pgconn.PgError) string {
+	if pe.SeverityUnlocalized != "" {
+		return pe.SeverityUnlocalized
+	}
+	return pe.Severity
+}

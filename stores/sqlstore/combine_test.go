@@ -1,0 +1,183 @@
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The queueing logic alone, with stand-ins for the database: the stores'
+// own tests (stores/postgres, stores/mysql) run it against real servers.
+
+// fakeDB records what a Combiner sends. Alone of statement "block" waits
+// until unblock is closed, holding its flush slot.
+type fakeDB struct {
+	mu       sync.Mutex
+	alone    []string
+	together [][]string
+	unblock  chan struct{}
+	// result of Together
+	rolledBack bool
+	err        error
+}
+
+func (f *fakeDB) combiner(maxFlushes, maxBatch int) *Combiner[string] {
+	return &Combiner[string]{
+		MaxFlushes: maxFlushes,
+		MaxBatch:   maxBatch,
+		Alone: func(ctx context.Context, st Statement[string]) (int64, error) {
+			if st.Stmt == "block" {
+				<-f.unblock
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.alone = append(f.alone, st.Stmt)
+			return int64(len(st.Stmt)), nil
+		},
+		Together: func(sts []Statement[string]) ([]int64, bool, error) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			var names []string
+			var rows []int64
+			for _, st := range sts {
+				names = append(names, st.Stmt)
+				rows = append(rows, int64(len(st.Stmt))*10)
+			}
+			f.together = append(f.together, names)
+			if f.err != nil {
+				return nil, f.rolledBack, f.err
+			}
+			return rows, false, nil
+		},
+	}
+}
+
+type outcome struct {
+	rows int64
+	err  error
+}
+
+// queueBehindBlock holds c's only slot with a blocked statement, queues
+// stmts behind it, releases the slot and returns each one's outcome.
+func queueBehindBlock(t *testing.T, f *fakeDB, c *Combiner[string], ctxs []context.Context, stmts []string) []outcome {
+	t.Helper()
+	f.unblock = make(chan struct{})
+	blocked := make(chan struct{})
+	go func() {
+		defer close(blocked)
+		if _, err := c.Exec(context.Background(), Statement[string]{Stmt: "block"}); err != nil {
+			t.Error(err)
+		}
+	}()
+	waitState(t, c, 0, 1)
+	out := make([]outcome, len(stmts))
+	var wg sync.WaitGroup
+	for i, s := range stmts {
+		ctx := context.Background()
+		if ctxs != nil {
+			ctx = ctxs[i]
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, err := c.Exec(ctx, Statement[string]{Stmt: s})
+			out[i] = outcome{n, err}
+		}()
+		waitState(t, c, i+1, 1) // queued in this order
+	}
+	close(f.unblock)
+	<-blocked
+	wg.Wait()
+	waitState(t, c, 0, 0)
+	return out
+}
+
+func waitState(t *testing.T, c *Combiner[string], queued, flushing int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		q, fl := c.State()
+		if q == queued && fl == flushing {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d queued, %d flushing; want %d, %d", q, fl, queued, flushing)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestCombinerAloneWhenASlotIsFree(t *testing.T) {
+	f := &fakeDB{}
+	c := f.combiner(2, 8)
+	for _, s := range []string{"a", "bb"} {
+		if n, err := c.Exec(context.Background(), Statement[string]{Stmt: s}); err != nil || n != int64(len(s)) {
+			t.Fatalf("Exec(%s) = %d, %v", s, n, err)
+		}
+	}
+	if !slices.Equal(f.alone, []string{"a", "bb"}) || len(f.together) != 0 {
+		t.Fatalf("alone %v, together %v", f.alone, f.together)
+	}
+}
+
+func TestCombinerBatchesWhatQueued(t *testing.T) {
+	f := &fakeDB{}
+	c := f.combiner(1, 3)
+	out := queueBehindBlock(t, f, c, nil, []string{"a", "bb", "ccc", "dddd", "eeeee"})
+	// In order, at most MaxBatch at a time; a batch of one runs alone.
+	if want := [][]string{{"a", "bb", "ccc"}, {"dddd", "eeeee"}}; !slices.EqualFunc(f.together, want, slices.Equal) {
+		t.Fatalf("together %v, want %v", f.together, want)
+	}
+	for i, o := range out {
+		if o.err != nil || o.rows != int64(i+1)*10 {
+			t.Fatalf("write %d = %+v, want its own rows from the batch", i, o)
+		}
+	}
+}
+
+func TestCombinerRolledBackRunsEachAlone(t *testing.T) {
+	f := &fakeDB{rolledBack: true, err: errors.New("refused")}
+	c := f.combiner(1, 8)
+	out := queueBehindBlock(t, f, c, nil, []string{"a", "bb"})
+	for i, o := range out {
+		if o.err != nil || o.rows != int64(i+1) {
+			t.Fatalf("write %d = %+v, want it run again alone", i, o)
+		}
+	}
+	slices.Sort(f.alone)
+	if !slices.Equal(f.alone, []string{"a", "bb", "block"}) {
+		t.Fatalf("alone %v", f.alone)
+	}
+}
+
+func TestCombinerUnknownCommitFailsEveryWrite(t *testing.T) {
+	broken := errors.New("connection lost during commit")
+	f := &fakeDB{err: broken}
+	c := f.combiner(1, 8)
+	out := queueBehindBlock(t, f, c, nil, []string{"a", "bb"})
+	for i, o := range out {
+		if !errors.Is(o.err, broken) {
+			t.Fatalf("write %d = %+v, want the batch's error", i, o)
+		}
+	}
+	if !slices.Equal(f.alone, []string{"block"}) {
+		t.Fatalf("ran again alone after an unknown commit: %v", f.alone)
+	}
+}
+
+func TestCombinerDropsWritesWhoseCallerLeft(t *testing.T) {
+	f := &fakeDB{}
+	c := f.combiner(1, 8)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	out := queueBehindBlock(t, f, c, []context.Context{context.Background(), gone, context.Background()}, []string{"a", "gone", "ccc"})
+	if !errors.Is(out[1].err, context.Canceled) {
+		t.Fatalf("cancelled write = %+v", out[1])
+	}
+	if want := [][]string{{"a", "ccc"}}; !slices.EqualFunc(f.together, want, slices.Equal) {
+		t.Fatalf("together %v, want %v: the cancelled write must not be sent", f.together, want)
+	}
+}
