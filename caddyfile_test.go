@@ -178,7 +178,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"postgres without dsn", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable t\n\t\t}\n\t}", `postgres store needs a dsn`, "at Caddyfile:5"},
 		{"postgres bad table", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable Bad-Name\n\t\t}\n\t}", `table: `, "at Caddyfile:4"},
 		{"combined_writes value", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tcombined_writes 0\n\t\t}\n\t}", `combined_writes must be a positive integer or off, got "0"`, "at Caddyfile:4"},
-		{"combined_writes mysql", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tcombined_writes 2\n\t\t}\n\t}", `unknown mysql store option "combined_writes"`, "at Caddyfile:5"},
+		{"combined_writes mysql", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tcombined_writes many\n\t\t}\n\t}", `combined_writes must be a positive integer or off, got "many"`, "at Caddyfile:5"},
 		{"mysql unknown option", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tlisten_notify on\n\t\t}\n\t}", `unknown mysql store option "listen_notify"`, "at Caddyfile:5"},
 		{"auto_migrate value", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tauto_migrate maybe\n\t\t}\n\t}", `auto_migrate must be on or off`, "at Caddyfile:4"},
 		{"key_versions empty", "iceberg_idempotency {\n\t\tkey_versions\n\t}", `key_versions needs UUID versions (1 to 8) or any`, "at Caddyfile:3"},

@@ -58,10 +58,20 @@ type SQLStoreConfig struct {
 	// Bound of each database call, connecting included. Default: 5s.
 	StatementTimeout caddy.Duration `json:"statement_timeout,omitempty"`
 
+	// How many batches of reservation and finalization statements a node
+	// may have in flight at once; beyond that, the statements of
+	// concurrent requests wait and commit together, one commit for the
+	// batch. 0 (Caddyfile: off) runs each statement on its own. Default:
+	// the store package's DefaultCombinedWrites, chosen by measurement
+	// (README, Performance).
+	CombinedWrites *int `json:"combined_writes,omitempty"`
+
 	dsn string // DSN with placeholders expanded
 }
 
-func (c *SQLStoreConfig) provision(backend string) error {
+// provision expands the DSN and applies the defaults of the options a Go
+// value cannot leave unset; combinedWrites is the backend's default.
+func (c *SQLStoreConfig) provision(backend string, combinedWrites int) error {
 	c.dsn = caddy.NewReplacer().ReplaceKnown(c.DSN, "")
 	if c.dsn == "" {
 		return emptyDSNError(backend, c.DSN)
@@ -69,6 +79,9 @@ func (c *SQLStoreConfig) provision(backend string) error {
 	if c.AutoMigrate == nil {
 		on := true
 		c.AutoMigrate = &on
+	}
+	if c.CombinedWrites == nil {
+		c.CombinedWrites = &combinedWrites
 	}
 	return nil
 }
@@ -149,6 +162,10 @@ func (c *SQLStoreConfig) unmarshalOption(d *caddyfile.Dispenser) (bool, error) {
 		c.AutoMigrate = &on
 	case "statement_timeout":
 		return true, parseDuration(d, &c.StatementTimeout)
+	case "combined_writes":
+		n, err := parseCombinedWrites(d)
+		c.CombinedWrites = &n
+		return true, err
 	default:
 		return false, nil
 	}
@@ -203,13 +220,6 @@ type PostgresStore struct {
 	// request. Default: true.
 	ListenNotify *bool `json:"listen_notify,omitempty"`
 
-	// How many batches of reservation and finalization statements may be
-	// in flight at once; beyond that, the statements of concurrent
-	// requests wait and commit together, one round trip and one commit
-	// for the batch. 0 (Caddyfile: off) runs each statement on its own.
-	// Default: postgres.DefaultCombinedWrites.
-	CombinedWrites *int `json:"combined_writes,omitempty"`
-
 	cfg postgres.Config // with defaults applied
 }
 
@@ -244,14 +254,7 @@ func (p *PostgresStore) Provision(caddy.Context) error {
 		on := true
 		p.ListenNotify = &on
 	}
-	if p.CombinedWrites == nil {
-		n := postgres.DefaultCombinedWrites
-		p.CombinedWrites = &n
-	}
-	if *p.CombinedWrites < 0 {
-		return fmt.Errorf("postgres store: combined_writes must be 0 or more, got %d", *p.CombinedWrites)
-	}
-	if err := p.provision("postgres"); err != nil {
+	if err := p.provision("postgres", postgres.DefaultCombinedWrites); err != nil {
 		return err
 	}
 	cfg, err := postgres.Config{
@@ -302,17 +305,12 @@ func (p *PostgresStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 //	}
 func (p *PostgresStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return unmarshalSQLStore(d, "postgres", &p.SQLStoreConfig, func(d *caddyfile.Dispenser) (bool, error) {
-		switch d.Val() {
-		case "listen_notify":
-			on, err := parseOnOff(d)
-			p.ListenNotify = &on
-			return true, err
-		case "combined_writes":
-			n, err := parseCombinedWrites(d)
-			p.CombinedWrites = &n
-			return true, err
+		if d.Val() != "listen_notify" {
+			return false, nil
 		}
-		return false, nil
+		on, err := parseOnOff(d)
+		p.ListenNotify = &on
+		return true, err
 	})
 }
 
@@ -340,7 +338,7 @@ func (MySQLStore) CaddyModule() caddy.ModuleInfo {
 
 // Provision expands placeholders and applies the store's defaults.
 func (m *MySQLStore) Provision(caddy.Context) error {
-	if err := m.provision("mysql"); err != nil {
+	if err := m.provision("mysql", mysql.DefaultCombinedWrites); err != nil {
 		return err
 	}
 	cfg, err := mysql.Config{
@@ -349,6 +347,7 @@ func (m *MySQLStore) Provision(caddy.Context) error {
 		MaxConns:         m.MaxConns,
 		AutoMigrate:      *m.AutoMigrate,
 		StatementTimeout: time.Duration(m.StatementTimeout),
+		CombinedWrites:   *m.CombinedWrites,
 	}.WithDefaults()
 	if err != nil {
 		return fmt.Errorf("mysql store: %w", err)
@@ -361,7 +360,7 @@ func (m *MySQLStore) Provision(caddy.Context) error {
 func (m *MySQLStore) StoreKey() string {
 	c := m.cfg
 	return storeKey("mysql", c.Table, c.DSN, c.Table, strconv.Itoa(c.MaxConns), strconv.FormatBool(c.AutoMigrate),
-		c.StatementTimeout.String())
+		c.StatementTimeout.String(), strconv.Itoa(c.CombinedWrites))
 }
 
 // OpenStore implements StoreProvider. It needs no database: see
@@ -386,6 +385,7 @@ func (m *MySQLStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 //	    max_conns         <n>
 //	    auto_migrate      on|off
 //	    statement_timeout <duration>
+//	    combined_writes   <n>|off
 //	}
 func (m *MySQLStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return unmarshalSQLStore(d, "mysql", &m.SQLStoreConfig, nil)

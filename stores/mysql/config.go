@@ -14,6 +14,10 @@ import (
 // DefaultMaxConns is the pool size when Config.MaxConns is 0.
 const DefaultMaxConns = 10
 
+// DefaultCombinedWrites is Config.CombinedWrites' value in the Caddy
+// module when the Caddyfile does not set it.
+const DefaultCombinedWrites = 2
+
 // Config configures a Store.
 type Config struct {
 	// DSN is a go-sql-driver/mysql DSN: user:password@tcp(host:3306)/db.
@@ -42,6 +46,12 @@ type Config struct {
 	// a failed attempt. Defaults: see sqlstore.Lazy.
 	RetryMin, RetryMax, RetryCooldown time.Duration
 
+	// CombinedWrites is how many batches of Reserve's and Finalize's
+	// statements may be in flight at once (see sqlstore.Combiner); the
+	// statements of concurrent requests beyond that wait and go together,
+	// as one transaction. 0 runs every statement on its own.
+	CombinedWrites int
+
 	// packetLimit replaces the server's max_allowed_packet in tests.
 	packetLimit int64
 }
@@ -66,8 +76,8 @@ func (c *Config) setDefaults() error {
 	if err := sqlstore.ValidateTable(c.Table); err != nil {
 		return fmt.Errorf("mysql: %w", err)
 	}
-	if c.MaxConns < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 {
-		return fmt.Errorf("mysql: negative max_conns, timeout or interval")
+	if c.MaxConns < 0 || c.CombinedWrites < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 {
+		return fmt.Errorf("mysql: negative max_conns, combined_writes, timeout or interval")
 	}
 	if c.MaxConns == 0 {
 		c.MaxConns = DefaultMaxConns

@@ -41,6 +41,14 @@ type Store struct {
 	awaits sqlstore.AwaitGroup
 	wakers sqlstore.Wakers
 
+	// combined runs Reserve's and Finalize's statements together with
+	// those of concurrent requests; nil when Config.CombinedWrites is 0.
+	combined *sqlstore.Combiner[write]
+	// batchDB holds the connections combined batches run on: they send
+	// several statements in one query, with interpolated arguments.
+	batchDB *sql.DB
+	q       queries
+
 	closeOnce sync.Once
 }
 
@@ -96,6 +104,22 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	// Below the servers' and middleboxes' idle cut-offs, so the pool rarely
 	// hands out a connection that is already dead.
 	s.db.SetConnMaxLifetime(3 * time.Minute)
+	s.q = newQueries(cfg.Table)
+	if cfg.CombinedWrites > 0 {
+		bc := mc.Clone()
+		bc.InterpolateParams = true
+		bc.MultiStatements = true
+		batchConnector, err := mysql.NewConnector(bc)
+		if err != nil {
+			s.db.Close()
+			return nil, s.wrap("open", err)
+		}
+		s.batchDB = sql.OpenDB(batchConnector)
+		s.batchDB.SetMaxOpenConns(cfg.CombinedWrites)
+		s.batchDB.SetMaxIdleConns(cfg.CombinedWrites)
+		s.batchDB.SetConnMaxLifetime(3 * time.Minute)
+		s.combined = s.newCombiner(cfg.CombinedWrites)
+	}
 	s.lazy = sqlstore.Lazy{
 		Name:    "mysql",
 		DSN:     cfg.DSN,
@@ -132,7 +156,7 @@ func (s *Store) firstContact(ctx context.Context) error {
 		}
 		s.migrated = true
 	}
-	q := newQueries(s.cfg.Table)
+	q := s.q
 	for _, p := range []struct {
 		dst **sql.Stmt
 		sql string
@@ -169,6 +193,9 @@ func (s *Store) Close() error {
 			}
 		}
 		err = s.db.Close()
+		if s.batchDB != nil {
+			err = errors.Join(err, s.batchDB.Close())
+		}
 	})
 	return err
 }
@@ -212,11 +239,16 @@ func (s *Store) ready(ctx context.Context) error { return s.lazy.Ready(ctx) }
 // only once the first contact has prepared it: a caller that runs before
 // then (the purge loop, the admin API) must not hand over a nil statement.
 func (s *Store) exec(ctx context.Context, op string, stmt **sql.Stmt, args ...any) (int64, error) {
+	return s.retry(ctx, op, func(ctx context.Context) (int64, error) { return s.execOnce(ctx, *stmt, args...) })
+}
+
+// retry runs once after the first contact, again after a deadlock.
+func (s *Store) retry(ctx context.Context, op string, once func(context.Context) (int64, error)) (int64, error) {
 	if err := s.ready(ctx); err != nil {
 		return 0, err
 	}
 	for attempt := 1; ; attempt++ {
-		n, err := s.execOnce(ctx, *stmt, args...)
+		n, err := once(ctx)
 		if err == nil {
 			return n, nil
 		}
@@ -247,9 +279,11 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 		return stores.ReserveResult{}, err
 	}
 	for range maxAttempts {
-		n, err := s.exec(ctx, "reserve", &s.stmts.reserve,
-			r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
-			sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL))
+		n, err := s.retry(ctx, "reserve", func(ctx context.Context) (int64, error) {
+			return s.writeOnce(ctx, write{s.stmts.reserve, s.q.reserve},
+				r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
+				sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL))
+		})
 		if err != nil {
 			return stores.ReserveResult{}, err
 		}
@@ -324,9 +358,10 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 		return err
 	}
 	args := []any{f.Status, f.HeadersArg(), f.Body, f.KeyID, key, owner}
-	n, err := s.execOnce(ctx, s.stmts.finalize, args...)
+	finalize := write{s.stmts.finalize, s.q.finalize}
+	n, err := s.writeOnce(ctx, finalize, args...)
 	for attempt := 2; err != nil && retryable(err) && attempt <= maxAttempts && ctx.Err() == nil; attempt++ {
-		n, err = s.execOnce(ctx, s.stmts.finalize, args...)
+		n, err = s.writeOnce(ctx, finalize, args...)
 	}
 	if err != nil {
 		if packetTooLarge(err) || s.shrunkPacketLimit(ctx, err, key, owner, f.Headers, f.Body) {

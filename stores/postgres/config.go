@@ -91,8 +91,8 @@ func (c *Config) setDefaults() error {
 	if err := sqlstore.ValidateTable(c.Table); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
-	if c.MaxConns < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 || c.NotifyFallback < 0 {
-		return fmt.Errorf("postgres: negative max_conns, timeout or interval")
+	if c.MaxConns < 0 || c.CombinedWrites < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 || c.NotifyFallback < 0 {
+		return fmt.Errorf("postgres: negative max_conns, combined_writes, timeout or interval")
 	}
 	if c.StatementTimeout == 0 {
 		c.StatementTimeout = sqlstore.DefaultStatementTimeout

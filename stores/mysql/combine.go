@@ -1,0 +1,129 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// maxCombined bounds the statements of one combined batch.
+const maxCombined = 64
+
+// write is one of the hot path's statements: prepared for running alone,
+// as text for a combined batch.
+type write struct {
+	stmt *sql.Stmt
+	sql  string
+}
+
+func (s *Store) newCombiner(maxFlushes int) *sqlstore.Combiner[write] {
+	return &sqlstore.Combiner[write]{
+		MaxFlushes: maxFlushes,
+		MaxBatch:   maxCombined,
+		Alone: func(ctx context.Context, st sqlstore.Statement[write]) (int64, error) {
+			return s.execOnce(ctx, st.Stmt.stmt, st.Args...)
+		},
+		Together: s.execTogether,
+	}
+}
+
+// writeOnce runs one of the hot path's statements once, combined with
+// concurrent ones when the store combines writes.
+func (s *Store) writeOnce(ctx context.Context, w write, args ...any) (int64, error) {
+	if s.combined == nil {
+		return s.execOnce(ctx, w.stmt, args...)
+	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	return s.combined.Exec(ctx, sqlstore.Statement[write]{Stmt: w, Args: args})
+}
+
+// errBatchTooLarge sends a batch's statements off to run alone: together
+// they would not fit in one packet.
+var errBatchTooLarge = errors.New("combined statements exceed the packet limit")
+
+// execTogether sends the statements in one round trip, between START
+// TRANSACTION and COMMIT, as one multi-statement query on a connection of
+// batchDB (the driver interpolates the arguments, escaping them for the
+// session). The server stops at the first statement it refuses, before
+// the COMMIT: nothing of the batch committed, and the transaction is
+// rolled back before the connection goes back to the pool. A refused
+// COMMIT committed nothing either. A broken connection leaves the outcome
+// unknown.
+func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, error) {
+	var q strings.Builder
+	var args []driver.NamedValue
+	size := 0
+	q.WriteString("START TRANSACTION;\n")
+	for _, st := range sts {
+		q.WriteString(st.Stmt.sql)
+		q.WriteString(";\n")
+		for _, a := range st.Args {
+			v, err := driver.DefaultParameterConverter.ConvertValue(a)
+			if err != nil {
+				return nil, true, err
+			}
+			args = append(args, driver.NamedValue{Ordinal: len(args) + 1, Value: v})
+			size += interpolatedSize(v)
+		}
+	}
+	q.WriteString("COMMIT")
+	if int64(size+q.Len()) > s.maxRow.Load() {
+		return nil, true, errBatchTooLarge
+	}
+
+	ctx, cancel := s.opCtx(context.Background())
+	defer cancel()
+	conn, err := s.batchDB.Conn(ctx)
+	if err != nil {
+		return nil, true, err // nothing sent
+	}
+	defer conn.Close()
+	var rows []int64
+	err = conn.Raw(func(dc any) error {
+		res, err := dc.(driver.ExecerContext).ExecContext(ctx, q.String(), args)
+		if err != nil {
+			return err
+		}
+		rows = res.(mysql.Result).AllRowsAffected()
+		return nil
+	})
+	var me *mysql.MySQLError
+	switch {
+	case err == nil && len(rows) == len(sts)+2:
+		return rows[1 : len(sts)+1], false, nil
+	case err == nil:
+		return nil, false, errors.New("mysql: combined statements returned an unexpected number of results")
+	case errors.As(err, &me):
+		if _, rerr := conn.ExecContext(ctx, "ROLLBACK"); rerr != nil {
+			discard(conn)
+		}
+		return nil, true, err
+	}
+	discard(conn)
+	return nil, false, err
+}
+
+// discard makes the pool close conn instead of reusing it: its session
+// state (an open transaction) is unknown.
+func discard(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+}
+
+// interpolatedSize bounds the bytes v takes in an interpolated query:
+// escaping at most doubles a string, plus quotes and an introducer.
+func interpolatedSize(v driver.Value) int {
+	switch v := v.(type) {
+	case []byte:
+		return 2*len(v) + 16
+	case string:
+		return 2*len(v) + 16
+	}
+	return 32
+}
