@@ -1,0 +1,192 @@
+package sqltest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// CombineRig runs the combined-writes tests against a SQL store whose
+// sqlstore.Combiner has one flush slot. Block holds that slot busy (a
+// Reserve waiting for the row lock of an uncommitted transaction), so the
+// writes that arrive meanwhile queue up and go as one batch once release
+// ends it.
+type CombineRig struct {
+	Store stores.Store
+	// State is the combiner's (see sqlstore.Combiner.State).
+	State func() (queued, flushing int)
+	// Block takes the flush slot and returns what gives it back: it ends
+	// the blocking transaction without its row and waits for the blocked
+	// Reserve.
+	Block func(t *testing.T) (release func())
+	// Commits counts the transactions that last wrote the rows of keys
+	// (exact), or, where the server cannot tell, the COMMIT statements it
+	// ran since the previous call: only a combined batch sends one, and
+	// a test running at the same time may add its own.
+	Commits func(t *testing.T, keys []string) (n int, exact bool)
+}
+
+// WaitState waits until queued writes wait behind flushing batches.
+func (r CombineRig) WaitState(t *testing.T, queued, flushing int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		q, fl := r.State()
+		if q == queued && fl == flushing {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes queued and %d flushing, want %d and %d", q, fl, queued, flushing)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Concurrently blocks the slot, starts every op, waits until all of them
+// queue behind it, releases it and returns their errors.
+func (r CombineRig) Concurrently(t *testing.T, ops []func() error) []error {
+	t.Helper()
+	release := r.Block(t)
+	r.WaitState(t, 0, 1)
+	errs := make([]error, len(ops))
+	var wg sync.WaitGroup
+	for i, op := range ops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = op()
+		}()
+	}
+	r.WaitState(t, len(ops), 1)
+	release()
+	wg.Wait()
+	r.WaitState(t, 0, 0)
+	return errs
+}
+
+// reserveAll reserves each of rs behind the blocked slot and fails t unless
+// exactly those at the indexes in refused failed.
+func (r CombineRig) reserveAll(t *testing.T, rs []stores.Reservation, refused map[int]bool) {
+	t.Helper()
+	reserved := make([]bool, len(rs))
+	var ops []func() error
+	for i, res := range rs {
+		ops = append(ops, func() error {
+			out, err := r.Store.Reserve(context.Background(), res)
+			reserved[i] = out.Reserved
+			return err
+		})
+	}
+	for i, err := range r.Concurrently(t, ops) {
+		switch {
+		case refused[i] && err == nil:
+			t.Fatalf("Reserve %d: the refused reservation reported no error", i)
+		case refused[i]:
+		case err != nil || !reserved[i]:
+			t.Fatalf("Reserve %d: reserved %v, %v", i, reserved[i], err)
+		default:
+			// Reported reserved: the row must be there, committed.
+			rec, err := r.Store.Load(context.Background(), rs[i].Key)
+			if err != nil || rec == nil || rec.Owner != rs[i].Owner {
+				t.Fatalf("reserved %s but Load = %+v, %v", rs[i].Key, rec, err)
+			}
+		}
+	}
+}
+
+func reservations(t *testing.T, n int) ([]stores.Reservation, []string) {
+	var rs []stores.Reservation
+	var keys []string
+	for range n {
+		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+		rs = append(rs, r)
+		keys = append(keys, r.Key)
+	}
+	return rs, keys
+}
+
+// checkOneCommit fails t unless the rows of keys were written by one
+// transaction.
+func (r CombineRig) checkOneCommit(t *testing.T, what string, keys []string) {
+	t.Helper()
+	n, exact := r.Commits(t, keys)
+	if exact && n != 1 || !exact && (n < 1 || n >= len(keys)) {
+		t.Fatalf("%d queued %s committed in %d transactions, want 1", len(keys), what, n)
+	}
+}
+
+// RunCombined runs the combined-writes tests.
+func RunCombined(t *testing.T, rig func(t *testing.T) CombineRig) {
+	// Writes that queue behind a busy slot commit in one transaction,
+	// and each learns its own outcome: reservations, then finalizations.
+	t.Run("QueuedWritesShareOneCommit", func(t *testing.T) {
+		r := rig(t)
+		rs, keys := reservations(t, 8)
+		r.Commits(t, keys)
+		r.reserveAll(t, rs, nil)
+		r.checkOneCommit(t, "reservations", keys)
+
+		var ops []func() error
+		for _, res := range rs {
+			ops = append(ops, func() error {
+				return r.Store.Finalize(context.Background(), res.Key, res.Owner, stores.Response{Status: 200, Body: []byte(res.Key)})
+			})
+		}
+		for i, err := range r.Concurrently(t, ops) {
+			if err != nil {
+				t.Fatalf("Finalize %d: %v", i, err)
+			}
+		}
+		r.checkOneCommit(t, "finalizations", keys)
+		for _, res := range rs {
+			rec, err := r.Store.Load(context.Background(), res.Key)
+			if err != nil || rec == nil || rec.State != stores.StateFinal || string(rec.Response.Body) != res.Key {
+				t.Fatalf("Load(%s) = %+v, %v", res.Key, rec, err)
+			}
+		}
+	})
+
+	// When the server refuses one statement of a batch, nothing of the
+	// batch committed: the other writes must not be reported done, and
+	// each runs again alone. The rig's table refuses a reservation whose
+	// path is /refused (a trigger: a real server error).
+	t.Run("RefusedBatchRunsEachAlone", func(t *testing.T) {
+		r := rig(t)
+		rs, keys := reservations(t, 6)
+		rs[3].Path = "/refused"
+		r.Commits(t, keys)
+		r.reserveAll(t, rs, map[int]bool{3: true})
+		if n, exact := r.Commits(t, keys); exact && n != 5 {
+			t.Fatalf("5 reservations run again alone committed in %d transactions, want 5", n)
+		}
+	})
+
+	// A write whose caller left while it waited for a slot is dropped
+	// unsent: provably not executed.
+	t.Run("WriteLeftWhileQueuedIsNotSent", func(t *testing.T) {
+		r := rig(t)
+		release := r.Block(t)
+		r.WaitState(t, 0, 1)
+		res := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Store.Reserve(ctx, res)
+			done <- err
+		}()
+		r.WaitState(t, 1, 1)
+		cancel()
+		if err := <-done; err == nil {
+			t.Fatal("Reserve with its context cancelled while queued reported no error")
+		}
+		release()
+		r.WaitState(t, 0, 0)
+		if rec, err := r.Store.Load(context.Background(), res.Key); err != nil || rec != nil {
+			t.Fatalf("the abandoned reservation was written: %+v, %v", rec, err)
+		}
+	})
+}
