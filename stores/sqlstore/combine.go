@@ -56,12 +56,19 @@ type pendingWrite[S any] struct {
 	rows  int64
 	err   error
 	alone bool // its batch rolled back: run it again, alone
+	// sent is set, with the Combiner's mu held, once the write is taken
+	// into a batch: from then on only that batch's outcome says whether
+	// it committed.
+	sent bool
 }
 
 // Exec runs st and returns the rows it changed. The statement may share
-// its transaction with other writes; ctx bounds the wait, and when it ends
-// first the write's outcome is unknown, as with a cancelled statement. A
-// write whose ctx ends while it still waits for a slot is never sent.
+// its transaction with other writes. A write whose ctx ends while it still
+// waits for a slot is never sent, and Exec returns ctx's error. Once it is
+// sent, Exec waits for its batch's outcome even if ctx ends meanwhile: the
+// batch runs under a timeout of its own, and returning early would leave
+// the caller unable to tell a write that will never commit from one that
+// commits a moment later (a reservation nobody executes, holding its key).
 func (c *Combiner[S]) Exec(ctx context.Context, st Statement[S]) (int64, error) {
 	w := &pendingWrite[S]{ctx: ctx, st: st, done: make(chan struct{})}
 	c.mu.Lock()
@@ -78,7 +85,14 @@ func (c *Combiner[S]) Exec(ctx context.Context, st Statement[S]) (int64, error) 
 	select {
 	case <-w.done:
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		c.mu.Lock()
+		sent := w.sent
+		c.mu.Unlock()
+		if !sent {
+			// Still queued: take drops it unsent, since ctx has ended.
+			return 0, ctx.Err()
+		}
+		<-w.done
 	}
 	if w.alone {
 		return c.Alone(ctx, st)
@@ -109,6 +123,7 @@ func (c *Combiner[S]) take() []*pendingWrite[S] {
 			close(w.done)
 			continue
 		}
+		w.sent = true
 		batch = append(batch, w)
 	}
 	rest := copy(c.queue, c.queue[taken:])

@@ -181,3 +181,24 @@ func TestCombinerDropsWritesWhoseCallerLeft(t *testing.T) {
 		t.Fatalf("together %v, want %v: the cancelled write must not be sent", f.together, want)
 	}
 }
+
+// A write whose caller leaves while its batch commits hears that batch's
+// outcome, not its own context's error: a reservation that committed must
+// not be reported as failed, or nobody releases or executes it.
+func TestCombinerSentWriteWaitsForItsBatch(t *testing.T) {
+	f := &fakeDB{}
+	c := f.combiner(1, 8)
+	leaving, leave := context.WithCancel(context.Background())
+	defer leave()
+	together := c.Together
+	c.Together = func(sts []Statement[string]) ([]int64, bool, error) {
+		leave() // the caller of "leaving" gives up while the batch commits,
+		// and the commit takes a while longer
+		time.Sleep(50 * time.Millisecond)
+		return together(sts)
+	}
+	out := queueBehindBlock(t, f, c, []context.Context{context.Background(), leaving}, []string{"a", "leaving"})
+	if o := out[1]; o.err != nil || o.rows != int64(len("leaving"))*10 {
+		t.Fatalf("write whose caller left during the commit = %+v, want the batch's rows", o)
+	}
+}
