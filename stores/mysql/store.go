@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,6 +95,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	if mc.Timeout == 0 || mc.Timeout > cfg.StatementTimeout {
 		mc.Timeout = cfg.StatementTimeout
 	}
+	lockWaitBound(mc, cfg.StatementTimeout)
 	connector, err := mysql.NewConnector(mc)
 	if err != nil {
 		return nil, s.wrap("open", err)
@@ -133,6 +136,26 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	}
 	return s, nil
 }
+
+// lockWaitBound bounds on the server, too, how long a statement waits for a
+// row lock: about when the driver gives up on its reply (the statement
+// timeout) instead of the server's default of 50s, like PostgreSQL's
+// server-side statement_timeout. A reservation whose caller gave up could
+// otherwise commit long afterwards, holding its key for a request nobody
+// executes; the handler's undo of a lost reply counts on such a statement
+// settling within its store call's bound. A DSN that sets
+// innodb_lock_wait_timeout keeps its own.
+func lockWaitBound(mc *mysql.Config, timeout time.Duration) {
+	if _, set := mc.Params[lockWaitVar]; set {
+		return
+	}
+	if mc.Params == nil {
+		mc.Params = map[string]string{}
+	}
+	mc.Params[lockWaitVar] = strconv.Itoa(max(1, int(math.Ceil(timeout.Seconds()))))
+}
+
+const lockWaitVar = "innodb_lock_wait_timeout"
 
 // Warm starts connecting in the background (see sqlstore.Lazy.Warm). The
 // Caddy app calls it from Start: never at provisioning, so that `caddy

@@ -1,0 +1,80 @@
+package mysql
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// A reservation whose statement waits for a row lock stops waiting on the
+// server about when the store's call gives up on it, so that it cannot
+// commit afterwards for a caller that reported failure: such a reservation
+// would hold its key for a request nobody executes. Without the bound the
+// server waited its default 50s, and the reservation committed the moment
+// the lock was freed.
+func TestLockWaitEndsWithTheCall(t *testing.T) {
+	s, cfg := openStore(t, func(c *Config) { c.StatementTimeout = time.Second })
+	db := admin(t)
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	key := storetest.NewKey(t)
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)"+
+		" VALUES (?, 'op', '/p', 'p', 'f', 'in_flight', 'o', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)", cfg.Table), key); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err == nil {
+		t.Fatal("Reserve behind an uncommitted row of its key succeeded")
+	}
+	// The call failed; the server must stop waiting about then too.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var waiting int
+		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'").Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d statements still wait for a row lock 5s after the call with a 1s statement timeout failed", waiting)
+		}
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Load(ctx, key); err != nil || rec != nil {
+		t.Fatalf("record after the failed Reserve and the lock's release = %+v, %v; want none", rec, err)
+	}
+}
+
+// The bound is the statement timeout rounded up to whole seconds (the
+// variable's unit), and a DSN's own setting wins.
+func TestLockWaitBound(t *testing.T) {
+	for _, c := range []struct {
+		dsn     string
+		timeout time.Duration
+		want    string
+	}{
+		{"root@tcp(127.0.0.1:3306)/db", 5 * time.Second, "5"},
+		{"root@tcp(127.0.0.1:3306)/db", 1500 * time.Millisecond, "2"},
+		{"root@tcp(127.0.0.1:3306)/db", 100 * time.Millisecond, "1"},
+		{"root@tcp(127.0.0.1:3306)/db?innodb_lock_wait_timeout=20", 5 * time.Second, "20"},
+	} {
+		mc, err := mysql.ParseDSN(c.dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lockWaitBound(mc, c.timeout)
+		if got := mc.Params[lockWaitVar]; got != c.want {
+			t.Errorf("%s with timeout %v: %s=%q, want %q", c.dsn, c.timeout, lockWaitVar, got, c.want)
+		}
+	}
+}
