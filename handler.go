@@ -159,6 +159,7 @@ type Handler struct {
 	keyVersions    keyVersionSet // KeyVersions as a set
 	basePath       string        // BasePath, normalized like request paths
 	finalizeWindow time.Duration // how long a failing Finalize is retried; tests shorten it
+	settleWindow   time.Duration // how long a lost write may still commit (undoLostReply); tests shorten it
 	configPath     string        // basePath + "/v1/config"
 	finalizeSet    statusSet
 	releaseSet     statusSet
@@ -248,6 +249,7 @@ func (h *Handler) prepare() error {
 	}
 	h.setDefaults()
 	h.finalizeWindow = defaultFinalizeWindow
+	h.settleWindow = defaultSettleWindow
 	h.basePath = ""
 	if h.BasePath != "" {
 		h.basePath = normalizePath(h.BasePath)

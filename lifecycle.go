@@ -58,19 +58,29 @@ func (g *guarded) run() error {
 	var waitCtx context.Context
 
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		res, err := h.store.Reserve(g.r.Context(), stores.Reservation{
+		ctx, cancel := g.writeCtx()
+		res, err := h.store.Reserve(ctx, stores.Reservation{
 			Key:     g.key,
 			Binding: g.binding,
 			Owner:   g.owner,
 			Lease:   time.Duration(h.Lease),
 			TTL:     time.Duration(h.Lifetime + *h.Grace),
 		})
+		cancel()
 		if err != nil {
 			// The reservation may have committed with its reply lost.
 			g.undoLostReply(releaseReservation)
 			return g.storeFailed("reserve", err)
 		}
 		if res.Reserved {
+			if g.r.Context().Err() != nil {
+				// The client left while the key was reserved. Nothing
+				// was sent to the catalog, as reverse_proxy sends
+				// nothing for a client that is gone: give the key back,
+				// so that the client's retry executes.
+				g.releaseDetached("the client left before the request was sent")
+				return nil
+			}
 			return g.execute()
 		}
 		rec := res.Existing
@@ -105,10 +115,20 @@ func (g *guarded) run() error {
 		case rec.State == stores.StateFinal:
 			return g.replay(rec)
 		case h.Abandoned == abandonedReexecute:
-			ok, err := h.store.TakeOver(g.r.Context(), g.key, rec.Owner, g.owner, time.Duration(h.Lease))
+			ctx, cancel := g.writeCtx()
+			ok, err := h.store.TakeOver(ctx, g.key, rec.Owner, g.owner, time.Duration(h.Lease))
+			cancel()
 			if err != nil {
 				g.undoLostReply(abandonTakeOver)
 				return g.storeFailed("take over", err)
+			}
+			if ok && g.r.Context().Err() != nil {
+				// The client left during the takeover: leave the record
+				// abandoned, as it was, for its retry to take over.
+				ctx, cancel := g.writeCtx()
+				g.markUnknown(ctx, nil)
+				cancel()
+				return nil
 			}
 			if ok {
 				g.log(zapcore.WarnLevel, "abandoned key taken over: executing again", zap.String("outcome", "takeover"))
@@ -431,6 +451,22 @@ func (g *guarded) markUnknown(ctx context.Context, cause error) {
 	}
 }
 
+// writeCtx bounds a store write made for the client's request by a context
+// that the client's departure does not cancel: a write cut off half-way
+// may commit all the same (drivers give up on the reply, not on the
+// statement), and this request could then no longer tell whether it holds
+// the key. Leaving is checked after the write instead.
+func (g *guarded) writeCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(g.r.Context()), storeOpTimeout)
+}
+
+// releaseDetached releases the key under writeCtx.
+func (g *guarded) releaseDetached(why string) {
+	ctx, cancel := g.writeCtx()
+	defer cancel()
+	g.release(ctx, why)
+}
+
 func (g *guarded) release(ctx context.Context, why string) {
 	executionCounters.inc(g.binding.Operation, "released")
 	if err := g.h.store.Release(ctx, g.key, g.owner); err != nil {
@@ -448,20 +484,31 @@ func (g *guarded) release(ctx context.Context, why string) {
 // as it was. The owner token is this request's alone, so neither can touch
 // anybody else's record. It keeps trying for a while, since a store that just
 // failed is often briefly unreachable.
+//
+// ErrNotOwner (nothing under this owner) settles it only once
+// the settle window has passed since the failure: before that, the lost
+// statement may still be on its way to its commit (it waited for a lock,
+// or for the log flush, when the connection failed), and would then hold
+// the key for a request nobody executes.
 func (g *guarded) undoLostReply(undo func(ctx context.Context, s stores.Store, key, owner string) error) {
 	store, key, owner := g.h.store, g.key, g.owner
+	settle := g.h.settleWindow
 	leave := func() {}
 	if g.h.pooled != nil {
 		leave = g.h.pooled.enter()
 	}
 	go func() {
 		defer leave()
-		deadline := time.Now().Add(lostReplyWindow)
+		failed := time.Now()
 		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
 			ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
 			err := undo(ctx, store, key, owner)
 			cancel()
-			if err == nil || errors.Is(err, stores.ErrNotOwner) || time.Now().After(deadline) {
+			since := time.Since(failed)
+			switch {
+			case err == nil, since > lostReplyWindow:
+				return
+			case errors.Is(err, stores.ErrNotOwner) && since >= settle:
 				return
 			}
 			time.Sleep(wait)
@@ -480,6 +527,13 @@ func abandonTakeOver(ctx context.Context, s stores.Store, key, owner string) err
 // lostReplyWindow bounds the background repair of a store write whose reply
 // was lost.
 const lostReplyWindow = 2 * time.Minute
+
+// defaultSettleWindow is how long after a store write failed its
+// statement may still commit: the store call's own bound (storeOpTimeout,
+// which also covers the SQL stores' default statement_timeout of 5s and
+// their server-side bounds on it). Past it, a write that left nothing
+// behind never committed.
+const defaultSettleWindow = storeOpTimeout
 
 // heartbeat renews the lease every third of it until stopped, so that other
 // nodes can tell a long upstream call from a dead owner. It is a timer, not

@@ -1,0 +1,208 @@
+package icebergidempotency
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// Store writes whose outcome the handler cannot see at once: a reply lost
+// while the statement still commits, and a client that leaves during a
+// write. The stores here are stand-ins over the memory store, because the
+// timing under test (a commit that lands after the caller gave up) cannot
+// be arranged on a real database from a test.
+
+// lateCommitStore's first Reserve fails at once, like a driver that gave up
+// waiting for the reply, and its statement commits only after the first
+// Release of that owner found nothing: a statement that was waiting for a
+// lock or for its log flush when the connection failed.
+type lateCommitStore struct {
+	stores.Store
+	mu        sync.Mutex
+	failed    bool
+	pending   *stores.Reservation
+	committed chan struct{}
+}
+
+func (s *lateCommitStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.failed {
+		s.failed = true
+		s.pending = &r
+		return stores.ReserveResult{}, errInjected
+	}
+	return s.Store.Reserve(ctx, r)
+}
+
+func (s *lateCommitStore) Release(ctx context.Context, key, owner string) error {
+	err := s.Store.Release(ctx, key, owner)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.pending; p != nil && p.Owner == owner {
+		s.pending = nil
+		if _, rerr := s.Store.Reserve(ctx, *p); rerr != nil {
+			panic(rerr)
+		}
+		close(s.committed)
+	}
+	return err
+}
+
+// A reservation whose reply was lost and that commits only after the first
+// attempt to undo it is released all the same: the retry executes. Before,
+// the undo stopped at the first "not owner" and the late reservation held
+// the key for a request nobody executed; its retry heard 503 until the
+// lease lapsed, and then "outcome unknown" for a request never sent.
+func TestLateReserveCommitIsReleased(t *testing.T) {
+	s := &lateCommitStore{Store: newMemoryStore(t), committed: make(chan struct{})}
+	h := newTestHandler(t, s)
+	h.settleWindow = time.Second
+	h.InFlightWait = caddy.Duration(5 * time.Second)
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusServiceUnavailable {
+		t.Fatalf("first answer = %d %s, want 503", first.code(), first.body)
+	}
+	select {
+	case <-s.committed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the undo never tried to release the reservation")
+	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %s, executed %d; want 200, executed once", retry.code(), retry.body, catalog.executed.Load())
+	}
+}
+
+// gatedStore holds the write it gates (Reserve, or TakeOver with
+// takeOver set) until open is closed, then runs it; like a driver whose
+// context ended mid-statement, it reports the context's error although the
+// write committed. cancelled records whether the write saw its context end.
+type gatedStore struct {
+	stores.Store
+	takeOver      bool
+	entered, open chan struct{}
+	mu            sync.Mutex
+	cancelled     bool
+}
+
+func newGatedStore(s stores.Store, takeOver bool) *gatedStore {
+	return &gatedStore{Store: s, takeOver: takeOver, entered: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (s *gatedStore) gate(ctx context.Context) {
+	close(s.entered)
+	<-s.open
+	if ctx.Err() != nil {
+		s.mu.Lock()
+		s.cancelled = true
+		s.mu.Unlock()
+	}
+}
+
+func (s *gatedStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	if s.takeOver {
+		return s.Store.Reserve(ctx, r)
+	}
+	s.gate(ctx)
+	res, err := s.Store.Reserve(ctx, r)
+	if err == nil && ctx.Err() != nil {
+		return stores.ReserveResult{}, ctx.Err()
+	}
+	return res, err
+}
+
+func (s *gatedStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	if !s.takeOver {
+		return s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+	}
+	s.gate(ctx)
+	ok, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+	if err == nil && ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+	return ok, err
+}
+
+// leaveDuringWrite sends a keyed request through h and makes its client
+// leave while the store write s gates is under way.
+func leaveDuringWrite(t *testing.T, h *Handler, s *gatedStore, up *upstream, key string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req := newRequest("POST", "/v1/namespaces", nsBody).WithContext(ctx)
+	req.Header.Set(IdempotencyKeyHeader, key)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serveRequest(h, up, req)
+	}()
+	<-s.entered
+	cancel()
+	close(s.open)
+	<-done
+	if s.cancelled {
+		t.Fatal("the client's departure cancelled a store write under way")
+	}
+	if calls := up.calls.Load(); calls != 0 {
+		t.Fatalf("the catalog was called %d times for a client that left before it was sent", calls)
+	}
+}
+
+// A client that leaves while its key is being reserved neither cuts the
+// reservation short (whose outcome would then be unknown) nor leaves the
+// key held: the key is free as soon as the request ends, and the retry
+// executes. Before, the store call was cancelled with the client, and the
+// reservation it may have committed was left to a background undo.
+func TestClientLeavingDuringReserve(t *testing.T) {
+	mem := newMemoryStore(t)
+	s := newGatedStore(mem, false)
+	h := newTestHandler(t, s)
+	up := answering(200, "{}")
+	key := storetest.NewKey(t)
+	leaveDuringWrite(t, h, s, up, key)
+	if rec, err := mem.Load(context.Background(), key); err != nil || rec != nil {
+		t.Fatalf("record after the client left = %+v, %v; want the key free", rec, err)
+	}
+	h.store = mem
+	if retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); retry.code() != http.StatusOK || up.calls.Load() != 1 {
+		t.Fatalf("retry = %d %s, calls %d; want 200, executed once", retry.code(), retry.body, up.calls.Load())
+	}
+}
+
+// Under abandoned reexecute, a client that leaves during the takeover
+// leaves the record abandoned, as it found it, for its retry to take over
+// and execute.
+func TestClientLeavingDuringTakeOver(t *testing.T) {
+	h, clock := newClockedHandler(t)
+	h.Abandoned = abandonedReexecute
+	mem := h.store
+	key := storetest.NewKey(t)
+	if _, err := mem.Reserve(context.Background(), stores.Reservation{
+		Key: key, Owner: "dead-node", Lease: time.Second, TTL: time.Hour,
+		Binding: stores.Binding{Operation: "createNamespace", Path: "/v1/namespaces", Principal: sha256Hex(nil),
+			Fingerprint: requestFingerprint("POST", "/v1/namespaces", "", []byte(nsBody))},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
+	s := newGatedStore(mem, true)
+	h.store = s
+	up := answering(200, "{}")
+	leaveDuringWrite(t, h, s, up, key)
+	if rec, err := mem.Load(context.Background(), key); err != nil || rec == nil || rec.State != stores.StateInFlight || !rec.Abandoned {
+		t.Fatalf("record after the client left = %+v, %v; want it abandoned, as before", rec, err)
+	}
+	h.store = mem
+	if retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); retry.code() != http.StatusOK || up.calls.Load() != 1 {
+		t.Fatalf("retry = %d %s, calls %d; want 200, executed once", retry.code(), retry.body, up.calls.Load())
+	}
+}
