@@ -39,14 +39,10 @@ var sqlBackends = []sqlBackend{
 		name: "postgres",
 		dsn: func(t *testing.T) string {
 			dsn := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN", "postgres://postgres@127.0.0.1:5432/iceberg_idempotency_test?sslmode=disable")
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			conn, err := pgx.Connect(ctx, dsn)
-			if err != nil {
+			if err := sqltest.EnsurePostgres(context.Background(), dsn); err != nil {
 				sqltest.Unavailable(t, "PostgreSQL", "ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN",
-					"psql -h 127.0.0.1 -U postgres -c 'CREATE DATABASE iceberg_idempotency_test'", err)
+					"pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start", err)
 			}
-			conn.Close(ctx)
 			return dsn
 		},
 		viaProxy: func(t *testing.T, dsn, addr string) (string, string) {
@@ -86,16 +82,9 @@ var sqlBackends = []sqlBackend{
 		name: "mysql",
 		dsn: func(t *testing.T) string {
 			dsn := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/iceberg_idempotency_test")
-			db, err := sql.Open("mysql", dsn)
-			if err == nil {
-				defer db.Close()
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				err = db.PingContext(ctx)
-			}
-			if err != nil {
+			if err := sqltest.EnsureMySQL(context.Background(), dsn); err != nil {
 				sqltest.Unavailable(t, "MySQL/MariaDB", "ICEBERG_IDEMPOTENCY_TEST_MYSQL_DSN",
-					"mysql -h 127.0.0.1 -u root -e 'CREATE DATABASE IF NOT EXISTS iceberg_idempotency_test'", err)
+					"start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd", err)
 			}
 			return dsn
 		},

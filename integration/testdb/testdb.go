@@ -234,27 +234,7 @@ func OpenMySQL(dsn string) (*sql.DB, *mysql.Config, error) {
 
 // MySQLEnsure checks the server answers and creates the DSN's database if
 // it does not exist.
-func MySQLEnsure(ctx context.Context, dsn string) error {
-	db, cfg, err := OpenMySQL(dsn)
-	if err != nil {
-		return err
-	}
-	err = db.PingContext(ctx)
-	db.Close()
-	var me *mysql.MySQLError
-	if !errors.As(err, &me) || me.Number != 1049 { // ER_BAD_DB_ERROR
-		return err
-	}
-	name := cfg.DBName
-	cfg.DBName = ""
-	db, _, err = OpenMySQL(cfg.FormatDSN())
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	_, err = db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+strings.ReplaceAll(name, "`", "``")+"`")
-	return err
-}
+func MySQLEnsure(ctx context.Context, dsn string) error { return sqltest.EnsureMySQL(ctx, dsn) }
 
 // MySQLExec runs one statement.
 func MySQLExec(ctx context.Context, dsn, stmt string) error {

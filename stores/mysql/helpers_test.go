@@ -3,12 +3,9 @@ package mysql
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap/zaptest"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
@@ -31,46 +28,11 @@ var (
 func testDSN(t testing.TB) string {
 	t.Helper()
 	dsn := sqltest.DSN(dsnEnv, defaultDSN)
-	setupOnce.Do(func() { setupErr = ensureDatabase(dsn) })
+	setupOnce.Do(func() { setupErr = sqltest.EnsureMySQL(context.Background(), dsn) })
 	if setupErr != nil {
 		sqltest.Unavailable(t, "MySQL/MariaDB", dsnEnv, startHint, setupErr)
 	}
 	return dsn
-}
-
-func ensureDatabase(dsn string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	mc, err := mysql.ParseDSN(dsn)
-	if err != nil {
-		return err
-	}
-	mc.Timeout = 5 * time.Second
-	err = ping(ctx, mc)
-	var me *mysql.MySQLError
-	if !errors.As(err, &me) || me.Number != 1049 { // ER_BAD_DB_ERROR
-		return err
-	}
-	name := mc.DBName
-	mc.DBName = ""
-	connector, err := mysql.NewConnector(mc)
-	if err != nil {
-		return err
-	}
-	db := sql.OpenDB(connector)
-	defer db.Close()
-	_, err = db.ExecContext(ctx, "CREATE DATABASE IF NOT EXISTS `"+name+"`")
-	return err
-}
-
-func ping(ctx context.Context, mc *mysql.Config) error {
-	connector, err := mysql.NewConnector(mc)
-	if err != nil {
-		return err
-	}
-	db := sql.OpenDB(connector)
-	defer db.Close()
-	return db.PingContext(ctx)
 }
 
 // admin runs a test's own SQL (setup, inspection, cleanup).

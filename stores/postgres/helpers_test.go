@@ -2,13 +2,11 @@ package postgres
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
@@ -30,40 +28,11 @@ var (
 func testDSN(t testing.TB) string {
 	t.Helper()
 	dsn := sqltest.DSN(dsnEnv, defaultDSN)
-	setupOnce.Do(func() { setupErr = ensureDatabase(dsn) })
+	setupOnce.Do(func() { setupErr = sqltest.EnsurePostgres(context.Background(), dsn) })
 	if setupErr != nil {
 		sqltest.Unavailable(t, "PostgreSQL", dsnEnv, startHint, setupErr)
 	}
 	return dsn
-}
-
-func ensureDatabase(dsn string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err == nil {
-		return conn.Close(ctx)
-	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name
-		return err
-	}
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		return err
-	}
-	name := cfg.Database
-	cfg.Database = "postgres"
-	admin, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	defer admin.Close(ctx)
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
-	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile
-		err = nil
-	}
-	return err
 }
 
 // admin runs a test's own SQL (setup, inspection, cleanup).
