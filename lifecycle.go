@@ -44,6 +44,10 @@ type guarded struct {
 	binding stores.Binding // as stored: under the current secret, or the record's own once bind matched it
 	owner   string
 	status  int // the status of the response being finalized, for logs: a sealed response hides it
+	// detached is the request's context without its cancellation (the
+	// replacer and vars travel along): store writes and the execution run
+	// under it, so that the client's departure cuts neither short.
+	detached context.Context
 }
 
 // maxAttempts bounds how often a request goes round reserve → wait when the
@@ -53,20 +57,24 @@ const maxAttempts = 5
 func (g *guarded) run() error {
 	h := g.h
 	g.owner = uuid.NewString()
+	g.detached = context.WithoutCancel(g.r.Context())
 	// The wait's deadline is made when a wait begins: most keyed requests
 	// reserve at once and never need its timer.
 	var waitCtx context.Context
 
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		ctx, cancel := g.writeCtx()
-		res, err := h.store.Reserve(ctx, stores.Reservation{
+		// A write cut off half-way may commit all the same (drivers
+		// give up on the reply, not on the statement), and this request
+		// could then no longer tell whether it holds the key: the
+		// client's departure is checked after the write instead. The
+		// store bounds the call itself.
+		res, err := h.store.Reserve(g.detached, stores.Reservation{
 			Key:     g.key,
 			Binding: g.binding,
 			Owner:   g.owner,
 			Lease:   time.Duration(h.Lease),
 			TTL:     time.Duration(h.Lifetime + *h.Grace),
 		})
-		cancel()
 		if err != nil {
 			// The reservation may have committed with its reply lost.
 			g.undoLostReply(releaseReservation)
@@ -78,7 +86,7 @@ func (g *guarded) run() error {
 				// was sent to the catalog, as reverse_proxy sends
 				// nothing for a client that is gone: give the key back,
 				// so that the client's retry executes.
-				g.releaseDetached("the client left before the request was sent")
+				g.release(g.detached, "the client left before the request was sent")
 				return nil
 			}
 			return g.execute()
@@ -115,9 +123,7 @@ func (g *guarded) run() error {
 		case rec.State == stores.StateFinal:
 			return g.replay(rec)
 		case h.Abandoned == abandonedReexecute:
-			ctx, cancel := g.writeCtx()
-			ok, err := h.store.TakeOver(ctx, g.key, rec.Owner, g.owner, time.Duration(h.Lease))
-			cancel()
+			ok, err := h.store.TakeOver(g.detached, g.key, rec.Owner, g.owner, time.Duration(h.Lease))
 			if err != nil {
 				g.undoLostReply(abandonTakeOver)
 				return g.storeFailed("take over", err)
@@ -125,9 +131,7 @@ func (g *guarded) run() error {
 			if ok && g.r.Context().Err() != nil {
 				// The client left during the takeover: leave the record
 				// abandoned, as it was, for its retry to take over.
-				ctx, cancel := g.writeCtx()
-				g.markUnknown(ctx, nil)
-				cancel()
+				g.markUnknown(g.detached, nil)
 				return nil
 			}
 			if ok {
@@ -169,8 +173,8 @@ func (g *guarded) execute() error {
 	g.count(outcomeExecuted)
 
 	// Detached from the client: a commit must not be cut off half-way
-	// because the client gave up. The replacer and vars travel along.
-	detached := context.WithoutCancel(g.r.Context())
+	// because the client gave up.
+	detached := g.detached
 	ctx, cancel := context.WithTimeout(detached, time.Duration(h.ExecutionTimeout))
 	defer cancel()
 	stopHeartbeat := g.heartbeat(ctx)
@@ -449,22 +453,6 @@ func (g *guarded) markUnknown(ctx context.Context, cause error) {
 	if err := g.h.store.Abandon(ctx, g.key, g.owner); err != nil && !errors.Is(err, stores.ErrNotOwner) {
 		g.log(zapcore.ErrorLevel, "marking the key abandoned failed: its lease will lapse instead", zap.Error(err))
 	}
-}
-
-// writeCtx bounds a store write made for the client's request by a context
-// that the client's departure does not cancel: a write cut off half-way
-// may commit all the same (drivers give up on the reply, not on the
-// statement), and this request could then no longer tell whether it holds
-// the key. Leaving is checked after the write instead.
-func (g *guarded) writeCtx() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(g.r.Context()), storeOpTimeout)
-}
-
-// releaseDetached releases the key under writeCtx.
-func (g *guarded) releaseDetached(why string) {
-	ctx, cancel := g.writeCtx()
-	defer cancel()
-	g.release(ctx, why)
 }
 
 func (g *guarded) release(ctx context.Context, why string) {

@@ -133,6 +133,11 @@ type ReserveResult struct {
 
 // Store keeps idempotency records. Expired records behave exactly as absent
 // ones in every method.
+//
+// The handler calls a store under a context that the client's departure
+// does not cancel, often without a deadline: a store bounds each call
+// itself (the SQL stores by their statement timeout, on the server too),
+// so that a call whose caller gave up cannot commit long afterwards.
 type Store interface {
 	// Reserve creates an in-flight record owned by r.Owner, unless a live
 	// record for r.Key exists, in which case it returns that record. It is
