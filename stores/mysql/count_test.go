@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
@@ -65,5 +66,19 @@ func TestStatementCounts(t *testing.T) {
 		if reserve != [2]int64{1, 0} || finalize != [2]int64{1, 0} || replay != [2]int64{2, 0} {
 			t.Fatalf("reserve %v finalize %v replay %v; want 1, 1 and 2 statements, no prepares", reserve, finalize, replay)
 		}
+	}
+	// A key whose row expired: the fresh-key INSERT leaves the row, the
+	// SELECT finds it expired, and the upsert overwrites it.
+	key := storetest.NewKey(t)
+	if _, err := s.Reserve(ctx, storetest.Reservation(key, 10*time.Millisecond, 10*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	before := counts(t, s)
+	if res, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err != nil || !res.Reserved {
+		t.Fatalf("Reserve of an expired key = %+v, %v", res, err)
+	}
+	if expired := delta(before); expired != [2]int64{3, 0} {
+		t.Fatalf("Reserve of an expired key ran %v; want 3 statements, no prepares", expired)
 	}
 }

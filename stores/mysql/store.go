@@ -58,7 +58,7 @@ type Store struct {
 // new connection by itself, so a call costs one round trip, not the
 // prepare-execute-close of an unprepared call with arguments.
 type statements struct {
-	reserve, load, owned, finalize, release, extend, abandon, takeOver, purge, forget *sql.Stmt
+	reserveFresh, reserve, load, owned, finalize, release, extend, abandon, takeOver, purge, forget *sql.Stmt
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -184,7 +184,7 @@ func (s *Store) firstContact(ctx context.Context) error {
 		dst **sql.Stmt
 		sql string
 	}{
-		{&s.stmts.reserve, q.reserve}, {&s.stmts.load, q.load}, {&s.stmts.owned, q.owned},
+		{&s.stmts.reserveFresh, q.reserveFresh}, {&s.stmts.reserve, q.reserve}, {&s.stmts.load, q.load}, {&s.stmts.owned, q.owned},
 		{&s.stmts.finalize, q.finalize}, {&s.stmts.release, q.release}, {&s.stmts.extend, q.extend},
 		{&s.stmts.takeOver, q.takeOver}, {&s.stmts.purge, q.purge}, {&s.stmts.abandon, q.abandon},
 		{&s.stmts.forget, q.forget},
@@ -209,7 +209,7 @@ func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.lazy.Close() // no first contact runs after this
-		for _, st := range []*sql.Stmt{s.stmts.reserve, s.stmts.load, s.stmts.owned, s.stmts.finalize,
+		for _, st := range []*sql.Stmt{s.stmts.reserveFresh, s.stmts.reserve, s.stmts.load, s.stmts.owned, s.stmts.finalize,
 			s.stmts.release, s.stmts.extend, s.stmts.takeOver, s.stmts.purge, s.stmts.abandon, s.stmts.forget} {
 			if st != nil {
 				st.Close()
@@ -291,9 +291,11 @@ func (s *Store) execOnce(ctx context.Context, stmt *sql.Stmt, args ...any) (int6
 	return res.RowsAffected()
 }
 
-// Reserve implements stores.Store: an INSERT … ON DUPLICATE KEY UPDATE
-// (see queries.reserve), and only if it did not reserve, a SELECT of the
-// existing row. A fresh key costs one statement, a replay two.
+// Reserve implements stores.Store: an INSERT of a fresh key (see
+// queries.reserveFresh), and only if it did not reserve, a SELECT of the
+// existing row. A fresh key costs one statement, a replay two; a key whose
+// row expired costs a third, the INSERT … ON DUPLICATE KEY UPDATE that
+// overwrites an expired row (see queries.reserve).
 func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
 	if err := sqlstore.CheckKey(r.Key); err != nil {
 		return stores.ReserveResult{}, fmt.Errorf("mysql reserve: %w", err)
@@ -301,10 +303,10 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if err := s.ready(ctx); err != nil {
 		return stores.ReserveResult{}, err
 	}
+	w := write{s.stmts.reserveFresh, s.q.reserveFresh}
 	for range maxAttempts {
 		n, err := s.retry(ctx, "reserve", func(ctx context.Context) (int64, error) {
-			return s.writeOnce(ctx, write{s.stmts.reserve, s.q.reserve},
-				r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
+			return s.writeOnce(ctx, w, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
 				sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL))
 		})
 		if err != nil {
@@ -320,7 +322,9 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 		if rec != nil {
 			return stores.ReserveResult{Existing: rec}, nil
 		}
-		// Released, purged or expired in between: reserve again.
+		// Expired, or released or purged in between: reserve again,
+		// overwriting an expired row.
+		w = write{s.stmts.reserve, s.q.reserve}
 	}
 	return stores.ReserveResult{}, fmt.Errorf("mysql reserve %s: key kept changing under %d attempts", r.Key, maxAttempts)
 }
