@@ -1,6 +1,7 @@
 package sqltest
 
 import (
+	"bytes"
 	"context"
 	"sync"
 	"testing"
@@ -130,10 +131,21 @@ func RunCombined(t *testing.T, rig func(t *testing.T) CombineRig) {
 		r.reserveAll(t, rs, nil)
 		r.checkOneCommit(t, "reservations", keys)
 
+		// Bodies come back byte for byte however a batch writes them:
+		// every byte value (quotes, backslashes, NUL), and none at all.
+		allBytes := make([]byte, 256)
+		for i := range allBytes {
+			allBytes[i] = byte(i)
+		}
+		bodies := make([][]byte, len(rs))
 		var ops []func() error
-		for _, res := range rs {
+		for i, res := range rs {
+			bodies[i] = append([]byte(res.Key), allBytes...)
+			if i == 0 {
+				bodies[i] = []byte{}
+			}
 			ops = append(ops, func() error {
-				return r.Store.Finalize(context.Background(), res.Key, res.Owner, stores.Response{Status: 200, Body: []byte(res.Key)})
+				return r.Store.Finalize(context.Background(), res.Key, res.Owner, stores.Response{Status: 200, Body: bodies[i]})
 			})
 		}
 		for i, err := range r.Concurrently(t, ops) {
@@ -142,10 +154,10 @@ func RunCombined(t *testing.T, rig func(t *testing.T) CombineRig) {
 			}
 		}
 		r.checkOneCommit(t, "finalizations", keys)
-		for _, res := range rs {
+		for i, res := range rs {
 			rec, err := r.Store.Load(context.Background(), res.Key)
-			if err != nil || rec == nil || rec.State != stores.StateFinal || string(rec.Response.Body) != res.Key {
-				t.Fatalf("Load(%s) = %+v, %v", res.Key, rec, err)
+			if err != nil || rec == nil || rec.State != stores.StateFinal || !bytes.Equal(rec.Response.Body, bodies[i]) {
+				t.Fatalf("Load(%s) = %+v, %v; want the body %q", res.Key, rec, err, bodies[i])
 			}
 		}
 	})
