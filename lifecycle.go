@@ -29,8 +29,8 @@ import (
 // ReplayedHeader marks a response served from the store.
 const ReplayedHeader = "Idempotent-Replayed"
 
-// storeOpTimeout bounds store calls made after the client may have left
-// (finalize, release): they must not hang forever on a dead database.
+// storeOpTimeout bounds each store call of the background repairs
+// (finalizeLater, undoLostReply), on top of the store's own bound.
 const storeOpTimeout = 10 * time.Second
 
 // guarded is one keyed mutation on its way through the handler.
@@ -173,7 +173,8 @@ func (g *guarded) execute() error {
 	g.count(outcomeExecuted)
 
 	// Detached from the client: a commit must not be cut off half-way
-	// because the client gave up.
+	// because the client gave up, nor the store calls after it (the store
+	// bounds each one itself).
 	detached := g.detached
 	ctx, cancel := context.WithTimeout(detached, time.Duration(h.ExecutionTimeout))
 	defer cancel()
@@ -183,22 +184,19 @@ func (g *guarded) execute() error {
 	err := g.callUpstream(cw, g.r.WithContext(ctx))
 	stopHeartbeat()
 
-	storeCtx, storeCancel := context.WithTimeout(detached, storeOpTimeout)
-	defer storeCancel()
-
 	if err != nil {
 		status := errorStatus(err)
 		switch howMuchSent(g.r, err) {
 		case sentNothing:
 			// A handler before reverse_proxy failed: its error is the
 			// answer, as without this module.
-			g.release(storeCtx, "rejected before reaching the catalog")
+			g.release(detached, "rejected before reaching the catalog")
 			return err
 		case sentNoConnection:
 			// Provably nothing reached the catalog: a retry must be able
 			// to execute.
 			g.log(zapcore.ErrorLevel, "catalog unreachable: key released", zap.Int("status", status), zap.Error(err))
-			g.release(storeCtx, "catalog unreachable")
+			g.release(detached, "catalog unreachable")
 			writeError(g.w, status, typeFor(status),
 				"The catalog could not be reached; the request was not sent to it. Retry with the same Idempotency-Key.",
 				retryAfterFor(status, g.retryAfterSeconds()))
@@ -208,7 +206,7 @@ func (g *guarded) execute() error {
 		// committed. This client gets Caddy's status (502, 504) with an
 		// Iceberg error saying so; a retry gets the abandoned policy's
 		// answer at once.
-		g.markUnknown(storeCtx, err)
+		g.markUnknown(detached, err)
 		writeError(g.w, status, typeCommitStateUnknown,
 			"The request reached the catalog but no response came back; its outcome is unknown. Check the catalog's state before retrying.", 0)
 		return nil
@@ -218,7 +216,7 @@ func (g *guarded) execute() error {
 		// reverse_proxy follows it. That is not a final response.
 		g.log(zapcore.ErrorLevel, "the handlers after iceberg_idempotency wrote no response: is reverse_proxy missing after it? "+
 			"(Inside a route block the written order rules.) Key released")
-		g.release(storeCtx, "no response")
+		g.release(detached, "no response")
 		writeError(g.w, http.StatusBadGateway, typeServiceFailure,
 			"The proxy produced no response for this request; it was not sent to the catalog. Retry with the same Idempotency-Key.", 0)
 		return nil
@@ -228,10 +226,10 @@ func (g *guarded) execute() error {
 	case cw.overflowed:
 		g.log(zapcore.WarnLevel, "response larger than max_response_size: delivered, not stored, key released",
 			zap.Int("status", status), zap.Int64("max_response_size", h.MaxResponseSize))
-		g.release(storeCtx, "oversize")
+		g.release(detached, "oversize")
 		return nil
 	case !h.shouldFinalize(status):
-		g.release(storeCtx, "status "+strconv.Itoa(status))
+		g.release(detached, "status "+strconv.Itoa(status))
 	default:
 		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}
 		g.status = status
@@ -240,13 +238,13 @@ func (g *guarded) execute() error {
 			if err != nil {
 				// Nothing can be stored in clear once a secret is set.
 				g.log(zapcore.ErrorLevel, "sealing the response failed: delivered, not stored; the key's outcome is unknown", zap.Error(err))
-				g.markUnknown(storeCtx, nil)
+				g.markUnknown(detached, nil)
 				cw.deliver()
 				return nil
 			}
 			resp = sealed
 		}
-		g.finalize(storeCtx, resp)
+		g.finalize(detached, resp)
 	}
 	cw.deliver()
 	return nil
