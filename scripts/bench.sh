@@ -13,8 +13,9 @@
 # Environment: BENCH_GROUPS (of proxy, bursts, stores; default all), BENCHTIME (load cases, default
 # 2s), COUNT (rounds, default 3), ICEBERG_IDEMPOTENCY_BENCH_CLIENTS (default
 # 1,32), ICEBERG_IDEMPOTENCY_BENCH_MAX_CONNS (SQL pool size, default the
-# stores' default). The raw go test output is kept in $OUT (default
-# bench-out/) beside the tables.
+# stores' default), ICEBERG_IDEMPOTENCY_BENCH_PAIR_TIME (each pair of
+# BenchmarkPaired, default 8s). The raw go test output is kept in $OUT
+# (default bench-out/) beside the tables.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 baseline=""
@@ -68,9 +69,12 @@ has() { [[ ",$groups," == *",$1,"* ]]; }
 # -count N, go test repeats every case N times before the next one, so the
 # cases a ratio compares would be minutes apart and the machine's drift
 # would land in the ratio; one round at a time keeps them seconds apart.
+# BenchmarkPaired goes further: the two sides of each ratio alternate in
+# 250 ms slices.
 if has proxy; then
 	for _ in $(seq "$count"); do
 		run "$root/integration" 'Benchmark(Proxy|Secret)$' "$benchtime" 1 ./bench/
+		run "$root/integration" 'BenchmarkPaired$' 1x 1 ./bench/
 	done
 fi
 # Bursts and phases that are one measurement each.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
 	"testing"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
@@ -62,23 +61,18 @@ func BenchmarkProxy(b *testing.B) {
 		b.Logf("redis cases skipped: %v", redisErr)
 	}
 	caddyfile := func(baseline bool) string {
-		var site strings.Builder
-		route := func(name, store string) {
-			fmt.Fprintf(&site, "@%[1]s header %[2]s %[1]s\nhandle @%[1]s {\niceberg_idempotency {\nstore %[3]s\n}\nreverse_proxy %[4]s\n}\n", name, routeHeader, store, up)
-		}
-		route("memory", "memory")
+		routes := [][2]string{{"memory", "memory"}}
 		for _, s := range sqls {
 			table := s.table
 			if baseline {
 				table = s.baseTable
 			}
-			route(s.name, fmt.Sprintf("%s {\ndsn %q\ntable %s\n%s}", s.name, s.dsn, table, poolLine))
+			routes = append(routes, [2]string{s.name, fmt.Sprintf("%s {\ndsn %q\ntable %s\n%s}", s.name, s.dsn, table, poolLine)})
 		}
 		if redis != "" {
-			route("redis", redis)
+			routes = append(routes, [2]string{"redis", redis})
 		}
-		fmt.Fprintf(&site, "handle {\nreverse_proxy %s\n}\n", up)
-		return caddyproc.Caddyfile("", site.String())
+		return routedCaddyfile(up, routes)
 	}
 	head := caddyproc.Start(b, caddyfile(false)).URL()
 	base := ""

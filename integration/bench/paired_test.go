@@ -1,0 +1,246 @@
+package bench
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
+)
+
+// pairTimeEnv sets how long each pair of BenchmarkPaired runs, both sides
+// together; sliceEnv the length of one slice.
+const (
+	pairTimeEnv = "ICEBERG_IDEMPOTENCY_BENCH_PAIR_TIME"
+	sliceEnv    = "ICEBERG_IDEMPOTENCY_BENCH_SLICE"
+)
+
+// BenchmarkPaired measures each ratio the goals of issue 11 name as a pair
+// of cases run in interleaved slices (250 ms by default, in the order
+// ABBA ABBA …) for ICEBERG_IDEMPOTENCY_BENCH_PAIR_TIME (default 8s) at each
+// client count of ICEBERG_IDEMPOTENCY_BENCH_CLIENTS: the module on the
+// memory store against plain reverse_proxy sending the very same requests
+// (a fresh Idempotency-Key on each keyed one, which plain reverse_proxy
+// passes through), and a SQL store's fresh keys against its floor loop.
+//
+// On a machine whose speed drifts by ±25% from minute to minute, as the
+// shared 2-core one this was written on, cases measured one after the
+// other (BenchmarkProxy) compare different moments; slices this short see
+// the same ones. Each pair reports the ratio of the two sides' throughput
+// over all their slices (vs-plain, vs-floor), the quartiles of the ratios
+// of neighbouring slices (…-q1, …-q3: how far one would trust it), and,
+// against plain reverse_proxy, the Caddy process's CPU time per request on
+// each side (caddy-us, plain-caddy-us, from /proc) and their difference
+// (added-us): what the module itself costs the server per request, which
+// the throughput ratio hides when the client and the upstream share the
+// CPUs.
+func BenchmarkPaired(b *testing.B) {
+	up := upstream(b)
+	pairTime := envDuration(b, pairTimeEnv, 8*time.Second, false)
+	slice := envDuration(b, sliceEnv, 250*time.Millisecond, false)
+
+	type sqlStore struct{ name, dsn, table string }
+	var sqls []sqlStore
+	routes := [][2]string{{"memory", "memory"}}
+	for _, server := range []*testdb.Server{testdb.Postgres, testdb.MySQL} {
+		s := sqlStore{server.Name, server.DSN(b), tableName()}
+		dropAtEnd(b, server, s.dsn, s.table)
+		sqls = append(sqls, s)
+		routes = append(routes, [2]string{s.name, fmt.Sprintf("%s {\ndsn %q\ntable %s\n}", s.name, s.dsn, s.table)})
+	}
+	caddy := caddyproc.Start(b, routedCaddyfile(up, routes))
+	url := caddy.URL()
+	floors := map[string]func(string) error{}
+	for _, s := range sqls {
+		// The first keyed request makes the store's first contact, which
+		// creates the table the floor loop writes to.
+		if err := send(http.MethodPost, url+floorPath, s.name, newKey(), http.StatusOK); err != nil {
+			b.Fatal(err)
+		}
+		if s.name == "postgres" {
+			floors[s.name] = pgFloor(b, s.dsn, s.table, 0)
+		} else {
+			floors[s.name] = mysqlFloor(b, s.dsn, s.table, 0)
+		}
+	}
+
+	post := func(route string, keyed bool) func(int) error {
+		return func(int) error {
+			key := ""
+			if keyed {
+				key = newKey()
+			}
+			return send(http.MethodPost, url+floorPath, route, key, http.StatusOK)
+		}
+	}
+	get := func(route string) func(int) error {
+		return func(int) error { return send(http.MethodGet, url+"/v1/namespaces/ns", route, "", http.StatusOK) }
+	}
+	for _, clients := range concurrencies(b) {
+		b.Run(fmt.Sprintf("c=%d", clients), func(b *testing.B) {
+			vsPlain := func(name string, plain, module func(int) error) {
+				b.Run(name, func(b *testing.B) {
+					p := runPaired(b, clients, pairTime, slice, caddy.Pid(), plain, module)
+					p.report(b, "vs-plain", true)
+				})
+			}
+			vsPlain("memory/fresh_key", post("", true), post("memory", true))
+			vsPlain("memory/no_key", post("", false), post("memory", false))
+			vsPlain("memory/get", get(""), get("memory"))
+			for _, s := range sqls {
+				floor := floors[s.name]
+				b.Run(s.name+"/fresh_key", func(b *testing.B) {
+					p := runPaired(b, clients, pairTime, slice, caddy.Pid(), func(int) error { return floor(newKey()) }, post(s.name, true))
+					p.report(b, "vs-floor", false)
+				})
+			}
+		})
+	}
+}
+
+// routedCaddyfile is one site whose requests take the route their
+// routeHeader names: for each {name, store} an iceberg_idempotency on that
+// store before reverse_proxy, and plain reverse_proxy for every other
+// request.
+func routedCaddyfile(up string, routes [][2]string) string {
+	var site strings.Builder
+	for _, r := range routes {
+		fmt.Fprintf(&site, "@%[1]s header %[2]s %[1]s\nhandle @%[1]s {\niceberg_idempotency {\nstore %[3]s\n}\nreverse_proxy %[4]s\n}\n", r[0], routeHeader, r[1], up)
+	}
+	fmt.Fprintf(&site, "handle {\nreverse_proxy %s\n}\n", up)
+	return caddyproc.Caddyfile("", site.String())
+}
+
+// side is what one case of a pair measured over its slices.
+type side struct {
+	requests int
+	elapsed  time.Duration
+	cpu      time.Duration // the Caddy process's CPU time during its slices
+	lat      []time.Duration
+	rates    []float64 // req/s of each slice
+}
+
+func (s *side) rate() float64 { return float64(s.requests) / s.elapsed.Seconds() }
+
+// cpuPerRequest is the Caddy process's CPU time per request, in µs.
+func (s *side) cpuPerRequest() float64 {
+	return float64(s.cpu.Microseconds()) / float64(s.requests)
+}
+
+type paired struct{ a, b side }
+
+// runPaired runs a and b from clients goroutines each, in slices of
+// length slice alternating ABBA, for pairTime in all, and measures each
+// side (pid is the Caddy process whose CPU time is read).
+func runPaired(tb *testing.B, clients int, pairTime, slice time.Duration, pid int, a, b func(int) error) *paired {
+	tb.Helper()
+	p := &paired{}
+	tb.ResetTimer()
+	n := max(4, int(pairTime/slice)/4*4)
+	for k := range n {
+		s, op := &p.a, a
+		if k%4 == 1 || k%4 == 2 {
+			s, op = &p.b, b
+		}
+		cpu0 := processCPU(tb, pid)
+		reqs, elapsed, lat := runSlice(tb, clients, slice, op)
+		s.cpu += processCPU(tb, pid) - cpu0
+		s.requests += reqs
+		s.elapsed += elapsed
+		s.lat = append(s.lat, lat...)
+		s.rates = append(s.rates, float64(reqs)/elapsed.Seconds())
+	}
+	tb.StopTimer()
+	return p
+}
+
+// runSlice runs op from clients goroutines until d has passed and every
+// request under way has ended; it returns how many ran, how long the slice
+// took and their latencies.
+func runSlice(tb *testing.B, clients int, d time.Duration, op func(int) error) (int, time.Duration, []time.Duration) {
+	var (
+		count  atomic.Int64
+		failed atomic.Pointer[error]
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		lat    []time.Duration
+	)
+	start := time.Now()
+	deadline := start.Add(d)
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for time.Now().Before(deadline) && failed.Load() == nil {
+				t0 := time.Now()
+				if err := op(int(count.Add(1))); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		tb.Fatal(*err)
+	}
+	return len(lat), time.Since(start), lat
+}
+
+// report reports side b against side a: b's req/s and latency, the
+// throughput ratio under metric and its quartiles over neighbouring
+// slices, and, when a and b both go through Caddy, the CPU figures.
+func (p *paired) report(b *testing.B, metric string, cpu bool) {
+	b.ReportMetric(p.b.rate(), "req/s")
+	b.ReportMetric(p.b.rate()/p.a.rate(), metric)
+	// Slices run ABBA: the i-th slice of each side are neighbours.
+	var ratios []float64
+	for i := range min(len(p.a.rates), len(p.b.rates)) {
+		ratios = append(ratios, p.b.rates[i]/p.a.rates[i])
+	}
+	slices.Sort(ratios)
+	b.ReportMetric(ratios[len(ratios)/4], metric+"-q1")
+	b.ReportMetric(ratios[(3*len(ratios))/4], metric+"-q3")
+	b.ReportMetric(percentileMs(p.b.lat, 0.50), "p50-ms")
+	b.ReportMetric(percentileMs(p.b.lat, 0.99), "p99-ms")
+	if cpu {
+		b.ReportMetric(p.b.cpuPerRequest(), "caddy-us")
+		b.ReportMetric(p.a.cpuPerRequest(), "plain-caddy-us")
+		b.ReportMetric(p.b.cpuPerRequest()-p.a.cpuPerRequest(), "added-us")
+	}
+}
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/<pid>/stat's CPU times:
+// 100 on every architecture Go supports there.
+const clockTicks = 100
+
+// processCPU is the user and system CPU time pid has used so far.
+func processCPU(tb *testing.B, pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		tb.Fatalf("reading Caddy's CPU time: %v", err)
+	}
+	// The command name (field 2) may hold spaces; the fields after its
+	// closing parenthesis start with field 3.
+	rest := string(raw[strings.LastIndexByte(string(raw), ')')+2:])
+	f := strings.Fields(rest)
+	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
+	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
+	if err1 != nil || err2 != nil {
+		tb.Fatalf("unexpected /proc/%d/stat: %q", pid, raw)
+	}
+	return time.Duration(utime+stime) * time.Second / clockTicks
+}
