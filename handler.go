@@ -206,6 +206,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.checkAtRest(provider); err != nil {
 		return err
 	}
+	h.settleWindow = settleWindowFor(provider)
 
 	appIface, err := ctx.App("iceberg_idempotency")
 	if err != nil {

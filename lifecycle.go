@@ -471,11 +471,11 @@ func (g *guarded) release(ctx context.Context, why string) {
 // anybody else's record. It keeps trying for a while, since a store that just
 // failed is often briefly unreachable.
 //
-// ErrNotOwner (nothing under this owner) settles it only once
-// the settle window has passed since the failure: before that, the lost
-// statement may still be on its way to its commit (it waited for a lock,
-// or for the log flush, when the connection failed), and would then hold
-// the key for a request nobody executes.
+// ErrNotOwner (nothing under this owner) settles it only once the settle
+// window has passed since the failure: before that, the lost statement may
+// still be on its way to its commit (it waited for a lock, or for the log
+// flush, when the connection failed), and would then hold the key for a
+// request nobody executes.
 func (g *guarded) undoLostReply(undo func(ctx context.Context, s stores.Store, key, owner string) error) {
 	store, key, owner := g.h.store, g.key, g.owner
 	settle := g.h.settleWindow
@@ -514,12 +514,11 @@ func abandonTakeOver(ctx context.Context, s stores.Store, key, owner string) err
 // was lost.
 const lostReplyWindow = 2 * time.Minute
 
-// defaultSettleWindow is how long after a store write failed its
-// statement may still commit: the store call's own bound (storeOpTimeout,
-// which also covers the SQL stores' default statement_timeout of 5s and
-// their server-side bounds on it). Past it, a write that left nothing
-// behind never committed.
-const defaultSettleWindow = storeOpTimeout
+// defaultSettleWindow is the least time after a store write failed that
+// its statement is taken as possibly still committing; a SQL store
+// lengthens it to twice its statement_timeout (see writeSettler). Past it,
+// a write that left nothing behind never committed.
+const defaultSettleWindow = 10 * time.Second
 
 // heartbeat renews the lease every third of it until stopped, so that other
 // nodes can tell a long upstream call from a dead owner. It is a timer, not

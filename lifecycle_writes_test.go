@@ -206,3 +206,27 @@ func TestClientLeavingDuringTakeOver(t *testing.T) {
 		t.Fatalf("retry = %d %s, calls %d; want 200, executed once", retry.code(), retry.body, up.calls.Load())
 	}
 }
+
+// A SQL store's statements may commit up to about twice its statement
+// timeout after a failed call (see writeSettler), so the undo of a lost
+// reservation keeps trying at least that long: a store configured with a
+// long statement_timeout lengthens the settle window, the default keeps it.
+func TestSettleWindowFollowsStatementTimeout(t *testing.T) {
+	long := SQLStoreConfig{DSN: "nobody@tcp(127.0.0.1:1)/none", StatementTimeout: caddy.Duration(30 * time.Second)}
+	for _, c := range []struct {
+		provider StoreProvider
+		want     time.Duration
+	}{
+		{&MemoryStore{}, defaultSettleWindow},
+		{&PostgresStore{SQLStoreConfig: SQLStoreConfig{DSN: "postgres://nobody@127.0.0.1:1/none"}}, defaultSettleWindow},
+		{&PostgresStore{SQLStoreConfig: long}, time.Minute},
+		{&MySQLStore{SQLStoreConfig: long}, time.Minute},
+	} {
+		if err := c.provider.(caddy.Provisioner).Provision(newCaddyContext(t)); err != nil {
+			t.Fatal(err)
+		}
+		if got := settleWindowFor(c.provider); got != c.want {
+			t.Errorf("%s: settle window %v, want %v", c.provider.StoreKey(), got, c.want)
+		}
+	}
+}

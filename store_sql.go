@@ -69,6 +69,18 @@ type SQLStoreConfig struct {
 	dsn string // DSN with placeholders expanded
 }
 
+// writeSettle is how long after a failed call a statement of this store
+// may still commit: the statement timeout bounds it on the server too, once
+// the statement arrived, and it arrived within one statement timeout of the
+// call. See Handler.settleWindow.
+func (c *SQLStoreConfig) writeSettle() time.Duration {
+	timeout := time.Duration(c.StatementTimeout)
+	if timeout == 0 {
+		timeout = sqlstore.DefaultStatementTimeout
+	}
+	return 2 * timeout
+}
+
 // provision expands the DSN and applies the defaults of the options a Go
 // value cannot leave unset; combinedWrites is the backend's default.
 func (c *SQLStoreConfig) provision(backend string, combinedWrites int) error {

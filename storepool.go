@@ -21,6 +21,23 @@ type StoreProvider interface {
 	OpenStore(ctx caddy.Context) (stores.Store, error)
 }
 
+// writeSettler is implemented by providers of stores whose writes may
+// commit some time after a failed call returned (a database statement that
+// was waiting for a lock): writeSettle bounds that time, and the handler
+// keeps trying to undo a lost reservation for at least that long.
+type writeSettler interface {
+	writeSettle() time.Duration
+}
+
+// settleWindowFor is the settle window of provider's store: at least
+// defaultSettleWindow, longer when its writes may settle later.
+func settleWindowFor(provider StoreProvider) time.Duration {
+	if s, ok := provider.(writeSettler); ok {
+		return max(defaultSettleWindow, s.writeSettle())
+	}
+	return defaultSettleWindow
+}
+
 // StoreReconfigurer is implemented by providers whose store can take new
 // settings in place. When a handler acquires a store that is already open
 // (a reload kept its StoreKey), Reconfigure is called with it, so that, for
