@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 
@@ -75,11 +76,10 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// The store stays open across a reload until this request is done.
 		defer h.pooled.enter()()
 	}
-	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	g := &guarded{
 		h: h, w: w, r: r, next: next, key: key,
 		parts: requestParts{
-			principal: repl.ReplaceAll(h.Principal, ""),
+			principal: h.principalOf(r),
 			method:    r.Method,
 			path:      path,
 			query:     r.URL.RawQuery,
@@ -88,6 +88,34 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	g.binding = g.parts.binding(op, h.keys.current)
 	return g.run()
+}
+
+// principalOf expands the principal placeholder for r. A principal that is
+// one request header placeholder, as the default
+// {http.request.header.Authorization} is, is read from the header the way
+// Caddy's replacer reads it (the values joined with commas), without
+// parsing the placeholder on every request; the principal is hashed into
+// the binding of stored records, so the two must give the same string.
+func (h *Handler) principalOf(r *http.Request) string {
+	if h.principalHeader != "" {
+		return strings.Join(r.Header[h.principalHeader], ",")
+	}
+	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	return repl.ReplaceAll(h.Principal, "")
+}
+
+// headerPlaceholder returns the canonical header name of a principal that
+// is exactly one {http.request.header.*} placeholder, or "".
+func headerPlaceholder(principal string) string {
+	inner, ok := strings.CutPrefix(principal, "{http.request.header.")
+	if !ok {
+		return ""
+	}
+	name, ok := strings.CutSuffix(inner, "}")
+	if !ok || name == "" || strings.ContainsAny(name, "{}") {
+		return ""
+	}
+	return textproto.CanonicalMIMEHeaderKey(name)
 }
 
 // readBody reads the request body, or limit+1 bytes of it when it is

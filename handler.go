@@ -166,6 +166,9 @@ type Handler struct {
 	replayHdrs     []string
 	keys           keyring // derived from Secret and PreviousSecrets; never marshalled
 	logger         *zap.Logger
+	// principalHeader is the header Principal names when it is one
+	// {http.request.header.*} placeholder (see principalOf), else "".
+	principalHeader string
 }
 
 var (
@@ -256,6 +259,7 @@ func (h *Handler) prepare() error {
 		h.basePath = normalizePath(h.BasePath)
 	}
 	h.configPath = h.basePath + "/v1/config"
+	h.principalHeader = headerPlaceholder(h.Principal)
 	h.keyVersions = newKeyVersionSet(h.KeyVersions)
 	var err error
 	if h.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {
