@@ -43,7 +43,8 @@ type guarded struct {
 	parts   requestParts   // what binding hashes, for matching records written under other secrets
 	binding stores.Binding // as stored: under the current secret, or the record's own once bind matched it
 	owner   string
-	status  int // the status of the response being finalized, for logs: a sealed response hides it
+	status  int       // the status of the response being finalized, for logs: a sealed response hides it
+	hb      heartbeat // the lease renewals of the execution, then of finalizeLater
 	// detached is the request's context without its cancellation (the
 	// replacer and vars travel along): store writes and the execution run
 	// under it, so that the client's departure cuts neither short.
@@ -178,11 +179,11 @@ func (g *guarded) execute() error {
 	detached := g.detached
 	ctx, cancel := context.WithTimeout(detached, time.Duration(h.ExecutionTimeout))
 	defer cancel()
-	stopHeartbeat := g.heartbeat(ctx)
+	hb := g.startHeartbeat(ctx)
 
 	cw := newCaptureWriter(g.w, h.MaxResponseSize)
 	err := g.callUpstream(cw, g.r.WithContext(ctx))
-	stopHeartbeat()
+	hb.stop()
 
 	if err != nil {
 		status := errorStatus(err)
@@ -404,8 +405,9 @@ func (g *guarded) finalizeLater(resp stores.Response) {
 		window := g.h.finalizeWindow
 		ctx, cancel := context.WithTimeout(context.Background(), window)
 		defer cancel()
-		stopHeartbeat := g.heartbeat(ctx)
-		defer stopHeartbeat()
+		// The execution's heartbeat has stopped: its state is reused.
+		hb := g.startHeartbeat(ctx)
+		defer hb.stop()
 		for attempt, wait := 2, 100*time.Millisecond; ; attempt, wait = attempt+1, min(2*wait, 2*time.Second) {
 			select {
 			case <-time.After(wait):
@@ -520,44 +522,52 @@ const lostReplyWindow = 2 * time.Minute
 // a write that left nothing behind never committed.
 const defaultSettleWindow = 10 * time.Second
 
-// heartbeat renews the lease every third of it until stopped, so that other
-// nodes can tell a long upstream call from a dead owner. It is a timer, not
-// a goroutine: most executions end long before the first renewal is due,
-// and then the heartbeat costs one timer, started and stopped. stop waits
-// for a renewal under way, so none lands after the key is finalized or
-// released (where it could only fail and be counted as a lost lease).
-func (g *guarded) heartbeat(ctx context.Context) (stop func()) {
-	hb := &heartbeat{g: g, ctx: ctx, lease: time.Duration(g.h.Lease)}
+// startHeartbeat renews the lease every third of it until stopped, so that
+// other nodes can tell a long upstream call from a dead owner. It is a
+// timer, not a goroutine: most executions end long before the first renewal
+// is due, and then the heartbeat costs one timer, started and stopped.
+// stop waits for a renewal under way, so none lands after the key is
+// finalized or released (where it could only fail and be counted as a lost
+// lease). The state lives in g (g.hb), so a heartbeat allocates only its
+// timer and the function the timer calls; one must be stopped before the
+// next starts, and a generation tells a late tick of the old one apart.
+func (g *guarded) startHeartbeat(ctx context.Context) *heartbeat {
+	hb := &g.hb
 	hb.mu.Lock()
-	hb.timer = time.AfterFunc(hb.lease/3, hb.beat)
-	hb.mu.Unlock()
-	return hb.stop
+	defer hb.mu.Unlock()
+	hb.g, hb.ctx, hb.lease, hb.stopped = g, ctx, time.Duration(g.h.Lease), false
+	hb.gen++
+	gen := hb.gen
+	hb.timer = time.AfterFunc(hb.lease/3, func() { hb.beat(gen) })
+	return hb
 }
 
-// heartbeat is the state of one execution's lease renewals: one allocation
-// besides its timer, on every keyed request's path.
+// heartbeat is the state of one execution's lease renewals.
 type heartbeat struct {
+	mu       sync.Mutex
 	g        *guarded
 	ctx      context.Context
 	lease    time.Duration
-	mu       sync.Mutex
+	gen      int // of the heartbeat started last; its timer's ticks carry it
 	stopped  bool
 	renewing sync.WaitGroup
 	timer    *time.Timer
 }
 
-func (hb *heartbeat) beat() {
+// beat renews the lease for the heartbeat of generation gen, unless it was
+// stopped, and schedules the next renewal.
+func (hb *heartbeat) beat(gen int) {
 	hb.mu.Lock()
-	if hb.stopped || hb.ctx.Err() != nil {
+	if hb.stopped || hb.gen != gen || hb.ctx.Err() != nil {
 		hb.mu.Unlock()
 		return
 	}
+	g, ctx, lease := hb.g, hb.ctx, hb.lease
 	hb.renewing.Add(1)
 	hb.mu.Unlock()
 	defer hb.renewing.Done()
-	g := hb.g
-	err := g.h.store.ExtendLease(hb.ctx, g.key, g.owner, hb.lease)
-	if err != nil && hb.ctx.Err() == nil {
+	err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease)
+	if err != nil && ctx.Err() == nil {
 		// Counted unless the execution itself ended (its timeout):
 		// then nothing needs the lease any more.
 		leaseRenewalsFailed.Inc()
@@ -570,8 +580,8 @@ func (hb *heartbeat) beat() {
 		g.log(zapcore.ErrorLevel, "lease renewal failed", zap.Error(err))
 	}
 	hb.mu.Lock()
-	if !hb.stopped {
-		hb.timer.Reset(hb.lease / 3)
+	if !hb.stopped && hb.gen == gen {
+		hb.timer.Reset(lease / 3)
 	}
 	hb.mu.Unlock()
 }
@@ -664,9 +674,15 @@ func (g *guarded) retryAfterSeconds() int {
 	return int(math.Ceil(time.Duration(g.h.RetryAfter).Seconds()))
 }
 
+// log writes msg with fields and the request's key and operation, if level
+// is enabled. fields is copied, never kept: a variadic slice that escaped
+// would cost every caller an allocation, on every request, for debug lines
+// that are almost always off.
 func (g *guarded) log(level zapcore.Level, msg string, fields ...zap.Field) {
 	if c := g.h.logger.Check(level, msg); c != nil {
-		c.Write(append(fields, zap.String("key", g.key), zap.String("operation", g.binding.Operation))...)
+		all := make([]zap.Field, 0, len(fields)+2)
+		all = append(append(all, fields...), zap.String("key", g.key), zap.String("operation", g.binding.Operation))
+		c.Write(all...)
 	}
 }
 

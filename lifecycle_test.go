@@ -357,6 +357,27 @@ func TestFinalizeRetriedThroughOutage(t *testing.T) {
 	}
 }
 
+// While Finalize is retried in the background, the lease is renewed: with a
+// lease far shorter than the retries take, a duplicate still waits for the
+// record and replays it instead of finding it abandoned ("unknown").
+func TestFinalizeRetriesKeepTheLease(t *testing.T) {
+	s := &flakyStore{Store: newMemoryStore(t)}
+	s.finalizeFailures.Store(4) // retried after 0.1, 0.2, 0.4 and 0.8 s
+	h := newTestHandler(t, s)
+	h.Lease = caddy.Duration(60 * time.Millisecond)
+	h.InFlightWait = caddy.Duration(30 * time.Second)
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
+		t.Fatalf("first answer = %d, want 200", first.code())
+	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %s replayed=%q executed=%d; want the stored 200", retry.code(), retry.body, retry.header.Get(ReplayedHeader), catalog.executed.Load())
+	}
+}
+
 // A Finalize that committed but whose reply was lost is recognised when the
 // retried Finalize finds the record final: the response is stored, and a
 // retry replays it.
