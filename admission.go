@@ -224,15 +224,32 @@ func isHex(c byte) bool {
 }
 
 func sha256Hex(b []byte) string {
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
+	return hexSum(sha256.Sum256(b))
 }
+
+// hexSum is sum in hex: one allocation, the string.
+func hexSum(sum [sha256.Size]byte) string {
+	var dst [2 * sha256.Size]byte
+	hex.Encode(dst[:], sum[:])
+	return string(dst[:])
+}
+
+// fingerprintStack bounds the requests whose unkeyed fingerprint is hashed
+// from one buffer on the stack: a table commit's parts and body fit.
+const fingerprintStack = 2048
 
 // requestFingerprint hashes, unkeyed, what makes two requests "the same
 // request". With a secret the same parts are hashed under an HMAC key
-// (requestParts.fingerprint).
+// (requestParts.fingerprint). The bytes hashed are fingerprintWith's; a
+// request that fits fingerprintStack is hashed in one piece, without a
+// hash.Hash or a buffer on the heap.
 func requestFingerprint(method, path, query string, body []byte) string {
-	return fingerprintWith(sha256.New(), method, path, query, body)
+	var stack [fingerprintStack]byte
+	buf := appendFingerprintParts(stack[:0], method, path, query, len(body))
+	if len(buf)+len(body) > len(stack) {
+		return fingerprintWith(sha256.New(), method, path, query, body)
+	}
+	return hexSum(sha256.Sum256(append(buf, body...)))
 }
 
 // mismatch explains why a request may not use a record's key, or returns "".

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -101,6 +102,11 @@ func TestRequestFingerprintLayout(t *testing.T) {
 	want = sha256Hex([]byte("6:DELETE300:" + long + "0:0:"))
 	if got := requestFingerprint("DELETE", long, "", nil); got != want {
 		t.Fatalf("fingerprint of a long path %s, want %s", got, want)
+	}
+	big := strings.Repeat("b", fingerprintStack) // hashed in pieces, not from the stack
+	want = sha256Hex([]byte("4:POST14:/v1/namespaces0:" + strconv.Itoa(len(big)) + ":" + big))
+	if got := requestFingerprint("POST", "/v1/namespaces", "", []byte(big)); got != want {
+		t.Fatalf("fingerprint of a large body %s, want %s", got, want)
 	}
 }
 

@@ -207,7 +207,8 @@ func (p *requestParts) principalHash(k *secretKeys) string {
 	}
 	mac := hmac.New(sha256.New, k.principalKey)
 	mac.Write([]byte(p.principal))
-	return hex.EncodeToString(mac.Sum(nil))
+	var sum [sha256.Size]byte
+	return hexSum([sha256.Size]byte(mac.Sum(sum[:0])))
 }
 
 func (p *requestParts) fingerprint(k *secretKeys) string {
@@ -220,21 +221,27 @@ func (p *requestParts) fingerprint(k *secretKeys) string {
 // fingerprintWith writes the request's parts, each prefixed with its length
 // so that no two different requests share an input, into hash.
 func fingerprintWith(hash hash.Hash, method, path, query string, body []byte) string {
-	// One buffer for the small parts and their lengths, written as
-	// "<len>:<part>" each, exactly as fmt.Fprintf("%d:") did; the body
-	// follows without a copy. (The buffer escapes through hash.Write
-	// whatever its declaration, so it is sized for common paths.)
-	buf := make([]byte, 0, 128)
+	// One buffer for the small parts and their lengths; the body follows
+	// without a copy. (The buffer escapes through hash.Write whatever its
+	// declaration, so it is sized for common paths.)
+	hash.Write(appendFingerprintParts(make([]byte, 0, 128), method, path, query, len(body)))
+	hash.Write(body)
+	var sum [sha256.Size]byte
+	return hexSum([sha256.Size]byte(hash.Sum(sum[:0])))
+}
+
+// appendFingerprintParts appends what a fingerprint hashes before the body:
+// method, path and query written as "<len>:<part>" each, exactly as
+// fmt.Fprintf("%d:") did, then "<len(body)>:". Records in shared stores
+// outlive upgrades, so these bytes never change (TestRequestFingerprintLayout).
+func appendFingerprintParts(buf []byte, method, path, query string, bodyLen int) []byte {
 	for _, part := range [...]string{method, path, query} {
 		buf = strconv.AppendInt(buf, int64(len(part)), 10)
 		buf = append(buf, ':')
 		buf = append(buf, part...)
 	}
-	buf = strconv.AppendInt(buf, int64(len(body)), 10)
-	buf = append(buf, ':')
-	hash.Write(buf)
-	hash.Write(body)
-	return hex.EncodeToString(hash.Sum(nil))
+	buf = strconv.AppendInt(buf, int64(bodyLen), 10)
+	return append(buf, ':')
 }
 
 // sealFormat is the first byte of a sealed plaintext: the layout of what
