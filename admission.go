@@ -69,13 +69,6 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			fmt.Sprintf("request body exceeds %d bytes, the largest accepted with an Idempotency-Key", h.MaxRequestSize), 0)
 		return nil
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
-
-	if h.pooled != nil {
-		// The store stays open across a reload until this request is done.
-		defer h.pooled.enter()()
-	}
 	g := &guarded{
 		h: h, w: w, r: r, next: next, key: key,
 		parts: requestParts{
@@ -86,9 +79,27 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			body:      body,
 		},
 	}
+	g.body.Reset(body)
+	r.Body = &g.body
+	r.ContentLength = int64(len(body))
+
+	if h.pooled != nil {
+		// The store stays open across a reload until this request is done.
+		h.pooled.use()
+		defer h.pooled.done()
+	}
 	g.binding = g.parts.binding(op, h.keys.current)
 	return g.run()
 }
+
+// requestBody is the request body as read, handed on to the handlers after
+// this one; a part of guarded, so that handing it on allocates nothing.
+// (reverse_proxy wraps any body it is given, so the transport would not see
+// a *bytes.Reader, which it writes with the headers, either way.)
+type requestBody struct{ bytes.Reader }
+
+// Close implements io.Closer: the real body is closed by the server.
+func (*requestBody) Close() error { return nil }
 
 // principalOf expands the principal placeholder for r. A principal that is
 // one request header placeholder, as the default

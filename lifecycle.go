@@ -43,8 +43,9 @@ type guarded struct {
 	parts   requestParts   // what binding hashes, for matching records written under other secrets
 	binding stores.Binding // as stored: under the current secret, or the record's own once bind matched it
 	owner   string
-	status  int       // the status of the response being finalized, for logs: a sealed response hides it
-	hb      heartbeat // the lease renewals of the execution, then of finalizeLater
+	status  int         // the status of the response being finalized, for logs: a sealed response hides it
+	hb      heartbeat   // the lease renewals of the execution, then of finalizeLater
+	body    requestBody // the read body, as the handlers after this one get it
 	// detached is the request's context without its cancellation (the
 	// replacer and vars travel along): store writes and the execution run
 	// under it, so that the client's departure cuts neither short.

@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -64,9 +65,9 @@ type pooledStore struct {
 	stores.Store
 	backend string // the provider's module name, for metric labels
 
+	active   atomic.Int64 // requests using the store
 	mu       sync.Mutex
-	active   int
-	idle     *sync.Cond
+	idle     *sync.Cond // signalled, under mu, when active drops to 0
 	draining bool
 }
 
@@ -76,23 +77,26 @@ func newPooledStore(s stores.Store) *pooledStore {
 	return p
 }
 
-// enter marks a request as using the store until the returned func is
-// called.
-func (p *pooledStore) enter() (leave func()) {
-	p.mu.Lock()
-	p.active++
-	p.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			p.mu.Lock()
-			p.active--
-			if p.active == 0 {
-				p.idle.Broadcast()
-			}
-			p.mu.Unlock()
-		})
+// use marks a request as using the store until it calls done, once: the
+// keyed request's path, where a counter costs no allocation and no lock.
+func (p *pooledStore) use() { p.active.Add(1) }
+
+// done ends a use. The last one wakes waitIdle; broadcasting under mu means
+// a waiter that saw the store busy is already waiting.
+func (p *pooledStore) done() {
+	if p.active.Add(-1) == 0 {
+		p.mu.Lock()
+		p.idle.Broadcast()
+		p.mu.Unlock()
 	}
+}
+
+// enter marks a use that ends when the returned func is first called, for
+// callers that hand the end on (background retries, admin requests).
+func (p *pooledStore) enter() (leave func()) {
+	p.use()
+	var once sync.Once
+	return func() { once.Do(p.done) }
 }
 
 // Destruct closes the store once no request uses it. It returns at once:
@@ -120,7 +124,7 @@ func (p *pooledStore) waitIdle(timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.active > 0 && time.Now().Before(deadline) {
+	for p.active.Load() > 0 && time.Now().Before(deadline) {
 		p.idle.Wait()
 	}
 }
