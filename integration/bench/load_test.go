@@ -38,8 +38,7 @@ func concurrencies(b *testing.B) []int {
 var loadClient = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}}
 
 // routeHeader picks the route of the one Caddy process under test that a
-// request takes (see BenchmarkProxy); plainRoute names none, so that its
-// requests take plain reverse_proxy.
+// request takes (see BenchmarkProxy); plainRoute is plain reverse_proxy's.
 const (
 	routeHeader = "X-Bench-Route"
 	plainRoute  = "plain"
@@ -63,9 +62,9 @@ func send(method, url, route, key string, want int) error {
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	// Plain requests carry the header too, with a value no route
-	// matches: both sides of a ratio then parse, match and forward the
-	// same headers (one header costs Caddy about 3% of a request).
+	// Plain requests name their route too: both sides of a ratio then
+	// parse, match and forward the same headers (one header costs Caddy
+	// about 3% of a request).
 	if route == "" {
 		route = plainRoute
 	}

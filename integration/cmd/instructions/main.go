@@ -54,10 +54,7 @@ var (
 	responseBody = bytes.Repeat([]byte(`{"metadata-location":"s3://bucket/warehouse/ns/t/metadata/00002.metadata.json"}`), 24)
 )
 
-const (
-	routeHeader = "X-Bench-Route"
-	commitPath  = "/v1/namespaces/ns/tables/t"
-)
+const commitPath = "/v1/namespaces/ns/tables/t"
 
 func main() {
 	caddyBin := flag.String("caddy", "", "Caddy binary with the module (go build ./cmd/caddy in the repository root)")
@@ -107,19 +104,23 @@ func run(caddyBin string, n int, pgDSN, myDSN string) error {
 	table := "instructions_" + randomHex(6)
 	ctx := context.Background()
 	if pgDSN != "" {
-		routes = append(routes, [2]string{"postgres", fmt.Sprintf("postgres {\n\t\t\t\tdsn %q\n\t\t\t\ttable %s\n\t\t\t}", pgDSN, table)})
+		routes = append(routes, [2]string{"postgres", fmt.Sprintf("postgres {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t}", pgDSN, table)})
 		defer func() { _ = testdb.Psql(ctx, pgDSN, "DROP TABLE IF EXISTS "+table+", "+table+"_schema") }()
 	}
 	if myDSN != "" {
-		routes = append(routes, [2]string{"mysql", fmt.Sprintf("mysql {\n\t\t\t\tdsn %q\n\t\t\t\ttable %s\n\t\t\t}", myDSN, table)})
+		routes = append(routes, [2]string{"mysql", fmt.Sprintf("mysql {\n\t\t\tdsn %q\n\t\t\ttable %s\n\t\t}", myDSN, table)})
 		defer func() { _ = testdb.MySQLExec(ctx, myDSN, "DROP TABLE IF EXISTS "+table+", "+table+"_schema") }()
 	}
-	port, err := freePort()
-	if err != nil {
-		return err
+	// A site per route, each on its own port: no request pays for
+	// another route's matcher.
+	ports := map[string]int{}
+	for _, name := range append([]string{""}, routeNames(routes)...) {
+		if ports[name], err = freePort(); err != nil {
+			return err
+		}
 	}
 	cfg := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(cfg, []byte(caddyfile(port, up.Addr().String(), routes)), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(caddyfile(ports, up.Addr().String(), routes)), 0o600); err != nil {
 		return err
 	}
 
@@ -137,8 +138,11 @@ func run(caddyBin string, n int, pgDSN, myDSN string) error {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	}()
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	if err := waitReady(base); err != nil {
+	urls := map[string]string{}
+	for name, port := range ports {
+		urls[name] = fmt.Sprintf("http://127.0.0.1:%d", port)
+	}
+	if err := waitReady(urls[""]); err != nil {
 		return fmt.Errorf("%w; its output:\n%s", err, tail(logs.String(), 20))
 	}
 
@@ -162,12 +166,12 @@ func run(caddyBin string, n int, pgDSN, myDSN string) error {
 	// in a case's window.
 	for _, c := range cases {
 		if c.replay != "" {
-			if err := send(client, base, c, c.replay); err != nil {
+			if err := send(client, urls[c.route], c, c.replay); err != nil {
 				return err
 			}
 		}
 		for range 100 {
-			if err := send(client, base, c, c.key()); err != nil {
+			if err := send(client, urls[c.route], c, c.key()); err != nil {
 				return err
 			}
 		}
@@ -180,7 +184,7 @@ func run(caddyBin string, n int, pgDSN, myDSN string) error {
 				return err
 			}
 			for range n {
-				if err := send(client, base, c, c.key()); err != nil {
+				if err := send(client, urls[c.route], c, c.key()); err != nil {
 					return err
 				}
 			}
@@ -222,17 +226,25 @@ func (c *measured) key() string {
 	return ""
 }
 
-// caddyfile is one site: a handle block per {name, store} route with the
-// module before reverse_proxy, plain reverse_proxy for the rest.
-func caddyfile(port int, upstream string, routes [][2]string) string {
+// caddyfile has a site per route, on the port ports gives its name: plain
+// reverse_proxy on ports[""], and for each {name, store} the module on that
+// store before reverse_proxy.
+func caddyfile(ports map[string]int, upstream string, routes [][2]string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tlog default {\n\t\tlevel ERROR\n\t}\n}\n:%d {\n", port)
+	b.WriteString("{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tlog default {\n\t\tlevel ERROR\n\t}\n}\n")
+	fmt.Fprintf(&b, ":%d {\n\treverse_proxy %s\n}\n", ports[""], upstream)
 	for _, r := range routes {
-		fmt.Fprintf(&b, "\t@%[1]s header %[2]s %[1]s\n\thandle @%[1]s {\n\t\ticeberg_idempotency {\n\t\t\tstore %[3]s\n\t\t}\n\t\treverse_proxy %[4]s\n\t}\n",
-			r[0], routeHeader, r[1], upstream)
+		fmt.Fprintf(&b, ":%d {\n\ticeberg_idempotency {\n\t\tstore %s\n\t}\n\treverse_proxy %s\n}\n", ports[r[0]], r[1], upstream)
 	}
-	fmt.Fprintf(&b, "\thandle {\n\t\treverse_proxy %s\n\t}\n}\n", upstream)
 	return b.String()
+}
+
+func routeNames(routes [][2]string) []string {
+	var names []string
+	for _, r := range routes {
+		names = append(names, r[0])
+	}
+	return names
 }
 
 func send(client *http.Client, base string, c *measured, key string) error {
@@ -253,13 +265,6 @@ func send(client *http.Client, base string, c *measured, key string) error {
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	// Plain requests carry the header too, with a value no route
-	// matches, so that both sides of a comparison send the same headers.
-	route := c.route
-	if route == "" {
-		route = "plain"
-	}
-	req.Header.Set(routeHeader, route)
 	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("%s: %w", c.name, err)
