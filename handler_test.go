@@ -319,15 +319,7 @@ func TestAbandonedPolicies(t *testing.T) {
 			h, clock := newClockedHandler(t)
 			h.Abandoned = policy
 			key := storetest.NewKey(t)
-			// A dead node's reservation: reserved, never renewed.
-			if _, err := h.store.Reserve(context.Background(), stores.Reservation{
-				Key: key, Owner: "dead-node", Lease: time.Second, TTL: time.Hour,
-				Binding: stores.Binding{Operation: "createNamespace", Path: "/v1/namespaces", Principal: sha256Hex(nil),
-					Fingerprint: requestFingerprint("POST", "/v1/namespaces", "", []byte(nsBody))},
-			}); err != nil {
-				t.Fatal(err)
-			}
-			clock.Advance(2 * time.Second)
+			reserveAsDeadNode(t, h.store, clock, key)
 			up := answering(200, "{}")
 			res := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
 			switch policy {
@@ -345,6 +337,21 @@ func TestAbandonedPolicies(t *testing.T) {
 			}
 		})
 	}
+}
+
+// reserveAsDeadNode leaves key reserved for createNamespace of nsBody by an
+// owner that never renews its lease, and moves clock past the lease: the
+// record of a node that died mid-request.
+func reserveAsDeadNode(t *testing.T, s stores.Store, clock *storetest.FakeClock, key string) {
+	t.Helper()
+	if _, err := s.Reserve(context.Background(), stores.Reservation{
+		Key: key, Owner: "dead-node", Lease: time.Second, TTL: time.Hour,
+		Binding: stores.Binding{Operation: "createNamespace", Path: "/v1/namespaces", Principal: sha256Hex(nil),
+			Fingerprint: requestFingerprint("POST", "/v1/namespaces", "", []byte(nsBody))},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
 }
 
 // failingStore fails every call, like an unreachable database.

@@ -341,30 +341,27 @@ func TestLostReserveReplyIsReleased(t *testing.T) {
 // a retry waits for the record and replays it. Before, three quick tries
 // over 0.3 s left the key "unknown" when the store was away a little longer.
 func TestFinalizeRetriedThroughOutage(t *testing.T) {
-	s := &flakyStore{Store: newMemoryStore(t)}
-	s.finalizeFailures.Store(6)
-	h := newTestHandler(t, s)
-	h.InFlightWait = caddy.Duration(30 * time.Second)
-	catalog := newCountingCatalog(t, answerOK)
-	proxy := newReverseProxy(t, catalog.addr())
-	key := storetest.NewKey(t)
-	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
-		t.Fatalf("first answer = %d, want 200", first.code())
-	}
-	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
-	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" || catalog.executed.Load() != 1 {
-		t.Fatalf("retry = %d replayed=%q executed=%d; want the stored 200", retry.code(), retry.header.Get(ReplayedHeader), catalog.executed.Load())
-	}
+	finalizeThroughOutage(t, 6, 0)
 }
 
 // While Finalize is retried in the background, the lease is renewed: with a
 // lease far shorter than the retries take, a duplicate still waits for the
 // record and replays it instead of finding it abandoned ("unknown").
 func TestFinalizeRetriesKeepTheLease(t *testing.T) {
+	finalizeThroughOutage(t, 4, 60*time.Millisecond) // retried after 0.1, 0.2, 0.4 and 0.8 s
+}
+
+// finalizeThroughOutage commits through a store whose Finalize fails
+// failures times (lease 0: the default) and checks that the client got its
+// answer and that a retry replays it, executed once.
+func finalizeThroughOutage(t *testing.T, failures int32, lease time.Duration) {
+	t.Helper()
 	s := &flakyStore{Store: newMemoryStore(t)}
-	s.finalizeFailures.Store(4) // retried after 0.1, 0.2, 0.4 and 0.8 s
+	s.finalizeFailures.Store(failures)
 	h := newTestHandler(t, s)
-	h.Lease = caddy.Duration(60 * time.Millisecond)
+	if lease > 0 {
+		h.Lease = caddy.Duration(lease)
+	}
 	h.InFlightWait = caddy.Duration(30 * time.Second)
 	catalog := newCountingCatalog(t, answerOK)
 	proxy := newReverseProxy(t, catalog.addr())

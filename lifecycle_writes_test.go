@@ -186,14 +186,7 @@ func TestClientLeavingDuringTakeOver(t *testing.T) {
 	h.Abandoned = abandonedReexecute
 	mem := h.store
 	key := storetest.NewKey(t)
-	if _, err := mem.Reserve(context.Background(), stores.Reservation{
-		Key: key, Owner: "dead-node", Lease: time.Second, TTL: time.Hour,
-		Binding: stores.Binding{Operation: "createNamespace", Path: "/v1/namespaces", Principal: sha256Hex(nil),
-			Fingerprint: requestFingerprint("POST", "/v1/namespaces", "", []byte(nsBody))},
-	}); err != nil {
-		t.Fatal(err)
-	}
-	clock.Advance(2 * time.Second)
+	reserveAsDeadNode(t, mem, clock, key)
 	s := newGatedStore(mem, true)
 	h.store = s
 	up := answering(200, "{}")

@@ -44,16 +44,7 @@ func TestCombinedWrites(t *testing.T) {
 			Store: s,
 			State: s.combined.State,
 			Block: func(t *testing.T) func() {
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = tx.Rollback() })
-				key := storetest.NewKey(t)
-				if _, err := tx.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)"+
-					" VALUES (?, 'op', '/p', 'p', 'f', 'in_flight', 'o', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)", cfg.Table), key); err != nil {
-					t.Fatal(err)
-				}
+				tx, key := holdKey(t, db, cfg.Table)
 				blocked := make(chan error, 1)
 				go func() {
 					_, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))

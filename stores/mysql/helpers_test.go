@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
 const (
@@ -95,4 +97,23 @@ func applyMigrations(t testing.TB, db *sql.DB, table string, ms []schema.Migrati
 			}
 		}
 	}
+}
+
+// holdKey begins a transaction that inserts an in-flight row for a fresh
+// key and keeps the row locked until it ends (rolled back at the test's end
+// if the test has not): a Reserve of that key waits for it.
+func holdKey(t testing.TB, db *sql.DB, table string) (*sql.Tx, string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	key := storetest.NewKey(t)
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)"+
+		" VALUES (?, 'op', '/p', 'p', 'f', 'in_flight', 'o', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)", table), key); err != nil {
+		t.Fatal(err)
+	}
+	return tx, key
 }

@@ -2,7 +2,6 @@ package mysql
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -21,16 +20,7 @@ func TestLockWaitEndsWithTheCall(t *testing.T) {
 	s, cfg := openStore(t, func(c *Config) { c.StatementTimeout = time.Second })
 	db := admin(t)
 	ctx := context.Background()
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback() })
-	key := storetest.NewKey(t)
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)"+
-		" VALUES (?, 'op', '/p', 'p', 'f', 'in_flight', 'o', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)", cfg.Table), key); err != nil {
-		t.Fatal(err)
-	}
+	tx, key := holdKey(t, db, cfg.Table)
 	if _, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err == nil {
 		t.Fatal("Reserve behind an uncommitted row of its key succeeded")
 	}
