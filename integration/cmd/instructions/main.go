@@ -61,12 +61,13 @@ func main() {
 	n := flag.Int("n", 1000, "requests per case")
 	pgDSN := flag.String("postgres", "", "PostgreSQL DSN: also measure the postgres store")
 	myDSN := flag.String("mysql", "", "MySQL/MariaDB DSN: also measure the mysql store")
+	keep := flag.String("keep", "", "directory to keep each case's callgrind dumps in, for callgrind_annotate")
 	flag.Parse()
 	if *caddyBin == "" || *n < 1 {
 		fmt.Fprintln(os.Stderr, "usage: instructions -caddy BINARY [-n REQUESTS] [-postgres DSN] [-mysql DSN]")
 		os.Exit(2)
 	}
-	if err := run(*caddyBin, *n, *pgDSN, *myDSN); err != nil {
+	if err := run(*caddyBin, *n, *pgDSN, *myDSN, *keep); err != nil {
 		fmt.Fprintln(os.Stderr, "instructions:", err)
 		os.Exit(1)
 	}
@@ -82,7 +83,7 @@ type measured struct {
 	perReq float64
 }
 
-func run(caddyBin string, n int, pgDSN, myDSN string) error {
+func run(caddyBin string, n int, pgDSN, myDSN, keep string) error {
 	for _, tool := range []string{"valgrind", "callgrind_control"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			return fmt.Errorf("%s is needed (Debian package valgrind): %w", tool, err)
@@ -178,7 +179,12 @@ func run(caddyBin string, n int, pgDSN, myDSN string) error {
 	}
 	pid := strconv.Itoa(cmd.Process.Pid)
 	perRound := make(map[*measured][]float64)
-	for range rounds {
+	if keep != "" {
+		if err := os.MkdirAll(keep, 0o755); err != nil {
+			return err
+		}
+	}
+	for round := range rounds {
 		for _, c := range cases {
 			if err := callgrindControl("-z", pid); err != nil {
 				return err
@@ -191,9 +197,15 @@ func run(caddyBin string, n int, pgDSN, myDSN string) error {
 			if err := callgrindControl("-d", pid); err != nil {
 				return err
 			}
-			total, err := newestDumpTotal(dir)
+			total, dump, err := newestDump(dir)
 			if err != nil {
 				return err
+			}
+			if keep != "" {
+				kept := filepath.Join(keep, fmt.Sprintf("%s.round%d.callgrind", slug(c.name), round+1))
+				if err := os.Rename(dump, kept); err != nil {
+					return err
+				}
 			}
 			perRound[c] = append(perRound[c], float64(total)/float64(n))
 		}
@@ -316,12 +328,12 @@ func callgrindControl(args ...string) error {
 
 var dumpName = regexp.MustCompile(`^callgrind\.out\.(\d+)$`)
 
-// newestDumpTotal reads the instruction total of the newest numbered dump
-// in dir.
-func newestDumpTotal(dir string) (int64, error) {
+// newestDump reads the instruction total of the newest numbered dump in
+// dir, and gives its path.
+func newestDump(dir string) (int64, string, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	newest, name := -1, ""
 	for _, e := range entries {
@@ -332,14 +344,24 @@ func newestDumpTotal(dir string) (int64, error) {
 		}
 	}
 	if name == "" {
-		return 0, errors.New("callgrind wrote no dump")
+		return 0, "", errors.New("callgrind wrote no dump")
 	}
-	raw, err := os.ReadFile(filepath.Join(dir, name))
+	path := filepath.Join(dir, name)
+	raw, err := os.ReadFile(path)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	return dumpTotal(raw)
+	total, err := dumpTotal(raw)
+	return total, path, err
 }
+
+// slug is a case's name as a file name: "memory, fresh key" is
+// "memory-fresh-key".
+func slug(name string) string {
+	return strings.Trim(nonWord.ReplaceAllString(strings.ToLower(name), "-"), "-")
+}
+
+var nonWord = regexp.MustCompile(`[^a-z0-9]+`)
 
 // dumpTotal is the event total of a callgrind dump: its "summary:" line
 // (or "totals:", which some versions write instead).
