@@ -86,9 +86,10 @@ type Handler struct {
 	// ones get 413. Default: 16 MiB.
 	MaxRequestSize int64 `json:"max_request_size,omitempty"`
 
-	// Largest response stored, in bytes. A larger response is delivered
-	// untouched, not stored, and its key released (logged as a warning).
-	// Default: 16 MiB.
+	// Largest response stored, in bytes. A larger final response is
+	// delivered untouched and not stored; the catalog executed, so the
+	// key's outcome is unknown (logged as a warning), and a retry gets the
+	// abandoned policy's answer instead of executing again. Default: 16 MiB.
 	MaxResponseSize int64 `json:"max_response_size,omitempty"`
 
 	// UUID versions an Idempotency-Key may have, each 1 to 8 (RFC 9562).

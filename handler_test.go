@@ -104,8 +104,11 @@ func TestFinalizeOrRelease(t *testing.T) {
 	}
 }
 
-// A response larger than max_response_size is delivered untouched, not
-// stored, and its key released.
+// A final answer larger than max_response_size is delivered untouched and
+// not stored. The catalog executed: the key's outcome is unknown, and a
+// retry (or a duplicate that waited) hears so instead of executing again
+// (before, the key was released, and a retried commit ran twice and heard
+// 409). An oversize answer that is not final (a 5xx) is released as any.
 func TestOversizeResponseDeliveredNotStored(t *testing.T) {
 	h := newTestHandler(t, newMemoryStore(t))
 	h.MaxResponseSize = 10
@@ -115,8 +118,16 @@ func TestOversizeResponseDeliveredNotStored(t *testing.T) {
 	if first := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); first.body != big {
 		t.Fatalf("oversize answer %d bytes, want %d delivered untouched", len(first.body), len(big))
 	}
-	if retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); retry.header.Get(ReplayedHeader) != "" || up.calls.Load() != 2 {
-		t.Fatalf("retry after an oversize answer: replayed=%q calls=%d, want executed again", retry.header.Get(ReplayedHeader), up.calls.Load())
+	retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+	if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown || up.calls.Load() != 1 {
+		t.Fatalf("retry after an oversize answer: %d %q calls=%d, want 500 %s, executed once", retry.code(), retry.body, up.calls.Load(), typeCommitStateUnknown)
+	}
+
+	failing := answering(503, big)
+	key = storetest.NewKey(t)
+	serve(t, h, failing, "POST", "/v1/namespaces", key, nsBody)
+	if again := serve(t, h, failing, "POST", "/v1/namespaces", key, nsBody); again.code() != 503 || failing.calls.Load() != 2 {
+		t.Fatalf("retry after an oversize 503: %d calls=%d, want executed again", again.code(), failing.calls.Load())
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net/http"
 	"strconv"
@@ -183,7 +184,7 @@ func (g *guarded) execute() error {
 	hb := g.startHeartbeat(ctx)
 
 	cw := newCaptureWriter(g.w, h.MaxResponseSize)
-	err := g.callUpstream(cw, g.r.WithContext(ctx))
+	err := g.callUpstream(cw, g.r.WithContext(ctx), detached)
 	hb.stop()
 
 	if err != nil {
@@ -225,13 +226,16 @@ func (g *guarded) execute() error {
 	}
 	status := cw.finalStatus()
 	switch {
-	case cw.overflowed:
-		g.log(zapcore.WarnLevel, "response larger than max_response_size: delivered, not stored, key released",
-			zap.Int("status", status), zap.Int64("max_response_size", h.MaxResponseSize))
-		g.release(detached, "oversize")
-		return nil
 	case !h.shouldFinalize(status):
 		g.release(detached, "status "+strconv.Itoa(status))
+	case cw.overflowed:
+		// The catalog executed and answered; only the answer cannot be
+		// kept. Releasing the key would let a retry (or a duplicate
+		// already waiting) execute the commit again and hear 409.
+		g.log(zapcore.WarnLevel, "response larger than max_response_size: delivered, not stored; the key's outcome is unknown",
+			zap.Int("status", status), zap.Int64("max_response_size", h.MaxResponseSize))
+		g.markUnknown(detached, nil)
+		return nil
 	default:
 		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}
 		g.status = status
@@ -253,12 +257,69 @@ func (g *guarded) execute() error {
 }
 
 // callUpstream runs the handlers after this one, counted in the executing
-// gauge for as long as they run (even if they panic, which Caddy's server
-// recovers from).
-func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request) error {
+// gauge for as long as they run, with the key's header out of the sight of
+// Go's HTTP transport (see hideKeyFromTransport).
+//
+// If they panic (reverse_proxy panics with http.ErrAbortHandler when the
+// catalog's answer breaks off after its status line, or when the execution
+// timeout cuts its body short), the catalog may well have executed: the key
+// is marked unknown before the panic goes on to Caddy's server, which
+// recovers from it. Left alone, the record would stay in flight under a
+// lease nobody renews, and its retries would wait for the lease to lapse.
+func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached context.Context) error {
 	executing.Inc()
 	defer executing.Dec()
+	hidden := hideKeyFromTransport(r.Header)
+	defer restoreKey(r.Header, hidden)
+	defer func() {
+		if v := recover(); v != nil {
+			g.hb.stop()
+			g.markUnknown(detached, fmt.Errorf("the handlers after iceberg_idempotency panicked: %v", v))
+			panic(v)
+		}
+	}()
 	return g.next.ServeHTTP(w, r)
+}
+
+// hideKeyFromTransport moves the request's Idempotency-Key (and
+// X-Idempotency-Key) header to its lower-case spelling for the upstream
+// call; restoreKey moves it back. Go's HTTP transport takes a request
+// without a body that carries either header, under its canonical name, as
+// safe to replay, and resends it by itself on a new connection when a
+// reused one breaks before the answer: after the catalog may have executed
+// it, so a keyed DELETE (dropTable, dropNamespace, dropView) could run
+// twice. reverse_proxy sends every body-less request with a nil body, so
+// nothing else stops that. The header still reaches the catalog, which
+// must match header names case-insensitively (RFC 9110, section 5.1);
+// HTTP/2 sends every name in lower case anyway.
+func hideKeyFromTransport(h http.Header) (hidden bool) {
+	for _, n := range transportReplayHeaders {
+		if v, ok := h[n.canonical]; ok {
+			delete(h, n.canonical)
+			h[n.lower] = v
+			hidden = true
+		}
+	}
+	return hidden
+}
+
+func restoreKey(h http.Header, hidden bool) {
+	if !hidden {
+		return
+	}
+	for _, n := range transportReplayHeaders {
+		if v, ok := h[n.lower]; ok {
+			delete(h, n.lower)
+			h[n.canonical] = v
+		}
+	}
+}
+
+// transportReplayHeaders are the headers that make net/http's transport
+// replay a request (net/http.Request.isReplayable).
+var transportReplayHeaders = [...]struct{ canonical, lower string }{
+	{IdempotencyKeyHeader, "idempotency-key"},
+	{"X-Idempotency-Key", "x-idempotency-key"},
 }
 
 // How much of a request reached the catalog, as far as an error from the
@@ -371,9 +432,10 @@ func (g *guarded) tryFinalize(ctx context.Context, resp stores.Response, attempt
 	switch {
 	case err == nil:
 	case errors.Is(err, stores.ErrResponseTooLarge):
-		g.log(zapcore.WarnLevel, "response too large for the store: delivered, not stored, key released",
+		// As for a response over max_response_size: executed, not kept.
+		g.log(zapcore.WarnLevel, "response too large for the store: delivered, not stored; the key's outcome is unknown",
 			zap.Int("status", g.status), zap.Int("bytes", len(resp.Body)), zap.Error(err))
-		g.release(ctx, "too large for the store")
+		g.markUnknown(ctx, nil)
 		return finalizeDone
 	case errors.Is(err, stores.ErrNotOwner):
 		if attempt > 1 && g.storedAlready(ctx, resp) {

@@ -413,8 +413,8 @@ func TestFinalizeFailureIsUnknown(t *testing.T) {
 }
 
 // A response the store cannot hold (MySQL's max_allowed_packet) is handled
-// like one over max_response_size: delivered, not stored, key released.
-func TestResponseTooLargeForStoreReleases(t *testing.T) {
+// like one over max_response_size: delivered, not stored, outcome unknown.
+func TestResponseTooLargeForStoreIsUnknown(t *testing.T) {
 	s := &flakyStore{Store: newMemoryStore(t), finalizeTooLarge: true}
 	h := newTestHandler(t, s)
 	catalog := newCountingCatalog(t, answerOK)
@@ -423,8 +423,12 @@ func TestResponseTooLargeForStoreReleases(t *testing.T) {
 	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
 		t.Fatalf("first answer = %d, want 200", first.code())
 	}
-	if rec, _ := s.Load(context.Background(), key); rec != nil {
-		t.Fatalf("record after a too-large response = %+v, want released", rec)
+	if rec, _ := s.Load(context.Background(), key); rec == nil || rec.State != stores.StateInFlight || !rec.Abandoned {
+		t.Fatalf("record after a too-large response = %+v, want it abandoned (outcome unknown)", rec)
+	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %s executed=%d; want 500 unknown, executed once", retry.code(), retry.body, catalog.executed.Load())
 	}
 }
 

@@ -23,7 +23,8 @@ var ErrNotOwner = errors.New("idempotency record is not owned by this token")
 // ErrResponseTooLarge is returned by Finalize when the store cannot hold the
 // response (for example, it exceeds the database server's packet limit). The
 // record is left in flight under its owner, who treats the response like any
-// response larger than max_response_size: delivered, not stored, key released.
+// response larger than max_response_size: delivered, not stored, outcome
+// unknown (the record is abandoned).
 var ErrResponseTooLarge = errors.New("response too large for the idempotency store")
 
 // State is the lifecycle state of a record.

@@ -1,0 +1,144 @@
+package icebergidempotency
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// Faults of the upstream call that real reverse_proxy shows against an
+// httptest catalog that misbehaves on purpose (hijacking its connection
+// to break it at a chosen moment, which a real catalog does only when it
+// crashes or its network fails).
+
+// breakAfterExecuting is a catalog that executes every request of method
+// and counts it; the first one's connection it then breaks before any
+// answer, a reused keep-alive connection by then. Other requests get 200.
+func breakAfterExecuting(t *testing.T, method string, answer func(w http.ResponseWriter)) (addr string, executed *atomic.Int32) {
+	t.Helper()
+	executed = new(atomic.Int32)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.Method != method {
+			_, _ = io.WriteString(w, `{}`)
+			return
+		}
+		if executed.Add(1) == 1 {
+			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
+		answer(w)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String(), executed
+}
+
+// A keyed DELETE (dropTable) that the catalog executed, on a reused
+// connection that then broke before the answer: Go's HTTP transport takes
+// a body-less request carrying an Idempotency-Key as replayable and would
+// resend it on a new connection by itself, executing the drop twice and
+// storing the second answer (404 NoSuchTable) for every retry. The key's
+// header is out of the transport's sight for the call: the outcome is
+// unknown, and the drop ran once.
+func TestKeyedDeleteIsNotResentByTheTransport(t *testing.T) {
+	addr, executed := breakAfterExecuting(t, http.MethodDelete, func(w http.ResponseWriter) {
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"error":{"message":"Table does not exist","type":"NoSuchTableException","code":404}}`)
+	})
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, addr)
+	// An unkeyed read first, so that the DELETE goes on a reused
+	// keep-alive connection: the transport replays only on those.
+	if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
+		t.Fatalf("warm-up read = %d %v", r.code(), r.err)
+	}
+	key := storetest.NewKey(t)
+	first := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
+	if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
+		t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
+	}
+	retry := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
+	if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
+		t.Fatalf("retry = %d %q, want 500 %s", retry.code(), retry.body, typeCommitStateUnknown)
+	}
+	if n := executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed the keyed DELETE %d times, want 1", n)
+	}
+}
+
+// The key still reaches the catalog under its lower-case spelling (header
+// names are case-insensitive), and the request's own header is back under
+// its canonical name for the handlers and logs after this one.
+func TestKeyStillReachesTheCatalog(t *testing.T) {
+	var got atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Store(r.Header.Get(IdempotencyKeyHeader))
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(srv.Close)
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, srv.Listener.Addr().String())
+	key := storetest.NewKey(t)
+	req := httptest.NewRequest(http.MethodDelete, commitPath, nil)
+	req.Header.Set(IdempotencyKeyHeader, key)
+	if r := serveRequest(h, proxy, req); r.code() != http.StatusNoContent {
+		t.Fatalf("DELETE = %d %q %v", r.code(), r.body, r.err)
+	}
+	after := req.Header // shared with the request the handler served
+	if got.Load() != key {
+		t.Fatalf("the catalog got Idempotency-Key %q, want %q", got.Load(), key)
+	}
+	if v, ok := after[IdempotencyKeyHeader]; !ok || len(v) != 1 || v[0] != key || len(after.Values("idempotency-key")) != 1 {
+		t.Fatalf("after the call the request's headers are %v, want the key under %s only", after, IdempotencyKeyHeader)
+	}
+}
+
+// The catalog executes and starts its answer, then the connection breaks
+// in its body: reverse_proxy panics with http.ErrAbortHandler (Caddy's
+// server recovers and drops the client's connection). The catalog
+// executed, so the key is marked unknown before the panic goes on: a
+// retry hears so at once, instead of waiting for a lease nobody renews.
+func TestAnswerBrokenOffIsUnknown(t *testing.T) {
+	var executed atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		executed.Add(1)
+		w.Header().Set("Content-Length", "1000")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"metadata-location":`)
+		rc := http.NewResponseController(w)
+		_ = rc.Flush()
+		if conn, _, err := rc.Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, srv.Listener.Addr().String())
+	key := storetest.NewKey(t)
+	var panicked any
+	func() {
+		defer func() { panicked = recover() }()
+		serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+	}()
+	if panicked != http.ErrAbortHandler {
+		t.Fatalf("the first request ended with panic %v, want reverse_proxy's http.ErrAbortHandler passed on", panicked)
+	}
+	rec, err := h.store.Load(t.Context(), key)
+	if err != nil || rec == nil || !rec.Abandoned {
+		t.Fatalf("record after the broken answer = %+v, %v; want it in flight and abandoned", rec, err)
+	}
+	retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+	if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
+		t.Fatalf("retry = %d %q, want 500 %s at once", retry.code(), retry.body, typeCommitStateUnknown)
+	}
+	if n := executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed %d times, want 1", n)
+	}
+}
