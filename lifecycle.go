@@ -83,6 +83,15 @@ func (g *guarded) run() error {
 			g.undoLostReply(releaseReservation)
 			return g.storeFailed("reserve", err)
 		}
+		if own := res.Existing; own != nil && own.State == stores.StateInFlight && !own.Abandoned && own.Owner == g.owner {
+			// This request's own record, under a token nobody else has:
+			// the store (or its client library) ran a Reserve whose
+			// reply was lost again and found what the first run wrote,
+			// or a TakeOver that reported false had committed. The key
+			// is this request's; waiting for it would be waiting for
+			// itself, and then hearing "unknown" for a request never sent.
+			res = stores.ReserveResult{Reserved: true}
+		}
 		if res.Reserved {
 			if g.r.Context().Err() != nil {
 				// The client left while the key was reserved. Nothing

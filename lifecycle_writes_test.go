@@ -223,3 +223,66 @@ func TestSettleWindowFollowsStatementTimeout(t *testing.T) {
 		}
 	}
 }
+
+// resendingStore runs Reserve and TakeOver twice and answers with the
+// second run, as a client library that resends a command whose reply was
+// lost does (go-redis's cluster client resends on a broken connection). A
+// stand-in: a real server cannot be made to lose exactly that reply.
+type resendingStore struct {
+	stores.Store
+	reserve, takeOver bool // which of them it resends
+}
+
+func (s resendingStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	if s.reserve {
+		_, _ = s.Store.Reserve(ctx, r)
+	}
+	return s.Store.Reserve(ctx, r)
+}
+
+func (s resendingStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	if s.takeOver {
+		_, _ = s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+	}
+	return s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+}
+
+// A resent Reserve finds the record its first run wrote, under this
+// request's own token: the key is this request's, and it executes. Before,
+// it waited for itself, answered 503, and every retry then heard
+// "unknown" for a request that never reached the catalog.
+func TestResentReserveFindsItsOwnRecord(t *testing.T) {
+	h := newTestHandler(t, resendingStore{Store: newMemoryStore(t), reserve: true})
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
+		t.Fatalf("first answer = %d %q, want 200", first.code(), first.body)
+	}
+	if retry := serve(t, h, proxy, "POST", commitPath, key, commitBody); retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" {
+		t.Fatalf("retry = %d replayed=%q, want the stored 200", retry.code(), retry.header.Get(ReplayedHeader))
+	}
+	if n := catalog.executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed %d times, want 1", n)
+	}
+}
+
+// The same for a resent TakeOver under `abandoned reexecute`: its first
+// run took the abandoned record over, its second reports false; the
+// request finds its own token on the record and executes.
+func TestResentTakeOverFindsItsOwnRecord(t *testing.T) {
+	h := newTestHandler(t, resendingStore{Store: newMemoryStore(t), takeOver: true})
+	h.Abandoned = abandonedReexecute
+	key := storetest.NewKey(t)
+	lost := newReverseProxy(t, newCountingCatalog(t, answerNothing).addr())
+	if first := serve(t, h, lost, "POST", commitPath, key, commitBody); first.code() != http.StatusBadGateway {
+		t.Fatalf("first answer = %d, want 502 (answer lost)", first.code())
+	}
+	catalog := newCountingCatalog(t, answerOK)
+	if retry := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody); retry.code() != http.StatusOK {
+		t.Fatalf("retry under reexecute = %d %q, want 200", retry.code(), retry.body)
+	}
+	if n := catalog.executed.Load(); n != 1 {
+		t.Fatalf("the retry executed %d times, want 1", n)
+	}
+}
