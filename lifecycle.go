@@ -71,6 +71,7 @@ func (g *guarded) run() error {
 		// could then no longer tell whether it holds the key: the
 		// client's departure is checked after the write instead. The
 		// store bounds the call itself.
+		sent := time.Now()
 		res, err := h.store.Reserve(g.detached, stores.Reservation{
 			Key:     g.key,
 			Binding: g.binding,
@@ -100,6 +101,13 @@ func (g *guarded) run() error {
 				// so that the client's retry executes.
 				g.release(g.detached, "the client left before the request was sent")
 				return nil
+			}
+			switch held, err := g.slowLeaseRenewed(time.Since(sent)); {
+			case err != nil:
+				g.release(g.detached, "its lease could not be renewed")
+				return g.storeFailed("extend lease", err)
+			case !held:
+				continue // taken over meanwhile: see what the new owner makes of it
 			}
 			return g.execute()
 		}
@@ -135,6 +143,7 @@ func (g *guarded) run() error {
 		case rec.State == stores.StateFinal:
 			return g.replay(rec)
 		case h.Abandoned == abandonedReexecute:
+			sent := time.Now()
 			ok, err := h.store.TakeOver(g.detached, g.key, rec.Owner, g.owner, time.Duration(h.Lease))
 			if err != nil {
 				g.undoLostReply(abandonTakeOver)
@@ -147,6 +156,13 @@ func (g *guarded) run() error {
 				return nil
 			}
 			if ok {
+				switch held, err := g.slowLeaseRenewed(time.Since(sent)); {
+				case err != nil:
+					g.markUnknown(g.detached, nil) // abandoned again, as it was
+					return g.storeFailed("extend lease", err)
+				case !held:
+					continue
+				}
 				g.log(zapcore.WarnLevel, "abandoned key taken over: executing again", zap.String("outcome", "takeover"))
 				return g.execute()
 			}
@@ -160,6 +176,28 @@ func (g *guarded) run() error {
 		}
 	}
 	return g.stillInFlight()
+}
+
+// slowLeaseRenewed renews, before the request executes, the lease of a
+// Reserve or TakeOver that took a third of the lease or more to come back
+// (took): the store set the lease from the moment its statement began (on
+// PostgreSQL from its transaction's start, which a combined batch shares),
+// so a write held up by a lock or a busy server can return with its lease
+// nearly, or already, run out, and another node could take the key over
+// while this one executes. held is false when the key is not this
+// request's any more; err, when the store could not tell.
+func (g *guarded) slowLeaseRenewed(took time.Duration) (held bool, err error) {
+	lease := time.Duration(g.h.Lease)
+	if took < lease/3 {
+		return true, nil
+	}
+	err = g.h.store.ExtendLease(g.detached, g.key, g.owner, lease)
+	if errors.Is(err, stores.ErrNotOwner) {
+		g.log(zapcore.WarnLevel, "the key's lease ran out before its reservation came back: not executing",
+			zap.Duration("took", took), zap.Duration("lease", lease))
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // refuse answers a request whose binding differs from its key's record

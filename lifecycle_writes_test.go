@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -284,5 +285,78 @@ func TestResentTakeOverFindsItsOwnRecord(t *testing.T) {
 	}
 	if n := catalog.executed.Load(); n != 1 {
 		t.Fatalf("the retry executed %d times, want 1", n)
+	}
+}
+
+// slowReserveStore makes its first Reserve come back late, as one held up
+// by a row lock or a busy database does, and runs then (a stand-in for
+// another node acting meanwhile). It counts ExtendLease calls.
+type slowReserveStore struct {
+	stores.Store
+	delay   time.Duration
+	then    func(r stores.Reservation)
+	slowed  atomic.Bool
+	extends atomic.Int32
+}
+
+func (s *slowReserveStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	res, err := s.Store.Reserve(ctx, r)
+	if s.slowed.CompareAndSwap(false, true) {
+		time.Sleep(s.delay)
+		if s.then != nil {
+			s.then(r)
+		}
+	}
+	return res, err
+}
+
+func (s *slowReserveStore) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	s.extends.Add(1)
+	return s.Store.ExtendLease(ctx, key, owner, lease)
+}
+
+// A reservation that came back after its lease had run out, and that
+// another node took over meanwhile (abandoned reexecute), is not executed:
+// the other node is executing it. Before, both did.
+func TestReservationBackAfterItsLeaseDoesNotExecute(t *testing.T) {
+	mem := newMemoryStore(t)
+	lease := 30 * time.Millisecond
+	s := &slowReserveStore{Store: mem, delay: 2 * lease, then: func(r stores.Reservation) {
+		if ok, err := mem.TakeOver(context.Background(), r.Key, r.Owner, "another node", time.Minute); !ok || err != nil {
+			t.Errorf("the other node's takeover = %v, %v", ok, err)
+		}
+	}}
+	h := newTestHandler(t, s)
+	h.Abandoned = abandonedReexecute
+	h.Lease = caddy.Duration(lease)
+	h.InFlightWait = caddy.Duration(50 * time.Millisecond)
+	catalog := newCountingCatalog(t, answerOK)
+	r := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, storetest.NewKey(t), commitBody)
+	if n := catalog.executed.Load(); n != 0 {
+		t.Fatalf("the request whose key was taken over executed %d times (answer %d), want 0", n, r.code())
+	}
+	if r.code() != http.StatusServiceUnavailable {
+		t.Fatalf("answer = %d %q, want 503: the key is in flight on the other node", r.code(), r.body)
+	}
+}
+
+// A reservation that took a third of its lease to come back has its lease
+// renewed before the request executes, so that a heartbeat due a third of
+// a lease later still finds it.
+func TestSlowReservationRenewsItsLeaseFirst(t *testing.T) {
+	lease := 30 * time.Millisecond
+	s := &slowReserveStore{Store: newMemoryStore(t), delay: lease / 2}
+	h := newTestHandler(t, s)
+	h.Lease = caddy.Duration(lease)
+	var extendsBefore atomic.Int32
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		extendsBefore.Store(s.extends.Load())
+		answerOK(w, r)
+	})
+	if r := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, storetest.NewKey(t), commitBody); r.code() != http.StatusOK {
+		t.Fatalf("answer = %d %q, want 200", r.code(), r.body)
+	}
+	if extendsBefore.Load() < 1 {
+		t.Fatal("the lease of a reservation that took half of it was not renewed before the catalog was called")
 	}
 }
