@@ -163,7 +163,9 @@ type Store interface {
 	// otherwise ErrNotOwner. A later request with the key executes afresh.
 	Release(ctx context.Context, key, owner string) error
 
-	// ExtendLease renews the lease of an in-flight record owned by owner.
+	// ExtendLease renews the lease of an in-flight record owned by owner,
+	// and moves the record's expiry to the lease's end if it came sooner:
+	// a record does not expire while its owner still renews it.
 	ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error
 
 	// Abandon ends the lease of an in-flight record owned by owner now, so
@@ -176,7 +178,7 @@ type Store interface {
 
 	// TakeOver transfers an abandoned in-flight record from oldOwner to
 	// newOwner with a fresh lease (compare and swap on the owner token and on
-	// the lapsed lease). It reports whether the takeover happened; false
+	// the lapsed lease), the expiry moved as by ExtendLease. It reports whether the takeover happened; false
 	// means another node took it over first or the old owner came back.
 	TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error)
 

@@ -311,7 +311,16 @@ func (s *Store) ExtendLease(_ context.Context, key, owner string, lease time.Dur
 		return stores.ErrNotOwner
 	}
 	e.leaseUntil = now.Add(lease)
+	outlive(e)
 	return nil
+}
+
+// outlive keeps an in-flight record from expiring under a lease its owner
+// still renews (a lifetime shorter than the execution).
+func outlive(e *entry) {
+	if e.rec.ExpiresAt.Before(e.leaseUntil) {
+		e.rec.ExpiresAt = e.leaseUntil
+	}
 }
 
 // Abandon implements stores.Store. The abandoned record stays in flight,
@@ -341,6 +350,7 @@ func (s *Store) TakeOver(_ context.Context, key, oldOwner, newOwner string, leas
 	}
 	e.rec.Owner = newOwner
 	e.leaseUntil = now.Add(lease)
+	outlive(e)
 	s.notify(key)
 	return true, nil
 }

@@ -82,7 +82,10 @@ func newQueries(table string) queries {
 
 		release: fmt.Sprintf("DELETE FROM %s WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
 
-		extend: fmt.Sprintf("UPDATE %s SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND\n"+
+		// A record outlives its lease: one whose owner still renews it
+		// does not expire under it (lifetime shorter than the execution).
+		extend: fmt.Sprintf("UPDATE %s SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,\n"+
+			"expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)\n"+
 			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
 
 		// The lease ends at the statement's clock; every later statement
@@ -94,7 +97,8 @@ func newQueries(table string) queries {
 		// Compare and swap on the owner and the lapsed lease; the UPDATE
 		// reads the newest committed row under its lock, so of concurrent
 		// takeovers only the first matches.
-		takeOver: fmt.Sprintf("UPDATE %s SET owner = ?, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND\n"+
+		takeOver: fmt.Sprintf("UPDATE %s SET owner = ?, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,\n"+
+			"expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)\n"+
 			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6) AND lease_until <= UTC_TIMESTAMP(6)", table),
 
 		purge: fmt.Sprintf("DELETE FROM %s WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?", table),

@@ -49,7 +49,10 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, t
 		release: fmt.Sprintf(`DELETE FROM %s
 WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
 
-		extend: fmt.Sprintf(`UPDATE %s SET lease_until = now() + $3::bigint * interval '1 microsecond'
+		// A record outlives its lease: one whose owner still renews it
+		// does not expire under it (lifetime shorter than the execution).
+		extend: fmt.Sprintf(`UPDATE %s SET lease_until = now() + $3::bigint * interval '1 microsecond',
+	expires_at = GREATEST(expires_at, now() + $3::bigint * interval '1 microsecond')
 WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
 
 		// The lease ends at the statement's now(): every later statement
@@ -60,7 +63,8 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, t
 		// Compare and swap on the owner and on the lapsed lease. Of
 		// concurrent takeovers the first locks the row; the others then
 		// re-check the WHERE on the row it wrote and match nothing.
-		takeOver: fmt.Sprintf(`UPDATE %s SET owner = $3, lease_until = now() + $4::bigint * interval '1 microsecond'
+		takeOver: fmt.Sprintf(`UPDATE %s SET owner = $3, lease_until = now() + $4::bigint * interval '1 microsecond',
+	expires_at = GREATEST(expires_at, now() + $4::bigint * interval '1 microsecond')
 WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND lease_until <= now()`, table),
 
 		// SKIP LOCKED: purgers on several nodes take disjoint batches, and

@@ -27,6 +27,13 @@ local function owned(key, owner)
 	local cur = redis.call('HMGET', key, 'state', 'owner')
 	return cur[1] == 'in_flight' and cur[2] == owner
 end
+local function outlive(key, t, lease)
+	local ttl = redis.call('PTTL', key)
+	if ttl >= 0 and ttl < lease then
+		redis.call('PEXPIRE', key, ms(lease))
+		redis.call('HSET', key, 'expires', ms(t + lease))
+	end
+end
 `
 
 // reserveScript creates the in-flight record unless the key holds one,
@@ -76,11 +83,15 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 `)
 
-// extendScript renews the lease. ARGV: owner, lease ms. No message: a
-// waiter has nothing to learn from a renewed lease.
+// extendScript renews the lease, and the key's TTL with it when the lease
+// would outlast it: a record whose owner still renews it does not expire
+// under it. ARGV: owner, lease ms. No message: a waiter has nothing to
+// learn from a renewed lease.
 var extendScript = goredis.NewScript(prelude + `
 if not owned(KEYS[1], ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'lease', ms(now() + tonumber(ARGV[2])))
+local t = now()
+redis.call('HSET', KEYS[1], 'lease', ms(t + tonumber(ARGV[2])))
+outlive(KEYS[1], t, tonumber(ARGV[2]))
 return 1
 `)
 
@@ -104,6 +115,7 @@ local t = now()
 local lease = tonumber(redis.call('HGET', KEYS[1], 'lease'))
 if lease ~= nil and lease > t then return 0 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'lease', ms(t + tonumber(ARGV[3])))
+outlive(KEYS[1], t, tonumber(ARGV[3]))
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 `)

@@ -364,6 +364,43 @@ func Run(t *testing.T, open Open) {
 		}
 	})
 
+	// A record outlives its TTL while its owner renews the lease (or took
+	// it over with one that ends later): a lifetime shorter than the
+	// execution must not let a duplicate reserve the key as absent and
+	// execute it a second time.
+	t.Run("LeaseKeepsRecordPastTTL", func(t *testing.T) {
+		h := open(t)
+		renewed, taken := NewKey(t), NewKey(t)
+		rr, rt := Reservation(renewed, Lease, TTL), Reservation(taken, Lease, TTL)
+		reserve(t, h.Store, rr)
+		reserve(t, h.Store, rt)
+		h.Advance(700 * time.Millisecond)
+		if err := h.Store.ExtendLease(ctx, renewed, rr.Owner, Lease); err != nil {
+			t.Fatalf("ExtendLease: %v", err)
+		}
+		h.Advance(500 * time.Millisecond) // taken's lease lapsed
+		newOwner := uuid.NewString()
+		if ok, err := h.Store.TakeOver(ctx, taken, rt.Owner, newOwner, 2*Lease); err != nil || !ok {
+			t.Fatalf("TakeOver = %v, %v; want true", ok, err)
+		}
+		if err := h.Store.ExtendLease(ctx, renewed, rr.Owner, 2*Lease); err != nil {
+			t.Fatalf("ExtendLease: %v", err)
+		}
+		h.Advance(1100 * time.Millisecond) // past the TTL, within both leases
+		for key, owner := range map[string]string{renewed: rr.Owner, taken: newOwner} {
+			rec := load(t, h.Store, key)
+			if rec == nil || rec.State != stores.StateInFlight || rec.Abandoned || rec.Owner != owner {
+				t.Fatalf("record past its TTL under a live lease = %+v, want it in flight under %s", rec, owner)
+			}
+			if res := reserve(t, h.Store, Reservation(key, Long, Long)); res.Reserved {
+				t.Fatalf("a duplicate reserved %s, whose owner still holds its lease", key)
+			}
+			if err := h.Store.Finalize(ctx, key, owner, sample); err != nil {
+				t.Fatalf("Finalize under a live lease past the TTL: %v", err)
+			}
+		}
+	})
+
 	t.Run("AbandonEndsLeaseAtOnce", func(t *testing.T) {
 		h := open(t)
 		key := NewKey(t)
