@@ -35,13 +35,13 @@ func (s *Store) newCombiner(maxFlushes int) *sqlstore.Combiner[write] {
 
 // writeOnce runs one of the hot path's statements once, combined with
 // concurrent ones when the store combines writes.
-func (s *Store) writeOnce(ctx context.Context, w write, args ...any) (int64, error) {
+func (s *Store) writeOnce(ctx context.Context, key string, w write, args ...any) (int64, error) {
 	if s.combined == nil {
 		return s.execOnce(ctx, w.stmt, args...)
 	}
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	return s.combined.Exec(ctx, sqlstore.Statement[write]{Stmt: w, Args: args})
+	return s.combined.Exec(ctx, sqlstore.Statement[write]{Stmt: w, Args: args, Key: key})
 }
 
 // errBatchTooLarge sends a batch's statements off to run alone: together

@@ -306,7 +306,7 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	w := write{s.stmts.reserveFresh, s.q.reserveFresh}
 	for range maxAttempts {
 		n, err := s.retry(ctx, "reserve", func(ctx context.Context) (int64, error) {
-			return s.writeOnce(ctx, w, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
+			return s.writeOnce(ctx, r.Key, w, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
 				sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL))
 		})
 		if err != nil {
@@ -386,9 +386,9 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 	}
 	args := []any{f.Status, f.HeadersArg(), f.Body, f.KeyID, key, owner}
 	finalize := write{s.stmts.finalize, s.q.finalize}
-	n, err := s.writeOnce(ctx, finalize, args...)
+	n, err := s.writeOnce(ctx, key, finalize, args...)
 	for attempt := 2; err != nil && retryable(err) && attempt <= maxAttempts && ctx.Err() == nil; attempt++ {
-		n, err = s.writeOnce(ctx, finalize, args...)
+		n, err = s.writeOnce(ctx, key, finalize, args...)
 	}
 	if err != nil {
 		if packetTooLarge(err) || s.shrunkPacketLimit(ctx, err, key, owner, f.Headers, f.Body) {

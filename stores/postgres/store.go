@@ -211,7 +211,7 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	n, err := s.write(ctx, s.q.reserve,
+	n, err := s.write(ctx, r.Key, s.q.reserve,
 		r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
 		sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL),
 	)
@@ -321,8 +321,8 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) (int64, e
 
 // write runs one of the hot path's statements, combined with concurrent
 // ones when the store combines writes, and returns the rows it changed.
-func (s *Store) write(ctx context.Context, sql string, args ...any) (int64, error) {
-	st := sqlstore.Statement[string]{Stmt: sql, Args: args}
+func (s *Store) write(ctx context.Context, key, sql string, args ...any) (int64, error) {
+	st := sqlstore.Statement[string]{Stmt: sql, Args: args, Key: key}
 	if s.combined != nil {
 		return s.combined.Exec(ctx, st)
 	}
@@ -340,7 +340,7 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 	}
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	n, err := s.write(ctx, s.q.finalize, key, owner, f.Status, f.HeadersArg(), f.Body, f.KeyID)
+	n, err := s.write(ctx, key, s.q.finalize, key, owner, f.Status, f.HeadersArg(), f.Body, f.KeyID)
 	if err != nil {
 		return s.wrap("finalize", err)
 	}

@@ -2,14 +2,23 @@ package sqlstore
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 )
 
 // Statement is one write a Combiner runs: a statement of the store's kind
-// (SQL text, a prepared statement) and its arguments.
+// (SQL text, a prepared statement) and its arguments, on the record of Key.
 type Statement[S any] struct {
 	Stmt S
 	Args []any
+	// Key is the record the statement writes. A batch runs its statements
+	// in the order of their keys (those of one key in arrival order), so
+	// that the batches of two nodes take their row locks in the same order
+	// and cannot deadlock: on PostgreSQL a deadlock costs both batches
+	// deadlock_timeout (1 s by default) before one is rolled back, and
+	// with one flush slot a node's every write waits behind its batch.
+	Key string
 }
 
 // Combiner runs the hot path's writes (Reserve's INSERT, Finalize's UPDATE)
@@ -129,6 +138,7 @@ func (c *Combiner[S]) take() []*pendingWrite[S] {
 	rest := copy(c.queue, c.queue[taken:])
 	clear(c.queue[rest:])
 	c.queue = c.queue[:rest]
+	slices.SortStableFunc(batch, func(a, b *pendingWrite[S]) int { return strings.Compare(a.st.Key, b.st.Key) })
 	return batch
 }
 

@@ -64,6 +64,12 @@ type outcome struct {
 // stmts behind it, releases the slot and returns each one's outcome.
 func queueBehindBlock(t *testing.T, f *fakeDB, c *Combiner[string], ctxs []context.Context, stmts []string) []outcome {
 	t.Helper()
+	return queueKeyedBehindBlock(t, f, c, ctxs, stmts, nil)
+}
+
+// queueKeyedBehindBlock is queueBehindBlock with each statement's key.
+func queueKeyedBehindBlock(t *testing.T, f *fakeDB, c *Combiner[string], ctxs []context.Context, stmts, keys []string) []outcome {
+	t.Helper()
 	f.unblock = make(chan struct{})
 	blocked := make(chan struct{})
 	go func() {
@@ -83,7 +89,11 @@ func queueBehindBlock(t *testing.T, f *fakeDB, c *Combiner[string], ctxs []conte
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, err := c.Exec(ctx, Statement[string]{Stmt: s})
+			st := Statement[string]{Stmt: s}
+			if keys != nil {
+				st.Key = keys[i]
+			}
+			n, err := c.Exec(ctx, st)
 			out[i] = outcome{n, err}
 		}()
 		waitState(t, c, i+1, 1) // queued in this order
@@ -134,6 +144,24 @@ func TestCombinerBatchesWhatQueued(t *testing.T) {
 	for i, o := range out {
 		if o.err != nil || o.rows != int64(i+1)*10 {
 			t.Fatalf("write %d = %+v, want its own rows from the batch", i, o)
+		}
+	}
+}
+
+// A batch runs its statements in the order of their keys, those of one
+// key in arrival order, and each write still gets its own outcome: two
+// nodes' batches then lock rows in one order and cannot deadlock.
+func TestCombinerBatchRunsInKeyOrder(t *testing.T) {
+	f := &fakeDB{}
+	c := f.combiner(1, 8)
+	stmts := []string{"c", "a1", "bb", "a22"}
+	out := queueKeyedBehindBlock(t, f, c, nil, stmts, []string{"c", "a", "b", "a"})
+	if want := [][]string{{"a1", "a22", "bb", "c"}}; !slices.EqualFunc(f.together, want, slices.Equal) {
+		t.Fatalf("together %v, want %v", f.together, want)
+	}
+	for i, o := range out {
+		if o.err != nil || o.rows != int64(len(stmts[i]))*10 {
+			t.Fatalf("write %s = %+v, want its own rows from the batch", stmts[i], o)
 		}
 	}
 }
