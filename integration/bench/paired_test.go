@@ -21,6 +21,9 @@ import (
 const (
 	pairTimeEnv = "ICEBERG_IDEMPOTENCY_BENCH_PAIR_TIME"
 	sliceEnv    = "ICEBERG_IDEMPOTENCY_BENCH_SLICE"
+	// combinedWritesEnv sets the SQL stores' combined_writes (a number or
+	// off; unset: the default).
+	combinedWritesEnv = "ICEBERG_IDEMPOTENCY_BENCH_COMBINED_WRITES"
 )
 
 // BenchmarkPaired measures each ratio the goals of issue 11 name as a pair
@@ -50,11 +53,15 @@ func BenchmarkPaired(b *testing.B) {
 	type sqlStore struct{ name, dsn, table string }
 	var sqls []sqlStore
 	routes := [][2]string{{"memory", "memory"}}
+	options := ""
+	if v := os.Getenv(combinedWritesEnv); v != "" {
+		options = "combined_writes " + v + "\n"
+	}
 	for _, server := range []*testdb.Server{testdb.Postgres, testdb.MySQL} {
 		s := sqlStore{server.Name, server.DSN(b), tableName()}
 		dropAtEnd(b, server, s.dsn, s.table)
 		sqls = append(sqls, s)
-		routes = append(routes, [2]string{s.name, fmt.Sprintf("%s {\ndsn %q\ntable %s\n}", s.name, s.dsn, s.table)})
+		routes = append(routes, [2]string{s.name, fmt.Sprintf("%s {\ndsn %q\ntable %s\n%s}", s.name, s.dsn, s.table, options)})
 	}
 	caddy := caddyproc.Start(b, routedCaddyfile(up, routes))
 	url := caddy.URL()

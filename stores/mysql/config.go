@@ -16,7 +16,7 @@ const DefaultMaxConns = 10
 
 // DefaultCombinedWrites is Config.CombinedWrites' value in the Caddy
 // module when the Caddyfile does not set it.
-const DefaultCombinedWrites = 2
+const DefaultCombinedWrites = 1
 
 // Config configures a Store.
 type Config struct {

@@ -22,7 +22,7 @@ const DefaultMaxConns = 16
 
 // DefaultCombinedWrites is Config.CombinedWrites' value in the Caddy
 // module when the Caddyfile does not set it.
-const DefaultCombinedWrites = 2
+const DefaultCombinedWrites = 1
 
 // Config configures a Store.
 type Config struct {
