@@ -161,6 +161,9 @@ type Handler struct {
 	basePath       string        // BasePath, normalized like request paths
 	finalizeWindow time.Duration // how long a failing Finalize is retried; tests shorten it
 	settleWindow   time.Duration // how long a lost write may still commit (undoLostReply); tests shorten it
+	// inProcessLeases is set for the memory store, whose records only
+	// this process's requests hold: see executionLease.
+	inProcessLeases bool
 	configPath     string        // basePath + "/v1/config"
 	finalizeSet    statusSet
 	releaseSet     statusSet
@@ -211,6 +214,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.settleWindow = settleWindowFor(provider)
+	_, h.inProcessLeases = provider.(*MemoryStore)
 
 	appIface, err := ctx.App("iceberg_idempotency")
 	if err != nil {

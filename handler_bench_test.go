@@ -32,6 +32,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 		return err
 	})
 	h := newTestHandler(b, instrumentStore(newMemoryStore(b), "memory"))
+	h.inProcessLeases = true // as Provision sets it for the memory store
 	request := func(key string) (*httptest.ResponseRecorder, *http.Request) {
 		req := httptest.NewRequest(http.MethodPost, "/v1/namespaces", bytes.NewReader(reqBody))
 		req.Header.Set("Content-Type", "application/json")

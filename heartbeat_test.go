@@ -86,3 +86,42 @@ func TestHeartbeatRenewsWhileExecutingOnly(t *testing.T) {
 		}
 	}
 }
+
+// On the memory store, as Caddy provisions it, a request takes its lease
+// for the whole execution and renews nothing: no timer per request. A
+// duplicate that arrives after `lease` has passed still finds the key in
+// flight, not abandoned, and the request's store calls include no renewal.
+func TestMemoryStoreLeaseCoversTheExecution(t *testing.T) {
+	ctx := runningCaddyContext(t)
+	h := &Handler{Lease: caddy.Duration(30 * time.Millisecond), InFlightWait: caddy.Duration(20 * time.Millisecond)}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Cleanup() })
+	started, finish := make(chan struct{}), make(chan struct{})
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		close(started)
+		<-finish
+		answerOK(w, r)
+	})
+	proxy := newReverseProxy(t, catalog.addr())
+	extends := storeCalls(t, "memory", opExtendLease)
+	key := storetest.NewKey(t)
+	first := make(chan result, 1)
+	go func() { first <- serve(t, h, proxy, "POST", commitPath, key, commitBody) }()
+	<-started
+	time.Sleep(100 * time.Millisecond) // three leases
+	if dup := serve(t, h, proxy, "POST", commitPath, key, commitBody); dup.code() != http.StatusServiceUnavailable || dup.errorType() != typeUnavailable {
+		t.Fatalf("duplicate during a long execution = %d %q, want 503 %s: still in flight", dup.code(), dup.body, typeUnavailable)
+	}
+	close(finish)
+	if r := <-first; r.code() != http.StatusOK {
+		t.Fatalf("first answer = %d %q, want 200", r.code(), r.body)
+	}
+	if got := storeCalls(t, "memory", opExtendLease) - extends; got != 0 {
+		t.Fatalf("%v lease renewals on the memory store, want none", got)
+	}
+	if n := catalog.executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed %d times, want 1", n)
+	}
+}

@@ -76,7 +76,7 @@ func (g *guarded) run() error {
 			Key:     g.key,
 			Binding: g.binding,
 			Owner:   g.owner,
-			Lease:   time.Duration(h.Lease),
+			Lease:   h.executionLease(),
 			TTL:     time.Duration(h.Lifetime + *h.Grace),
 		})
 		if err != nil {
@@ -144,7 +144,7 @@ func (g *guarded) run() error {
 			return g.replay(rec)
 		case h.Abandoned == abandonedReexecute:
 			sent := time.Now()
-			ok, err := h.store.TakeOver(g.detached, g.key, rec.Owner, g.owner, time.Duration(h.Lease))
+			ok, err := h.store.TakeOver(g.detached, g.key, rec.Owner, g.owner, h.executionLease())
 			if err != nil {
 				g.undoLostReply(abandonTakeOver)
 				return g.storeFailed("take over", err)
@@ -187,7 +187,7 @@ func (g *guarded) run() error {
 // while this one executes. held is false when the key is not this
 // request's any more; err, when the store could not tell.
 func (g *guarded) slowLeaseRenewed(took time.Duration) (held bool, err error) {
-	lease := time.Duration(g.h.Lease)
+	lease := g.h.executionLease()
 	if took < lease/3 {
 		return true, nil
 	}
@@ -228,7 +228,10 @@ func (g *guarded) execute() error {
 	detached := g.detached
 	ctx, cancel := context.WithTimeout(detached, time.Duration(h.ExecutionTimeout))
 	defer cancel()
-	hb := g.startHeartbeat(ctx)
+	hb := &g.hb
+	if !h.inProcessLeases {
+		hb = g.startHeartbeat(ctx)
+	}
 
 	cw := newCaptureWriter(g.w, h.MaxResponseSize)
 	err := g.callUpstream(cw, g.r.WithContext(ctx), detached)
@@ -632,6 +635,21 @@ const lostReplyWindow = 2 * time.Minute
 // a write that left nothing behind never committed.
 const defaultSettleWindow = 10 * time.Second
 
+// executionLease is the lease a request takes when it reserves or takes
+// over a key. Other nodes tell a long upstream call from a dead owner by a
+// lease the owner renews (startHeartbeat). The memory store's records are
+// held only by this process's requests, each of which ends its record
+// (finalize, release, or unknown: a panic too) within execution_timeout;
+// if the process dies, the records die with it. Its lease is taken for the
+// whole execution at once, one lease more for margin, and never renewed:
+// no timer per request.
+func (h *Handler) executionLease() time.Duration {
+	if h.inProcessLeases {
+		return time.Duration(h.ExecutionTimeout + h.Lease)
+	}
+	return time.Duration(h.Lease)
+}
+
 // startHeartbeat renews the lease every third of it until stopped, so that
 // other nodes can tell a long upstream call from a dead owner. It is a
 // timer, not a goroutine: most executions end long before the first renewal
@@ -696,10 +714,13 @@ func (hb *heartbeat) beat(gen int) {
 	hb.mu.Unlock()
 }
 
+// stop ends the heartbeat; one never started (executionLease) has no timer.
 func (hb *heartbeat) stop() {
 	hb.mu.Lock()
 	hb.stopped = true
-	hb.timer.Stop()
+	if hb.timer != nil {
+		hb.timer.Stop()
+	}
 	hb.mu.Unlock()
 	hb.renewing.Wait()
 }

@@ -53,10 +53,7 @@ func BenchmarkPaired(b *testing.B) {
 	type sqlStore struct{ name, dsn, table string }
 	var sqls []sqlStore
 	routes := [][2]string{{"memory", "memory"}}
-	options := ""
-	if v := os.Getenv(combinedWritesEnv); v != "" {
-		options = "combined_writes " + v + "\n"
-	}
+	options := sqlOptions()
 	for _, server := range []*testdb.Server{testdb.Postgres, testdb.MySQL} {
 		s := sqlStore{server.Name, server.DSN(b), tableName()}
 		dropAtEnd(b, server, s.dsn, s.table)
@@ -111,6 +108,15 @@ func BenchmarkPaired(b *testing.B) {
 			}
 		})
 	}
+}
+
+// sqlOptions are the SQL store block's lines that combinedWritesEnv asks
+// for.
+func sqlOptions() string {
+	if v := os.Getenv(combinedWritesEnv); v != "" {
+		return "combined_writes " + v + "\n"
+	}
+	return ""
 }
 
 // routedCaddyfile is one site whose requests take the route their

@@ -66,7 +66,7 @@ func BenchmarkPurgeUnderLoad(b *testing.B) {
 			table := tableName()
 			b.Cleanup(func() { db.drop(b, dsn, table) })
 			global := "iceberg_idempotency {\ncleanup_interval 1s\n}"
-			site := fmt.Sprintf("iceberg_idempotency {\nstore %s {\ndsn %q\ntable %s\n}\n}\nreverse_proxy %s", db.name, dsn, table, up)
+			site := fmt.Sprintf("iceberg_idempotency {\nstore %s {\ndsn %q\ntable %s\n%s}\n}\nreverse_proxy %s", db.name, dsn, table, sqlOptions(), up)
 			inst := caddyproc.Start(b, caddyproc.Caddyfile(global, site))
 			url := inst.URL() + "/v1/namespaces/ns/tables/t"
 			cl := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2 * purgeClients, DisableCompression: true}}
