@@ -5,9 +5,13 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
@@ -86,7 +90,14 @@ func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, er
 	}
 	defer conn.Close()
 	var rows []int64
+	var thread uint64
+	sent := false
 	err = conn.Raw(func(dc any) error {
+		var err error
+		if thread, err = s.batchThreads.of(ctx, dc); err != nil {
+			return err
+		}
+		sent = true
 		res, err := dc.(driver.ExecerContext).ExecContext(ctx, q.String(), args)
 		if err != nil {
 			return err
@@ -105,9 +116,85 @@ func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, er
 			discard(conn)
 		}
 		return nil, true, err
+	case !sent:
+		discard(conn)
+		return nil, true, err
 	}
 	discard(conn)
+	// The driver gave up (the timeout, a broken connection) by closing the
+	// connection, which does not stop the query: the server would run the
+	// rest of the batch and could commit it long after its callers were
+	// told it failed, since innodb_lock_wait_timeout bounds each lock wait,
+	// not the batch. Killing the thread rolls back whatever has not
+	// committed yet, so the callers' clean-up (which gives a late commit
+	// twice statement_timeout) sees the batch settled.
+	go s.killThread(thread)
 	return nil, false, err
+}
+
+// killThread ends the server thread of a batch whose outcome is unknown.
+// A thread that already ended is what was wanted.
+func (s *Store) killThread(id uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	_, err := s.db.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatUint(id, 10))
+	var me *mysql.MySQLError
+	if err != nil && !(errors.As(err, &me) && me.Number == errNoSuchThread) {
+		s.log.Warn("ending the server thread of a combined batch whose outcome is unknown failed: the batch may still commit",
+			zap.Uint64("thread", id), zap.Error(err))
+	}
+}
+
+// errNoSuchThread is ER_NO_SUCH_THREAD: KILL of a thread that ended.
+const errNoSuchThread = 1094
+
+// threadIDs remembers the server thread id of each batch connection,
+// asked for once per connection (SELECT CONNECTION_ID()).
+type threadIDs struct {
+	mu  sync.Mutex
+	ids map[any]uint64 // by driver connection
+}
+
+// maxThreadIDs bounds the connections remembered: batch connections are
+// replaced every few minutes (SetConnMaxLifetime) and after errors, and
+// the ids of closed ones are dropped all at once when it is reached.
+const maxThreadIDs = 64
+
+func (t *threadIDs) of(ctx context.Context, dc any) (uint64, error) {
+	t.mu.Lock()
+	id, ok := t.ids[dc]
+	t.mu.Unlock()
+	if ok {
+		return id, nil
+	}
+	rows, err := dc.(driver.QueryerContext).QueryContext(ctx, "SELECT CONNECTION_ID()", nil)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	dest := make([]driver.Value, 1)
+	if err := rows.Next(dest); err != nil {
+		return 0, fmt.Errorf("mysql: reading CONNECTION_ID(): %w", err)
+	}
+	switch v := dest[0].(type) {
+	case int64:
+		id = uint64(v)
+	case uint64:
+		id = v
+	case []byte:
+		if id, err = strconv.ParseUint(string(v), 10, 64); err != nil {
+			return 0, fmt.Errorf("mysql: CONNECTION_ID() %q: %w", v, err)
+		}
+	default:
+		return 0, fmt.Errorf("mysql: CONNECTION_ID() of type %T", v)
+	}
+	t.mu.Lock()
+	if t.ids == nil || len(t.ids) >= maxThreadIDs {
+		t.ids = make(map[any]uint64)
+	}
+	t.ids[dc] = id
+	t.mu.Unlock()
+	return id, nil
 }
 
 // discard makes the pool close conn instead of reusing it: its session

@@ -45,6 +45,65 @@ func TestLockWaitEndsWithTheCall(t *testing.T) {
 	}
 }
 
+// A combined batch whose statements each wait for a row lock less than the
+// lock-wait bound, but together longer than the call's timeout: the
+// driver gives up at the timeout and closes the connection, which does not
+// stop the query, so the server went on and committed the batch after its
+// callers were told it failed (a reservation nobody executes, holding its
+// key). The batch's server thread is killed when its outcome is unknown:
+// nothing of it commits afterwards.
+func TestBatchGivenUpDoesNotCommitLater(t *testing.T) {
+	s, cfg := openStore(t, func(c *Config) { c.CombinedWrites = 1; c.StatementTimeout = time.Second })
+	db := admin(t)
+	ctx := context.Background()
+	slot, slotKey := holdKey(t, db, cfg.Table)
+	go func() { _, _ = s.Reserve(ctx, storetest.Reservation(slotKey, storetest.Long, storetest.Long)) }()
+	waitCombined(t, s, 0, 1)
+	first, a := holdKey(t, db, cfg.Table)
+	second, b := holdKey(t, db, cfg.Table)
+	late := storetest.NewKey(t) // UUIDv7: after a and b in the batch's key order
+	errs := make(chan error, 3)
+	for i, key := range []string{a, b, late} {
+		go func() {
+			_, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
+			errs <- err
+		}()
+		waitCombined(t, s, i+1, 1)
+	}
+	if err := slot.Rollback(); err != nil { // the batch [a, b, late] starts
+		t.Fatal(err)
+	}
+	// Each lock is freed before the server's 1 s bound on its wait; the
+	// two waits together outlast the call's 1 s.
+	time.Sleep(800 * time.Millisecond)
+	_ = first.Rollback()
+	time.Sleep(800 * time.Millisecond)
+	_ = second.Rollback()
+	for range 3 {
+		if err := <-errs; err == nil {
+			t.Fatal("a Reserve of the batch succeeded; want the batch to outlast its call")
+		}
+	}
+	time.Sleep(time.Second) // where the batch, left running, committed
+	if rec, err := s.Load(ctx, late); err != nil || rec != nil {
+		t.Fatalf("the last reservation of a batch whose call failed = %+v, %v; want none: it committed after its caller gave up", rec, err)
+	}
+}
+
+// waitCombined waits until s's combiner has queued writes waiting and
+// flushing batches running.
+func waitCombined(t *testing.T, s *Store, queued, flushing int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if q, f := s.combined.State(); q == queued && f == flushing {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("combiner never had %d queued and %d flushing", queued, flushing)
+		}
+	}
+}
+
 // The bound is the statement timeout rounded up to whole seconds (the
 // variable's unit), and a DSN's own setting wins.
 func TestLockWaitBound(t *testing.T) {

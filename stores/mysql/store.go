@@ -49,7 +49,10 @@ type Store struct {
 	// batchDB holds the connections combined batches run on: they send
 	// several statements in one query, with interpolated arguments.
 	batchDB *sql.DB
-	q       queries
+	// batchThreads are the server thread ids of batchDB's connections, to
+	// end a batch whose outcome is unknown.
+	batchThreads threadIDs
+	q            queries
 
 	closeOnce sync.Once
 }
