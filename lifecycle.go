@@ -792,6 +792,10 @@ func (g *guarded) storeFailed(step string, err error) error {
 	if g.h.FailOpen {
 		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
 		g.count(outcomeFailOpen)
+		// Unguarded, but not replayed by the transport behind the
+		// client's back either (see hideKeyFromTransport).
+		hidden := hideKeyFromTransport(g.r.Header)
+		defer restoreKey(g.r.Header, hidden)
 		return g.next.ServeHTTP(g.w, g.r)
 	}
 	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.Error(err))

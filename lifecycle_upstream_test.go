@@ -142,3 +142,22 @@ func TestAnswerBrokenOffIsUnknown(t *testing.T) {
 		t.Fatalf("the catalog executed %d times, want 1", n)
 	}
 }
+
+// With fail_open during a store outage the request passes unguarded, but
+// the transport must not resend a keyed DELETE on its own there either:
+// no proxy at all would have sent it once.
+func TestFailOpenDeleteIsNotResentByTheTransport(t *testing.T) {
+	addr, executed := breakAfterExecuting(t, http.MethodDelete, func(w http.ResponseWriter) {
+		w.WriteHeader(http.StatusNotFound)
+	})
+	h := newTestHandler(t, failingStore{})
+	h.FailOpen = true
+	proxy := newReverseProxy(t, addr)
+	if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
+		t.Fatalf("warm-up read = %d %v", r.code(), r.err)
+	}
+	serve(t, h, proxy, http.MethodDelete, commitPath, storetest.NewKey(t), "")
+	if n := executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed the keyed DELETE passed through by fail_open %d times, want 1", n)
+	}
+}
