@@ -164,12 +164,12 @@ type Handler struct {
 	// inProcessLeases is set for the memory store, whose records only
 	// this process's requests hold: see executionLease.
 	inProcessLeases bool
-	configPath     string        // basePath + "/v1/config"
-	finalizeSet    statusSet
-	releaseSet     statusSet
-	replayHdrs     []string
-	keys           keyring // derived from Secret and PreviousSecrets; never marshalled
-	logger         *zap.Logger
+	configPath      string // basePath + "/v1/config"
+	finalizeSet     statusSet
+	releaseSet      statusSet
+	replayHdrs      []string
+	keys            keyring // derived from Secret and PreviousSecrets; never marshalled
+	logger          *zap.Logger
 	// principalHeader is the header Principal names when it is one
 	// {http.request.header.*} placeholder (see principalOf), else "".
 	principalHeader string
