@@ -161,18 +161,18 @@ type Handler struct {
 	basePath       string        // BasePath, normalized like request paths
 	finalizeWindow time.Duration // how long a failing Finalize is retried; tests shorten it
 	settleWindow   time.Duration // how long a lost write may still commit (undoLostReply); tests shorten it
-	// inProcessLeases is set for the memory store, whose records only
-	// this process's requests hold: see executionLease.
-	inProcessLeases bool
-	configPath      string // basePath + "/v1/config"
-	finalizeSet     statusSet
-	releaseSet      statusSet
-	replayHdrs      []string
-	keys            keyring // derived from Secret and PreviousSecrets; never marshalled
-	logger          *zap.Logger
+	configPath     string        // basePath + "/v1/config"
+	finalizeSet    statusSet
+	releaseSet     statusSet
+	replayHdrs     []string
+	keys           keyring // derived from Secret and PreviousSecrets; never marshalled
+	logger         *zap.Logger
 	// principalHeader is the header Principal names when it is one
 	// {http.request.header.*} placeholder (see principalOf), else "".
 	principalHeader string
+	// inProcessLeases is set for the memory store, whose records only
+	// this process's requests hold: see executionLease.
+	inProcessLeases bool
 }
 
 var (
