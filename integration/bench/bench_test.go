@@ -25,26 +25,22 @@ import (
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/workload"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
 
 func TestMain(m *testing.M) { os.Exit(caddyproc.Main(m)) }
 
-// commitBody is about the size of a small Iceberg table commit request, and
-// responseBody of its CommitTableResponse.
+// The request and the answer measured (see package workload).
 var (
-	commitBody   = []byte(`{"requirements":[{"type":"assert-ref-snapshot-id","ref":"main","snapshot-id":1}],"updates":[{"action":"add-snapshot","snapshot":{"snapshot-id":2,"sequence-number":2,"timestamp-ms":1700000000000,"manifest-list":"s3://bucket/warehouse/ns/t/metadata/snap-2.avro","summary":{"operation":"append"}}}]}`)
-	responseBody = bytes.Repeat([]byte(`{"metadata-location":"s3://bucket/warehouse/ns/t/metadata/00002.metadata.json"}`), 24)
+	commitBody   = workload.CommitBody
+	responseBody = workload.ResponseBody
 )
 
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
 
 func upstream(b *testing.B) string {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(responseBody)
-	}))
+	srv := httptest.NewServer(http.HandlerFunc(workload.Answer))
 	b.Cleanup(srv.Close)
 	return strings.TrimPrefix(srv.URL, "http://")
 }

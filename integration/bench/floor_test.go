@@ -11,6 +11,7 @@ import (
 	_ "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/workload"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/mysql"
 )
 
@@ -33,7 +34,7 @@ const (
 	floorLeaseMicros = 30_000_000
 	floorTTLMicros   = 3_600_000_000
 	floorOperation   = "updateTable"
-	floorPath        = "/v1/namespaces/ns/tables/t"
+	floorPath        = workload.CommitPath
 )
 
 func hexSum(s string) string {

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/workload"
 )
 
 // concurrencies are the client counts each load case runs at: one client
@@ -48,19 +49,9 @@ const (
 // error rather than failing the benchmark, so that client goroutines can
 // call it.
 func send(method, url, route, key string, want int) error {
-	var body io.Reader
-	if method == http.MethodPost {
-		body = bytes.NewReader(commitBody)
-	}
-	req, err := http.NewRequest(method, url, body)
+	req, err := workload.NewRequest(method, url, key)
 	if err != nil {
 		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
 	}
 	// Plain requests name their route too: both sides of a ratio then
 	// parse, match and forward the same headers (one header costs Caddy

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/workload"
 )
 
 // pairTimeEnv sets how long each pair of BenchmarkPaired runs, both sides
@@ -86,7 +87,7 @@ func BenchmarkPaired(b *testing.B) {
 		}
 	}
 	get := func(route string) func(int) error {
-		return func(int) error { return send(http.MethodGet, url+"/v1/namespaces/ns", route, "", http.StatusOK) }
+		return func(int) error { return send(http.MethodGet, url+workload.ReadPath, route, "", http.StatusOK) }
 	}
 	for _, clients := range concurrencies(b) {
 		b.Run(fmt.Sprintf("c=%d", clients), func(b *testing.B) {

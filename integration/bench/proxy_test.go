@@ -8,6 +8,7 @@ import (
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/workload"
 )
 
 // baselineEnv names a Caddy binary built from an earlier commit (see
@@ -142,7 +143,7 @@ func BenchmarkProxy(b *testing.B) {
 			}
 			get := func(route string) func(string) func(int) error {
 				return func(url string) func(int) error {
-					return func(int) error { return send(http.MethodGet, url+"/v1/namespaces/ns", route, "", http.StatusOK) }
+					return func(int) error { return send(http.MethodGet, url+workload.ReadPath, route, "", http.StatusOK) }
 				}
 			}
 			fresh := func(route string) func(string) func(int) error {

@@ -46,15 +46,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/workload"
 )
-
-// The request and the answer of the benchmarks in integration/bench.
-var (
-	commitBody   = []byte(`{"requirements":[{"type":"assert-ref-snapshot-id","ref":"main","snapshot-id":1}],"updates":[{"action":"add-snapshot","snapshot":{"snapshot-id":2,"sequence-number":2,"timestamp-ms":1700000000000,"manifest-list":"s3://bucket/warehouse/ns/t/metadata/snap-2.avro","summary":{"operation":"append"}}}]}`)
-	responseBody = bytes.Repeat([]byte(`{"metadata-location":"s3://bucket/warehouse/ns/t/metadata/00002.metadata.json"}`), 24)
-)
-
-const commitPath = "/v1/namespaces/ns/tables/t"
 
 func main() {
 	caddyBin := flag.String("caddy", "", "Caddy binary with the module (go build ./cmd/caddy in the repository root)")
@@ -260,22 +253,13 @@ func routeNames(routes [][2]string) []string {
 }
 
 func send(client *http.Client, base string, c *measured, key string) error {
-	var body io.Reader
-	path := commitPath
+	path := workload.CommitPath
 	if c.method == http.MethodGet {
-		path = "/v1/namespaces/ns"
-	} else {
-		body = bytes.NewReader(commitBody)
+		path = workload.ReadPath
 	}
-	req, err := http.NewRequest(c.method, base+path, body)
+	req, err := workload.NewRequest(c.method, base+path, key)
 	if err != nil {
 		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
@@ -295,11 +279,7 @@ func startUpstream() (net.Listener, error) {
 		return nil, err
 	}
 	go func() {
-		_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(responseBody)
-		}))
+		_ = http.Serve(ln, http.HandlerFunc(workload.Answer))
 	}()
 	return ln, nil
 }
@@ -309,7 +289,7 @@ func waitReady(base string) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	client := &http.Client{Timeout: 10 * time.Second}
 	for time.Now().Before(deadline) {
-		if resp, err := client.Get(base + "/v1/namespaces/ns"); err == nil {
+		if resp, err := client.Get(base + workload.ReadPath); err == nil {
 			resp.Body.Close()
 			return nil
 		}
