@@ -89,15 +89,13 @@ func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, er
 		return nil, true, err // nothing sent
 	}
 	defer conn.Close()
+	thread, err := s.batchThreads.of(ctx, conn)
+	if err != nil {
+		discard(conn)
+		return nil, true, err // nothing sent
+	}
 	var rows []int64
-	var thread uint64
-	sent := false
 	err = conn.Raw(func(dc any) error {
-		var err error
-		if thread, err = s.batchThreads.of(ctx, dc); err != nil {
-			return err
-		}
-		sent = true
 		res, err := dc.(driver.ExecerContext).ExecContext(ctx, q.String(), args)
 		if err != nil {
 			return err
@@ -115,9 +113,6 @@ func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, er
 		if _, rerr := conn.ExecContext(ctx, "ROLLBACK"); rerr != nil {
 			discard(conn)
 		}
-		return nil, true, err
-	case !sent:
-		discard(conn)
 		return nil, true, err
 	}
 	discard(conn)
@@ -160,33 +155,19 @@ type threadIDs struct {
 // the ids of closed ones are dropped all at once when it is reached.
 const maxThreadIDs = 64
 
-func (t *threadIDs) of(ctx context.Context, dc any) (uint64, error) {
+// of returns conn's server thread id. The driver connection under conn
+// is only the key it is remembered by.
+func (t *threadIDs) of(ctx context.Context, conn *sql.Conn) (uint64, error) {
+	var dc any
+	_ = conn.Raw(func(c any) error { dc = c; return nil })
 	t.mu.Lock()
 	id, ok := t.ids[dc]
 	t.mu.Unlock()
 	if ok {
 		return id, nil
 	}
-	rows, err := dc.(driver.QueryerContext).QueryContext(ctx, "SELECT CONNECTION_ID()", nil)
-	if err != nil {
-		return 0, err
-	}
-	defer rows.Close()
-	dest := make([]driver.Value, 1)
-	if err := rows.Next(dest); err != nil {
-		return 0, fmt.Errorf("mysql: reading CONNECTION_ID(): %w", err)
-	}
-	switch v := dest[0].(type) {
-	case int64:
-		id = uint64(v)
-	case uint64:
-		id = v
-	case []byte:
-		if id, err = strconv.ParseUint(string(v), 10, 64); err != nil {
-			return 0, fmt.Errorf("mysql: CONNECTION_ID() %q: %w", v, err)
-		}
-	default:
-		return 0, fmt.Errorf("mysql: CONNECTION_ID() of type %T", v)
+	if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		return 0, fmt.Errorf("mysql: asking a batch connection for its CONNECTION_ID(): %w", err)
 	}
 	t.mu.Lock()
 	if t.ids == nil || len(t.ids) >= maxThreadIDs {
