@@ -17,26 +17,22 @@ import (
 
 // breakAfterExecuting is a catalog that executes every request of method
 // and counts it; the first one's connection it then breaks before any
-// answer, a reused keep-alive connection by then. Other requests get 200.
+// answer (answerNothing), a reused keep-alive connection by then. Other
+// requests get 200.
 func breakAfterExecuting(t *testing.T, method string, answer func(w http.ResponseWriter)) (addr string, executed *atomic.Int32) {
 	t.Helper()
 	executed = new(atomic.Int32)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		if r.Method != method {
-			_, _ = io.WriteString(w, `{}`)
-			return
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method != method:
+			answerOK(w, r)
+		case executed.Add(1) == 1:
+			answerNothing(w, r)
+		default:
+			answer(w)
 		}
-		if executed.Add(1) == 1 {
-			if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-				_ = conn.Close()
-			}
-			return
-		}
-		answer(w)
-	}))
-	t.Cleanup(srv.Close)
-	return srv.Listener.Addr().String(), executed
+	})
+	return catalog.addr(), executed
 }
 
 // A keyed DELETE (dropTable) that the catalog executed, on a reused
@@ -77,13 +73,12 @@ func TestKeyedDeleteIsNotResentByTheTransport(t *testing.T) {
 // its canonical name for the handlers and logs after this one.
 func TestKeyStillReachesTheCatalog(t *testing.T) {
 	var got atomic.Value
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
 		got.Store(r.Header.Get(IdempotencyKeyHeader))
 		w.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(srv.Close)
+	})
 	h := newTestHandler(t, newMemoryStore(t))
-	proxy := newReverseProxy(t, srv.Listener.Addr().String())
+	proxy := newReverseProxy(t, catalog.addr())
 	key := storetest.NewKey(t)
 	req := httptest.NewRequest(http.MethodDelete, commitPath, nil)
 	req.Header.Set(IdempotencyKeyHeader, key)
@@ -105,22 +100,15 @@ func TestKeyStillReachesTheCatalog(t *testing.T) {
 // executed, so the key is marked unknown before the panic goes on: a
 // retry hears so at once, instead of waiting for a lease nobody renews.
 func TestAnswerBrokenOffIsUnknown(t *testing.T) {
-	var executed atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		executed.Add(1)
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "1000")
 		w.WriteHeader(http.StatusOK)
 		_, _ = io.WriteString(w, `{"metadata-location":`)
-		rc := http.NewResponseController(w)
-		_ = rc.Flush()
-		if conn, _, err := rc.Hijack(); err == nil {
-			_ = conn.Close()
-		}
-	}))
-	t.Cleanup(srv.Close)
+		_ = http.NewResponseController(w).Flush()
+		answerNothing(w, r) // the rest of the body never comes
+	})
 	h := newTestHandler(t, newMemoryStore(t))
-	proxy := newReverseProxy(t, srv.Listener.Addr().String())
+	proxy := newReverseProxy(t, catalog.addr())
 	key := storetest.NewKey(t)
 	var panicked any
 	func() {
@@ -138,7 +126,7 @@ func TestAnswerBrokenOffIsUnknown(t *testing.T) {
 	if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
 		t.Fatalf("retry = %d %q, want 500 %s at once", retry.code(), retry.body, typeCommitStateUnknown)
 	}
-	if n := executed.Load(); n != 1 {
+	if n := catalog.executed.Load(); n != 1 {
 		t.Fatalf("the catalog executed %d times, want 1", n)
 	}
 }
