@@ -178,8 +178,9 @@ type Store interface {
 
 	// TakeOver transfers an abandoned in-flight record from oldOwner to
 	// newOwner with a fresh lease (compare and swap on the owner token and on
-	// the lapsed lease), the expiry moved as by ExtendLease. It reports whether the takeover happened; false
-	// means another node took it over first or the old owner came back.
+	// the lapsed lease), the expiry moved as by ExtendLease. It reports
+	// whether the takeover happened; false means another node took it over
+	// first or the old owner came back.
 	TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error)
 
 	// PurgeExpired deletes at most limit expired records and reports how
