@@ -106,3 +106,39 @@ func TestAdvertiseCompressingCatalog(t *testing.T) {
 		}
 	}
 }
+
+// Every spelling of GET /v1/config that normalizes to it is advertised on,
+// as the handler guards every spelling of a mutation's path; other reads
+// pass through untouched. Reads skip the normalization unless their decoded
+// path names "config" (isConfigRequest), so the escaped spelling is the
+// one that shows whether that shortcut reads the decoded path.
+func TestAdvertiseOnEverySpellingOfConfig(t *testing.T) {
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"defaults":{},"overrides":{}}`)
+	})
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, catalog.addr())
+	for target, advertised := range map[string]bool{
+		"/v1/config":          true,
+		"/v1//config/":        true,
+		"/v1/%63onfig":        true,
+		"/v1/%63%6F%6efig":    true,
+		"/v1/x/../config":     true,
+		"/v1/./config?w=a":    true,
+		"/v1/configs":         false,
+		"/v1/config/x":        false,
+		"/v1/namespaces":      false,
+		"/v1/wh/config":       false,
+		"/v2/config":          false,
+		"/v1/namespaces/conf": false,
+	} {
+		res := serve(t, h, proxy, "GET", target, "", "")
+		if res.code() != http.StatusOK {
+			t.Fatalf("GET %s = %d %v", target, res.code(), res.err)
+		}
+		if got := strings.Contains(res.body, LifetimeField); got != advertised {
+			t.Errorf("GET %s: body %s, advertised %v, want %v", target, res.body, got, advertised)
+		}
+	}
+}

@@ -457,15 +457,28 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	path := normalizePath(r.URL.EscapedPath())
-	if r.Method == http.MethodGet && path == h.configPath {
-		return h.advertise(w, r, next)
+	if !mutationMethod(r.Method) {
+		// Reads are most of a catalog's traffic, and only one of them
+		// concerns the handler.
+		if r.Method == http.MethodGet && h.isConfigRequest(r) {
+			return h.advertise(w, r, next)
+		}
+		return next.ServeHTTP(w, r)
 	}
+	path := normalizePath(r.URL.EscapedPath())
 	op := h.classifyPath(r.Method, path)
 	if op == "" {
 		return next.ServeHTTP(w, r)
 	}
 	return h.admit(w, r, next, op, path)
+}
+
+// isConfigRequest reports whether r's normalized path is GET /v1/config's.
+// A path whose decoded form lacks "config" cannot normalize to it (its
+// segments only lose escapes of unreserved characters, or go away), which
+// spares every other read the normalization.
+func (h *Handler) isConfigRequest(r *http.Request) bool {
+	return strings.Contains(r.URL.Path, "config") && normalizePath(r.URL.EscapedPath()) == h.configPath
 }
 
 // classifyPath returns the mutation's operationId, or "" for requests that

@@ -35,6 +35,13 @@ var mutations = []operation{
 	{"POST", seg("namespaces/*/register-view"), "registerView"},
 }
 
+// mutationMethod reports whether some operation in mutations uses method
+// (TestMutationMethodCoversMutations keeps the two in step): a request with
+// any other method is no mutation, whatever its path.
+func mutationMethod(method string) bool {
+	return methodIndex(method) >= 0
+}
+
 func seg(template string) []string { return strings.Split(template, "/") }
 
 // maxTemplateSegments is the length of the longest template in mutations,
@@ -47,36 +54,66 @@ const maxTemplateSegments = 6
 // "/v1/namespaces" and "/v1/{prefix}/namespaces" match; the unprefixed
 // reading wins when both would.
 func classify(method, rel string) string {
+	m := methodIndex(method)
 	rest, ok := strings.CutPrefix(rel, "/v1/")
-	if !ok {
+	if m < 0 || !ok {
 		return ""
 	}
 	// No template is longer than maxTemplateSegments, so a longer path is
 	// no mutation; the segments of a shorter one go to an array on the
 	// stack, which keeps requests that pass through free of allocations.
-	n := strings.Count(rest, "/") + 1
-	if n > maxTemplateSegments+1 {
-		return ""
-	}
 	var buf [maxTemplateSegments + 1]string
 	segs := buf[:0]
-	for s := range strings.SplitSeq(rest, "/") {
-		segs = append(segs, s)
+	for {
+		i := strings.IndexByte(rest, '/')
+		if i < 0 {
+			segs = append(segs, rest)
+			break
+		}
+		if len(segs) == maxTemplateSegments {
+			return "" // a segment more than a {prefix} and the longest template
+		}
+		segs = append(segs, rest[:i])
+		rest = rest[i+1:]
 	}
-	if id := match(method, segs); id != "" {
+	if id := match(m, segs); id != "" {
 		return id
 	}
 	if len(segs) > 1 && segs[0] != "" {
-		return match(method, segs[1:])
+		return match(m, segs[1:])
 	}
 	return ""
 }
 
-func match(method string, segs []string) string {
+// byShape holds the mutations by method (methodIndex) and by number of
+// template segments, so that a path is compared only with the templates
+// of its method and its length: one to four of them, where the whole list
+// has eighteen. Classifying is on every mutation's path, keyed or not.
+var byShape = func() (t [2][maxTemplateSegments + 1][]operation) {
 	for _, op := range mutations {
-		if op.method != method || len(op.template) != len(segs) {
-			continue
-		}
+		m := methodIndex(op.method)
+		t[m][len(op.template)] = append(t[m][len(op.template)], op)
+	}
+	return t
+}()
+
+// methodIndex is method's row in byShape, or -1 for a method no mutation
+// uses.
+func methodIndex(method string) int {
+	switch method {
+	case "POST":
+		return 0
+	case "DELETE":
+		return 1
+	}
+	return -1
+}
+
+func match(m int, segs []string) string {
+	if len(segs) > maxTemplateSegments {
+		return ""
+	}
+	for _, op := range byShape[m][len(segs)] {
 		ok := true
 		for i, t := range op.template {
 			if segs[i] == "" || (t != "*" && t != segs[i]) {

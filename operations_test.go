@@ -144,3 +144,18 @@ func TestPassThroughAllocatesNothing(t *testing.T) {
 		}
 	}
 }
+
+// mutationMethod is the handler's first test of every request: a method it
+// misses would let that operation's retries execute twice.
+func TestMutationMethodCoversMutations(t *testing.T) {
+	for _, op := range mutations {
+		if !mutationMethod(op.method) {
+			t.Errorf("%s uses %s, which mutationMethod does not report", op.id, op.method)
+		}
+	}
+	for _, m := range []string{"GET", "HEAD", "OPTIONS", "PUT", "PATCH", "post", "delete"} {
+		if mutationMethod(m) {
+			t.Errorf("mutationMethod(%q) = true, but no operation uses it", m)
+		}
+	}
+}

@@ -61,12 +61,16 @@ func alreadyNormal(p string) bool {
 	if p[0] != '/' || p[len(p)-1] == '/' || strings.IndexByte(p, '%') >= 0 {
 		return false
 	}
-	for seg := range strings.SplitSeq(p[1:], "/") {
+	for rest := p[1:]; ; {
+		seg, tail, more := strings.Cut(rest, "/")
 		if seg == "" || seg == "." || seg == ".." {
 			return false
 		}
+		if !more {
+			return true
+		}
+		rest = tail
 	}
-	return true
 }
 
 // normalizeEscapes decodes escaped unreserved characters in one path segment

@@ -73,6 +73,7 @@ func FuzzClassify(f *testing.F) {
 	for _, seed := range []string{
 		"/v1/namespaces", "/v1/wh/namespaces/ns/tables/t", "/v1/wh/%6Eamespaces", "/v1//namespaces/",
 		"/v1/wh/namespaces/a%1Fb/tables/t/plan/p1", "/v1/transactions/commit", "/v1/%2e%2e/x", "%", "/v1/a%zz",
+		"/v1/wh/namespaces/ns/tables/t/plan/p", "/v1/wh/namespaces/ns/tables/t/plan/p/x", "/v1/namespaces/ns/tables/t/plan/p",
 	} {
 		f.Add("POST", seed)
 		f.Add("DELETE", seed)
@@ -92,6 +93,11 @@ func FuzzClassify(f *testing.F) {
 		}
 		op := plain.classifyPath(method, norm)
 		_ = h.classifyPath(method, norm)
+		if rel, ok := strings.CutPrefix(norm, "/v1/"); ok {
+			if want := classifyByList(method, rel); op != want {
+				t.Fatalf("%s %q classifies as %q, but as %q by the whole list", method, norm, op, want)
+			}
+		}
 		if normalizePath(norm) != norm {
 			t.Fatalf("normalizePath is not idempotent: %q → %q → %q", path, norm, normalizePath(norm))
 		}
@@ -114,4 +120,35 @@ func FuzzClassify(f *testing.F) {
 			t.Fatalf("%q classifies as %q but its spelling %q as %q", path, op, other, got)
 		}
 	})
+}
+
+// classifyByList is classify without byShape: each template of mutations
+// tried in turn against the path's segments, after the {prefix}-less
+// reading. FuzzClassify holds classify to it.
+func classifyByList(method, rest string) string {
+	segs := strings.Split(rest, "/")
+	try := func(segs []string) string {
+		for _, op := range mutations {
+			if op.method != method || len(op.template) != len(segs) {
+				continue
+			}
+			ok := true
+			for i, t := range op.template {
+				if segs[i] == "" || (t != "*" && t != segs[i]) {
+					ok = false
+				}
+			}
+			if ok {
+				return op.id
+			}
+		}
+		return ""
+	}
+	if id := try(segs); id != "" {
+		return id
+	}
+	if len(segs) > 1 && segs[0] != "" {
+		return try(segs[1:])
+	}
+	return ""
 }
