@@ -30,7 +30,7 @@ func TestAppPurgesTrackedStores(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 35; i++ {
-		if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Hour, time.Minute)); err != nil {
+		if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -470,3 +470,38 @@ func TestGraceZero(t *testing.T) {
 		t.Fatalf("record lives %v, want exactly the 10m lifetime", life)
 	}
 }
+
+// A lifetime shorter than the execution: the record must outlive it while
+// its owner still runs. Before, the memory store's record (whose lease,
+// execution_timeout + lease, is never renewed) expired at lifetime + grace,
+// the retry reserved the key as absent and the catalog executed twice. The
+// stand-in upstream stalls on purpose, which a real catalog cannot be made
+// to do on cue.
+func TestShortLifetimeRecordOutlivesTheExecution(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.inProcessLeases = true // as Provision sets it for the memory store
+	h.Lifetime = caddy.Duration(200 * time.Millisecond)
+	zero := caddy.Duration(0)
+	h.Grace = &zero
+	up := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		time.Sleep(600 * time.Millisecond) // a slow commit, well within execution_timeout
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"ok":true}`)
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	first := make(chan result, 1)
+	go func() { first <- serve(t, h, up, "POST", "/v1/namespaces", key, nsBody) }()
+	time.Sleep(300 * time.Millisecond) // past lifetime + grace, while the first still executes
+	retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+	if res := <-first; res.code() != http.StatusOK {
+		t.Fatalf("first request = %d %v", res.code(), res.err)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("the catalog executed one key's mutation %d times", n)
+	}
+	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" {
+		t.Fatalf("retry = %d, replayed %q; want the first answer replayed", retry.code(), retry.header.Get(ReplayedHeader))
+	}
+}

@@ -202,7 +202,7 @@ func TestPurgedCounter(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 7 {
-		if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Hour, time.Minute)); err != nil {
+		if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}

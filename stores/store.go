@@ -121,9 +121,18 @@ type Reservation struct {
 	Owner string
 	// Lease is how long the reservation holds without a heartbeat.
 	Lease time.Duration
-	// TTL is how long the record lives from now (lifetime plus grace).
+	// TTL is how long the record lives from now (lifetime plus grace), or
+	// the lease when that is longer: see RecordTTL.
 	TTL time.Duration
 }
+
+// RecordTTL is how long a reserved record lives: its TTL, but never less
+// than its lease. A record that expired while its owner still held the
+// lease would let a duplicate reserve the key as absent and execute it a
+// second time; ExtendLease and TakeOver keep the record alive for their
+// leases in the same way. A lifetime shorter than the execution is then
+// stretched by at most a lease.
+func (r Reservation) RecordTTL() time.Duration { return max(r.TTL, r.Lease) }
 
 // ReserveResult is the outcome of Reserve: either the caller now owns the key
 // (Reserved), or Existing holds the live record somebody else created.

@@ -194,7 +194,7 @@ func (s *Store) Reserve(_ context.Context, r stores.Reservation) (stores.Reserve
 			State:     stores.StateInFlight,
 			Owner:     r.Owner,
 			CreatedAt: now,
-			ExpiresAt: now.Add(r.TTL),
+			ExpiresAt: now.Add(r.RecordTTL()),
 		},
 		leaseUntil: now.Add(r.Lease),
 	}

@@ -310,7 +310,7 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	for range maxAttempts {
 		n, err := s.retry(ctx, "reserve", func(ctx context.Context) (int64, error) {
 			return s.writeOnce(ctx, r.Key, w, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
-				sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL))
+				sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL()))
 		})
 		if err != nil {
 			return stores.ReserveResult{}, err

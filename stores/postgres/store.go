@@ -213,7 +213,7 @@ func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.R
 	defer cancel()
 	n, err := s.write(ctx, r.Key, s.q.reserve,
 		r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
-		sqlstore.Micros(r.Lease), sqlstore.Micros(r.TTL),
+		sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL()),
 	)
 	if err != nil {
 		return stores.ReserveResult{}, s.wrap("reserve", err)

@@ -35,7 +35,7 @@ func TestLayout(t *testing.T) {
 	c := admin(t)
 	ctx := context.Background()
 	key := storetest.NewKey(t)
-	r := storetest.Reservation(key, storetest.Long, 30*time.Second)
+	r := storetest.Reservation(key, 10*time.Second, 30*time.Second)
 	if _, err := s.Reserve(ctx, r); err != nil {
 		t.Fatal(err)
 	}

@@ -174,7 +174,7 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 		return stores.ReserveResult{}, fmt.Errorf("redis reserve: %w", err)
 	}
 	v, err := s.run(ctx, "reserve", reserveScript, r.Key,
-		r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, durMS(r.Lease), durMS(r.TTL))
+		r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, durMS(r.Lease), durMS(r.RecordTTL()))
 	if err != nil {
 		return stores.ReserveResult{}, err
 	}

@@ -401,6 +401,29 @@ func Run(t *testing.T, open Open) {
 		}
 	})
 
+	// A lifetime shorter than the lease (a short lifetime, a slow
+	// commit, and on the memory store a lease as long as the execution)
+	// must not let the record expire under its owner before the first
+	// renewal: a duplicate would reserve the key as absent and execute it
+	// again.
+	t.Run("ReservedRecordOutlivesShortTTL", func(t *testing.T) {
+		h := open(t)
+		key := NewKey(t)
+		r := Reservation(key, 3*Lease, Lease/4)
+		reserve(t, h.Store, r)
+		h.Advance(Lease) // past the TTL, within the lease
+		rec := load(t, h.Store, key)
+		if rec == nil || rec.State != stores.StateInFlight || rec.Abandoned || rec.Owner != r.Owner {
+			t.Fatalf("record past its TTL within its first lease = %+v, want it in flight under %s", rec, r.Owner)
+		}
+		if res := reserve(t, h.Store, Reservation(key, Long, Long)); res.Reserved {
+			t.Fatal("a duplicate reserved the key while its owner held the lease it reserved with")
+		}
+		if err := h.Store.Finalize(ctx, key, r.Owner, sample); err != nil {
+			t.Fatalf("Finalize within the lease, past the TTL: %v", err)
+		}
+	})
+
 	t.Run("AbandonEndsLeaseAtOnce", func(t *testing.T) {
 		h := open(t)
 		key := NewKey(t)
@@ -506,12 +529,12 @@ func Run(t *testing.T, open Open) {
 	t.Run("ExpiredBehavesAsAbsent", func(t *testing.T) {
 		h := open(t)
 		final, inflight := NewKey(t), NewKey(t)
-		rf := Reservation(final, Long, TTL)
+		rf := Reservation(final, Lease, TTL)
 		reserve(t, h.Store, rf)
 		if err := h.Store.Finalize(ctx, final, rf.Owner, sample); err != nil {
 			t.Fatal(err)
 		}
-		ri := Reservation(inflight, Long, TTL)
+		ri := Reservation(inflight, Lease, TTL)
 		reserve(t, h.Store, ri)
 		h.Advance(TTL + 200*time.Millisecond)
 		for _, key := range []string{final, inflight} {
@@ -664,7 +687,7 @@ func Run(t *testing.T, open Open) {
 	t.Run("ConcurrentReserveOverExpiredOneWinner", func(t *testing.T) {
 		h := open(t)
 		key := NewKey(t)
-		reserve(t, h.Store, Reservation(key, Long, TTL))
+		reserve(t, h.Store, Reservation(key, Lease, TTL))
 		h.Advance(TTL + 200*time.Millisecond)
 		const n = 100
 		var winners atomic.Int32
@@ -728,7 +751,7 @@ func Run(t *testing.T, open Open) {
 		for i := 0; i < expired; i++ {
 			k := NewKey(t)
 			expiredKeys = append(expiredKeys, k)
-			reserve(t, h.Store, Reservation(k, Long, TTL))
+			reserve(t, h.Store, Reservation(k, Lease, TTL))
 		}
 		var liveKeys []string
 		h.Advance(TTL + 200*time.Millisecond)
