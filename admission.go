@@ -90,7 +90,8 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		h.pooled.use()
 		defer h.pooled.done()
 	}
-	g.binding = g.parts.binding(op, h.keys.current)
+	g.own = g.parts.binding(op, h.keys.current)
+	g.binding = g.own
 	return g.run()
 }
 
@@ -290,8 +291,9 @@ func mismatch(stored, req stores.Binding) string {
 // match the request adopts the stored binding: it is what the record's seal
 // is bound to, and what a takeover keeps.
 func (g *guarded) bind(stored stores.Binding) string {
-	msg := mismatch(stored, g.binding)
+	msg := mismatch(stored, g.own)
 	if msg == "" {
+		g.binding = g.own
 		return ""
 	}
 	for _, k := range g.h.keys.alternatives() {
@@ -301,8 +303,8 @@ func (g *guarded) bind(stored stores.Binding) string {
 			continue
 		}
 		alt := stores.Binding{
-			Operation:   g.binding.Operation,
-			Path:        g.binding.Path,
+			Operation:   g.own.Operation,
+			Path:        g.own.Path,
 			Principal:   stored.Principal,
 			Fingerprint: g.parts.fingerprint(k),
 		}

@@ -43,10 +43,13 @@ type guarded struct {
 	key     string
 	parts   requestParts   // what binding hashes, for matching records written under other secrets
 	binding stores.Binding // as stored: under the current secret, or the record's own once bind matched it
-	owner   string
-	status  int         // the status of the response being finalized, for logs: a sealed response hides it
-	hb      heartbeat   // the lease renewals of the execution, then of finalizeLater
-	body    requestBody // the read body, as the handlers after this one get it
+	// own is the binding under the current secret: what a new
+	// reservation is bound to, whatever record an earlier round adopted.
+	own    stores.Binding
+	owner  string
+	status int         // the status of the response being finalized, for logs: a sealed response hides it
+	hb     heartbeat   // the lease renewals of the execution, then of finalizeLater
+	body   requestBody // the read body, as the handlers after this one get it
 	// detached is the request's context without its cancellation (the
 	// replacer and vars travel along): store writes and the execution run
 	// under it, so that the client's departure cuts neither short.
@@ -66,6 +69,10 @@ func (g *guarded) run() error {
 	var waitCtx context.Context
 
 	for attempt := 0; attempt < maxAttempts; attempt++ {
+		// A record matched under an older secret in an earlier round
+		// (then released) binds nothing here: a record this request
+		// creates is its own, bound and sealed under the current secret.
+		g.binding = g.own
 		// A write cut off half-way may commit all the same (drivers
 		// give up on the reply, not on the statement), and this request
 		// could then no longer tell whether it holds the key: the

@@ -7,10 +7,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -445,5 +448,102 @@ func TestSealRoundTrip(t *testing.T) {
 				t.Errorf("%s: opened", what)
 			}
 		}
+	}
+}
+
+// A retry that matched an in-flight record written before a secret was set
+// (through the unkeyed alternative) and waited, then found the key
+// released, reserves it under the current secret. Before, it kept the
+// binding it had adopted from the released record: its own record carried
+// the unkeyed SHA-256 of Authorization, which a store under a secret must
+// not hold. If the retry reaches Reserve before the release (a slow
+// machine), it executes under its own binding anyway: the test cannot fail
+// for that reason, only miss the case.
+func TestRetryAfterReleaseBindsUnderCurrentSecret(t *testing.T) {
+	s := newMemoryStore(t)
+	auth := "Bearer token-" + randomHex(t, 12)
+	key := storetest.NewKey(t)
+
+	// 1. Node/config without a secret: the first request is in flight and
+	//    the catalog will answer 503 (released).
+	hClear := newSecretHandler(t, s, "")
+	arrived, answer := make(chan struct{}), make(chan struct{})
+	first := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		close(arrived)
+		<-answer
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return nil
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serve(t, hClear, first, "POST", commitPath, key, commitBody, "Authorization", auth)
+	}()
+	<-arrived
+
+	// 2. After a reload that turns a secret on, the client's retry arrives:
+	//    it matches the clear record through the nil alternative and waits.
+	hSecret := newSecretHandler(t, s, "secret-B-"+randomHex(t, 16))
+	hSecret.InFlightWait = caddy.Duration(5 * time.Second)
+	second := answering(200, `{"ok":true}`)
+	res := make(chan result, 1)
+	go func() { res <- serve(t, hSecret, second, "POST", commitPath, key, commitBody, "Authorization", auth) }()
+	time.Sleep(50 * time.Millisecond)
+	close(answer) // first request released (503)
+	<-done
+	r := <-res
+	rec, _ := s.Load(context.Background(), key)
+	unkeyed := sha256Hex([]byte(auth))
+	if r.code() != http.StatusOK || rec == nil || rec.Response == nil || rec.Response.KeyID == "" {
+		t.Fatalf("retry = %d, record %+v; want it executed and its answer sealed", r.code(), rec)
+	}
+	if rec.Principal == unkeyed {
+		t.Fatalf("record reserved under secret B carries the unkeyed SHA-256 of Authorization as its principal")
+	}
+}
+
+// The same during a rotation from A to B: the record the retry creates is
+// bound under B, as it is sealed, so once A is dropped (the last step of a
+// rotation) the next retry is replayed. Before, it was bound under A and
+// that retry was refused 422 "already in use by another principal".
+func TestRetryAfterReleaseReplaysOnceOldSecretIsDropped(t *testing.T) {
+	s := newMemoryStore(t)
+	auth := "Bearer token-" + randomHex(t, 12)
+	key := storetest.NewKey(t)
+	secretA, secretB := "secret-A-"+randomHex(t, 16), "secret-B-"+randomHex(t, 16)
+
+	hA := newSecretHandler(t, s, secretA)
+	arrived, answer := make(chan struct{}), make(chan struct{})
+	first := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		close(arrived)
+		<-answer
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return nil
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serve(t, hA, first, "POST", commitPath, key, commitBody, "Authorization", auth)
+	}()
+	<-arrived
+	hB := newSecretHandler(t, s, secretB, secretA)
+	hB.InFlightWait = caddy.Duration(5 * time.Second)
+	up := answering(200, `{"ok":true}`)
+	res := make(chan result, 1)
+	go func() { res <- serve(t, hB, up, "POST", commitPath, key, commitBody, "Authorization", auth) }()
+	time.Sleep(50 * time.Millisecond)
+	close(answer)
+	<-done
+	if r := <-res; r.code() != 200 {
+		t.Fatalf("executing retry = %d", r.code())
+	}
+	// Rotation finished: A dropped.
+	hBonly := newSecretHandler(t, s, secretB)
+	r := serve(t, hBonly, up, "POST", commitPath, key, commitBody, "Authorization", auth)
+	if r.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+		t.Fatalf("retry once A is dropped = %d %s (replayed %q, catalog called %d times); want the stored answer replayed",
+			r.code(), r.body, r.header.Get(ReplayedHeader), up.calls.Load())
 	}
 }
