@@ -289,8 +289,9 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, key string) er
 // forgetKey deletes key's record from every store in use that holds it. A
 // healthy in-flight record is refused unless forced: its request is still
 // executing, and forgetting it lets a retry execute the commit a second
-// time. The check and the delete are two statements, so a record reserved
-// in between is deleted too; an operator forgets keys they know about.
+// time. The lookup gives the operator a clear 409; the stores judge the
+// lease again in the delete itself, so that a record abandoned when looked
+// at and taken over since (abandoned reexecute) is kept all the same.
 func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string) error {
 	force := r.URL.Query().Get("force") == "true"
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
@@ -313,7 +314,7 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 	for _, rec := range ans.Records {
 		held[rec.Store] = true
 	}
-	forgotten := 0
+	forgotten, kept := 0, 0
 	for _, u := range list {
 		if !held[u.key] {
 			continue
@@ -323,9 +324,15 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 			ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend, Error: "this store cannot forget records"})
 			continue
 		}
-		deleted, err := f.Forget(ctx, key)
+		deleted, err := f.Forget(ctx, key, force)
 		if err != nil {
 			ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend, Error: err.Error()})
+			continue
+		}
+		if !deleted && !force {
+			kept++
+			ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend,
+				Error: "not forgotten: since it was looked up, the record was taken over or reserved again (in flight with a live lease now), or it went; add force=true to forget one in flight anyway"})
 			continue
 		}
 		if deleted {
@@ -336,8 +343,12 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 	}
 	ans.Forgotten = &forgotten
 	if len(ans.Errors) > 0 && forgotten == 0 {
+		status := http.StatusBadGateway
+		if kept == len(ans.Errors) {
+			status = http.StatusConflict
+		}
 		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusBadGateway)
+		w.WriteHeader(status)
 		return json.NewEncoder(w).Encode(ans)
 	}
 	return writeJSON(w, ans)

@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -327,5 +328,46 @@ func TestAdminUnwrapsStores(t *testing.T) {
 	}
 	if status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/stats"); !strings.Contains(string(body), `"counts":{"in_flight":0,"abandoned":0,"final":0}`) {
 		t.Fatalf("stats through a wrapper = %d %s", status, body)
+	}
+}
+
+// takenOverAfterLookup is a memory store whose Inspect, the admin API's
+// lookup, reports the key's record as it was, abandoned, and then lets
+// another request take the key over, as a node under abandoned reexecute
+// can between the lookup and the delete. A stand-in: the real window is a
+// few microseconds wide.
+type takenOverAfterLookup struct {
+	*memory.Store
+	newOwner string
+}
+
+func (s takenOverAfterLookup) Inspect(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
+	rec, left, err := s.Store.Inspect(ctx, key)
+	if err == nil && rec != nil && rec.Abandoned {
+		if ok, err := s.TakeOver(ctx, key, rec.Owner, s.newOwner, time.Minute); err != nil || !ok {
+			return nil, 0, fmt.Errorf("stand-in takeover = %v, %v", ok, err)
+		}
+	}
+	return rec, left, err
+}
+
+// An unforced DELETE of a record that was abandoned when looked up, and
+// taken over before the delete, keeps the record: its commit is executing
+// again. Before, the delete was unconditional, and a retry of the key
+// executed the commit a third time.
+func TestAdminForgetKeepsRecordTakenOverSinceLookup(t *testing.T) {
+	mem := newMemory(t)
+	s := takenOverAfterLookup{Store: mem, newOwner: uuid.NewString()}
+	h := adminFixture(t, map[string]stores.Store{"memory": s})
+	key, owner := reserveKey(t, mem, time.Minute)
+	if err := mem.Abandon(context.Background(), key, owner); err != nil {
+		t.Fatal(err)
+	}
+	status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key)
+	if status != http.StatusConflict || !strings.Contains(string(body), "force=true") {
+		t.Fatalf("DELETE of a record taken over since its lookup = %d %s, want 409 naming force", status, body)
+	}
+	if rec, _ := mem.Load(context.Background(), key); rec == nil || rec.Owner != s.newOwner || rec.Abandoned {
+		t.Fatalf("record after the refused DELETE = %+v, want it in flight under the new owner", rec)
 	}
 }

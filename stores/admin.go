@@ -10,15 +10,18 @@ import (
 // otherwise, so a new store need not implement them to serve requests.
 
 // Forgetter is implemented by stores that can delete one record whatever
-// its state or owner: an operator's way out of a stuck or wrong record.
+// its owner: an operator's way out of a stuck or wrong record.
 type Forgetter interface {
 	// Forget deletes key's record, live or expired, in flight or final,
-	// and reports whether there was one. It does not check ownership:
-	// the admin API refuses a healthy in-flight record itself unless
-	// forced. An owner that still runs then gets ErrNotOwner from
-	// Finalize, as if its record had expired, and a later request with
-	// the key executes afresh.
-	Forget(ctx context.Context, key string) (bool, error)
+	// and reports whether it deleted one. Unless force, a record in
+	// flight whose lease still holds (by the store's clock, in the same
+	// statement as the delete) is kept and Forget reports false: its
+	// request is executing, maybe one that took the key over after the
+	// operator looked, and forgetting it would let a retry execute the
+	// commit a second time. With force, an owner that still runs gets
+	// ErrNotOwner from Finalize, as if its record had expired, and a later
+	// request with the key executes afresh.
+	Forget(ctx context.Context, key string, force bool) (bool, error)
 }
 
 // Counts is how many live (unexpired) records a store holds, by state.

@@ -15,10 +15,13 @@ var (
 
 // Forget implements stores.Forgetter. It wakes the key's waiters, who then
 // find no record and execute afresh.
-func (s *Store) Forget(_ context.Context, key string) (bool, error) {
+func (s *Store) Forget(_ context.Context, key string, force bool) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.inflight[key]; ok {
+	if e, ok := s.inflight[key]; ok {
+		if !force && e.leaseUntil.After(s.now()) {
+			return false, nil
+		}
 		delete(s.inflight, key)
 		s.notify(key)
 		return true, nil

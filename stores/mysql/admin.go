@@ -17,11 +17,11 @@ var (
 
 // Forget implements stores.Forgetter: one DELETE by primary key, re-run
 // after a deadlock like the request path's writes.
-func (s *Store) Forget(ctx context.Context, key string) (bool, error) {
+func (s *Store) Forget(ctx context.Context, key string, force bool) (bool, error) {
 	if err := sqlstore.CheckKey(key); err != nil {
 		return false, fmt.Errorf("mysql forget: %w", err)
 	}
-	n, err := s.exec(ctx, "forget", &s.stmts.forget, key)
+	n, err := s.exec(ctx, "forget", &s.stmts.forget, key, force)
 	if n > 0 {
 		s.wakers.Wake(key)
 	}

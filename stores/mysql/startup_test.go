@@ -134,7 +134,7 @@ func TestFirstCallPreparesItsStatement(t *testing.T) {
 		run  func(s *Store) error
 	}{
 		{"purge", func(s *Store) error { _, err := s.PurgeExpired(context.Background(), 10); return err }},
-		{"forget", func(s *Store) error { _, err := s.Forget(context.Background(), storetest.NewKey(t)); return err }},
+		{"forget", func(s *Store) error { _, err := s.Forget(context.Background(), storetest.NewKey(t), true); return err }},
 	} {
 		t.Run(call.name, func(t *testing.T) {
 			cfg := Config{DSN: testDSN(t), Table: sqltest.TableName(t), AutoMigrate: true}

@@ -30,7 +30,7 @@ func TestChangeWakesLocalAwaits(t *testing.T) {
 			func(r *stores.Record) bool { return r == nil }},
 		{"abandon", func(key, owner string) error { return s.Abandon(ctx, key, owner) },
 			func(r *stores.Record) bool { return r != nil && r.Abandoned }},
-		{"forget", func(key, _ string) error { _, err := s.Forget(ctx, key); return err },
+		{"forget", func(key, _ string) error { _, err := s.Forget(ctx, key, true); return err },
 			func(r *stores.Record) bool { return r == nil }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

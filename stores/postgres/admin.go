@@ -18,11 +18,11 @@ var (
 // Forget implements stores.Forgetter: one DELETE by primary key. With
 // ListenNotify it notifies like Release, so that waiters on other nodes look
 // again at once instead of at their slow fallback poll.
-func (s *Store) Forget(ctx context.Context, key string) (bool, error) {
+func (s *Store) Forget(ctx context.Context, key string, force bool) (bool, error) {
 	if err := sqlstore.CheckKey(key); err != nil {
 		return false, fmt.Errorf("postgres forget: %w", err)
 	}
-	n, err := s.exec(ctx, "forget", s.q.forget, key)
+	n, err := s.exec(ctx, "forget", s.q.forget, key, force)
 	return n > 0, err
 }
 

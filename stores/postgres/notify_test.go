@@ -177,7 +177,7 @@ func TestNotifyWatchedChanges(t *testing.T) {
 			return nil
 		}},
 		{"Forget", func(key, _ string) error {
-			if ok, err := s.Forget(ctx, key); err != nil || !ok {
+			if ok, err := s.Forget(ctx, key, true); err != nil || !ok {
 				t.Fatalf("Forget = %v, %v", ok, err)
 			}
 			return nil

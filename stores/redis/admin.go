@@ -16,17 +16,26 @@ var (
 	_ stores.Inspector = (*Store)(nil)
 )
 
-// forgetScript deletes a record whatever its state or owner and tells the
-// waiters, who then find no record and execute afresh. ARGV: channel, key.
+// forgetScript deletes a record whatever its owner (unless ARGV[3] is
+// '1', one in flight under a live lease is kept) and tells the waiters,
+// who then find no record and execute afresh. ARGV: channel, key, force.
 var forgetScript = goredis.NewScript(prelude + `
+if ARGV[3] ~= '1' then
+	local cur = redis.call('HMGET', KEYS[1], 'state', 'lease')
+	if cur[1] == 'in_flight' and tonumber(cur[2] or '0') > now() then return 0 end
+end
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return 1
 `)
 
 // Forget implements stores.Forgetter.
-func (s *Store) Forget(ctx context.Context, key string) (bool, error) {
-	return s.cas(ctx, "forget", forgetScript, key, s.channel, key)
+func (s *Store) Forget(ctx context.Context, key string, force bool) (bool, error) {
+	flag := "0"
+	if force {
+		flag = "1"
+	}
+	return s.cas(ctx, "forget", forgetScript, key, s.channel, key, flag)
 }
 
 // Inspect implements stores.Inspector: the record and its lease left, by
