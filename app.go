@@ -40,6 +40,7 @@ type App struct {
 	// out of the purge rounds.
 	selfExpiringNoted map[string]bool
 	logger            *zap.Logger
+	config            <-chan struct{} // the config's Done channel: whose bounds the memory store takes at Start
 	cancel            context.CancelFunc
 	done              chan struct{}
 }
@@ -61,6 +62,7 @@ func (*App) CaddyModule() caddy.ModuleInfo {
 // Provision sets defaults.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
+	a.config = ctx.Done()
 	a.stores = make(map[string]stores.Store)
 	if a.CleanupInterval == 0 {
 		a.CleanupInterval = caddy.Duration(DefaultCleanupInterval)
@@ -123,6 +125,11 @@ func (a *App) Start() error {
 	for _, s := range a.stores {
 		if w, ok := warmable(s); ok {
 			w.Warm()
+		}
+		if m, ok := unpooled(s).(*memoryStore); ok {
+			if err := m.configStarted(a.config, a.logger); err != nil {
+				a.logger.Error("memory store keeps its former bounds", zap.Error(err))
+			}
 		}
 	}
 	a.mu.Unlock()

@@ -89,8 +89,9 @@ func (m *MemoryStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 }
 
 // Reconfigure implements StoreReconfigurer: the shared store takes this
-// handler's bounds in place, keeping its records (shrinking evicts least
-// recently used final records).
+// handler's bounds in place, keeping its records. Larger bounds apply at
+// once; smaller ones (shrinking evicts least recently used final records)
+// only when the config starts, see configure.
 func (m *MemoryStore) Reconfigure(ctx caddy.Context, s stores.Store) error {
 	ms, ok := s.(*memoryStore)
 	if !ok {
@@ -100,13 +101,14 @@ func (m *MemoryStore) Reconfigure(ctx caddy.Context, s stores.Store) error {
 }
 
 // memoryStore is the pooled in-memory store with what reloads need: which
-// config set its bounds, and where its evictions are reported.
+// config asked for its bounds, and where its evictions are reported.
 type memoryStore struct {
 	*memory.Store
 	evictions *memory.EvictionLog
 
 	mu     sync.Mutex
-	config <-chan struct{} // Done channel of the config that last set the bounds
+	config <-chan struct{} // Done channel of the config whose handlers last asked for bounds
+	wanted memory.Limits   // what that config's handlers ask for: the largest of each
 }
 
 // openMemoryStore opens a store; now and after are for tests (nil: real time).
@@ -121,35 +123,58 @@ func openMemoryStore(l memory.Limits, config <-chan struct{}, logger *zap.Logger
 	if err != nil {
 		return nil, err
 	}
-	return &memoryStore{Store: s, evictions: ev, config: config}, nil
+	return &memoryStore{Store: s, evictions: ev, config: config, wanted: s.Limits()}, nil
 }
 
-// configure applies a handler's bounds. Handlers of one config share its
+// configure takes a handler's bounds. Handlers of one config share its
 // context, hence its Done channel: within a config the larger bounds win,
-// and the first handler of a new config replaces the old config's bounds.
+// and the first handler of a new config replaces the old config's wish.
+// The store grows at once but shrinks only when the config starts
+// (configStarted): a reload that fails after this handler was provisioned
+// leaves the running config in force, and a shrink would have evicted its
+// final records, whose retries would then execute again.
 func (s *memoryStore) configure(config <-chan struct{}, want memory.Limits, logger *zap.Logger) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	old := s.Limits()
 	if config == s.config {
-		want.MaxEntries = max(want.MaxEntries, old.MaxEntries)
-		want.MaxBytes = max(want.MaxBytes, old.MaxBytes)
+		want = larger(want, s.wanted)
 	}
+	s.config, s.wanted = config, want
 	s.evictions.SetLogger(logger)
+	return s.resize(larger(want, s.Limits()), logger)
+}
+
+// configStarted applies the bounds config asked for, shrinking the store
+// if they are smaller than what it has. The App calls it from Start, once
+// every module of the config has been provisioned.
+func (s *memoryStore) configStarted(config <-chan struct{}, logger *zap.Logger) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if config != s.config {
+		return nil // a newer config asked since; its own start settles it
+	}
+	return s.resize(s.wanted, logger)
+}
+
+// resize sets the bounds to want. Caller holds s.mu.
+func (s *memoryStore) resize(want memory.Limits, logger *zap.Logger) error {
+	old := s.Limits()
 	if want == old {
-		s.config = config
 		return nil
 	}
 	evicted, err := s.Resize(want)
 	if err != nil {
 		return err
 	}
-	s.config = config
 	logger.Info("memory store resized in place, records kept",
 		zap.Int("max_entries", want.MaxEntries), zap.Int64("max_bytes", want.MaxBytes),
 		zap.Int("old_max_entries", old.MaxEntries), zap.Int64("old_max_bytes", old.MaxBytes),
 		zap.Int("evicted", evicted))
 	return nil
+}
+
+func larger(a, b memory.Limits) memory.Limits {
+	return memory.Limits{MaxEntries: max(a.MaxEntries, b.MaxEntries), MaxBytes: max(a.MaxBytes, b.MaxBytes)}
 }
 
 // Close reports evictions not logged yet.

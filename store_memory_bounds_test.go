@@ -119,7 +119,8 @@ func TestMemoryStoreEvictionsCountedAndLogRateLimited(t *testing.T) {
 
 // A reload that changes the bounds keeps the one shared store and its
 // records; within one config the larger bounds win; a later config shrinks
-// the store, evicting least recently used final records (counted).
+// the store once it starts, evicting least recently used final records
+// (counted), and not before.
 func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
 	provider := func(ctx caddy.Context, maxEntries int) *MemoryStore {
 		p := &MemoryStore{MaxEntries: maxEntries}
@@ -177,11 +178,27 @@ func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Until the new config starts, nothing shrinks: a reload that fails
+	// after its handlers were provisioned keeps the running config and
+	// must not have evicted its records.
+	if fourth != first || ms.Limits().MaxEntries != 20_000 || ms.Stats().Final != held {
+		t.Fatalf("shrinking reload before its config started: same store %v, max_entries %d, %d of %d final records",
+			fourth == first, ms.Limits().MaxEntries, ms.Stats().Final, held)
+	}
+	app := &App{}
+	if err := app.Provision(cfg3); err != nil {
+		t.Fatal(err)
+	}
+	app.track(memoryStoreKey, fourth)
+	if err := app.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = app.Stop() }()
 	release()
 	release()
 	defer release()
-	if fourth != first || ms.Limits().MaxEntries != 100 {
-		t.Fatalf("shrinking reload: same store %v, max_entries %d", fourth == first, ms.Limits().MaxEntries)
+	if ms.Limits().MaxEntries != 100 {
+		t.Fatalf("shrinking reload once its config started: max_entries %d, want 100", ms.Limits().MaxEntries)
 	}
 	if got := evictionCount(t, "entries") - before; got != float64(held-100) {
 		t.Fatalf("shrinking counted %v evictions, want %d", got, held-100)

@@ -283,3 +283,42 @@ func liveHeap(t *testing.T, c *caddyproc.Instance) int64 {
 	n, _ := strconv.ParseInt(string(m[1]), 10, 64)
 	return n
 }
+
+// TestFaultFailedReloadKeepsRecords: a reload that asks the shared memory
+// store for smaller bounds, and then fails (another handler of the new
+// config cannot be provisioned), leaves the running config in force with
+// every record it stored. Before, the store was shrunk while the new
+// config's handler was provisioned: 20 of 30 finalized keys were evicted
+// and their retries executed again, although the reload was refused.
+func TestFaultFailedReloadKeepsRecords(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "store memory {\nmax_entries 100\n}")
+	y := newTally()
+	const n = 30
+	path := func(i int) string { return fmt.Sprintf("/v1/namespaces/reload%d/properties", i) }
+	const body = `{"updates":{"owner":"reload"}}`
+	keys := make([]string, n)
+	answers := make([]response, n)
+	for i := range n {
+		keys[i] = newKey(t)
+		answers[i] = y.mustSend(t, "POST", c.URL()+path(i), body, keys[i])
+		wantStatus(t, fmt.Sprintf("key %d", i), answers[i], http.StatusOK)
+	}
+
+	failing := caddyproc.Caddyfile("", "iceberg_idempotency {\nstore memory {\nmax_entries 10\n}\n}\n"+
+		"handle /unprovisionable* {\nreverse_proxy https://127.0.0.1:9 {\ntransport http {\n"+
+		"tls_client_auth /nonexistent/cert.pem /nonexistent/key.pem\n}\n}\n}\n"+
+		"reverse_proxy "+b.Addr())
+	if err := c.Load(failing); err == nil {
+		t.Fatal("a config whose client certificate does not exist loaded")
+	}
+	client.CloseIdleConnections()
+
+	for i := range n {
+		r := y.mustSend(t, "POST", c.URL()+path(i), body, keys[i])
+		wantReplayOf(t, fmt.Sprintf("key %d after the failed reload", i), r, answers[i])
+		if got := b.Count(path(i)); got != 1 {
+			t.Fatalf("key %d: the catalog executed it %d times", i, got)
+		}
+	}
+}
