@@ -321,4 +321,6 @@ func TestFaultFailedReloadKeepsRecords(t *testing.T) {
 			t.Fatalf("key %d: the catalog executed it %d times", i, got)
 		}
 	}
+	wantNoDuplicates(t, y.record("reload to max_entries 10 refused (memory, 30 final keys under max_entries 100)", b.Total(),
+		"the running config kept all 30 records: every retry replayed"))
 }
