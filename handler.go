@@ -161,7 +161,6 @@ type Handler struct {
 	basePath       string        // BasePath, normalized like request paths
 	finalizeWindow time.Duration // how long a failing Finalize is retried; tests shorten it
 	settleWindow   time.Duration // how long a lost write may still commit (undoLostReply); tests shorten it
-	configPath     string        // basePath + "/v1/config"
 	finalizeSet    statusSet
 	releaseSet     statusSet
 	replayHdrs     []string
@@ -263,7 +262,6 @@ func (h *Handler) prepare() error {
 	if h.BasePath != "" {
 		h.basePath = normalizePath(h.BasePath)
 	}
-	h.configPath = h.basePath + "/v1/config"
 	h.principalHeader = headerPlaceholder(h.Principal)
 	h.keyVersions = newKeyVersionSet(h.KeyVersions)
 	var err error
@@ -465,12 +463,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return next.ServeHTTP(w, r)
 	}
-	path := normalizePath(r.URL.EscapedPath())
-	op := h.classifyPath(r.Method, path)
+	rel, ok := h.belowBase(normalizePath(r.URL.EscapedPath()))
+	if !ok {
+		return next.ServeHTTP(w, r)
+	}
+	op := classify(r.Method, rel)
 	if op == "" {
 		return next.ServeHTTP(w, r)
 	}
-	return h.admit(w, r, next, op, path)
+	// Keys are bound to one spelling of the base path, whichever the
+	// client used.
+	return h.admit(w, r, next, op, h.basePath+rel)
 }
 
 // isConfigRequest reports whether r's normalized path is GET /v1/config's.
@@ -478,15 +481,37 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // segments only lose escapes of unreserved characters, or go away), which
 // spares every other read the normalization.
 func (h *Handler) isConfigRequest(r *http.Request) bool {
-	return strings.Contains(r.URL.Path, "config") && normalizePath(r.URL.EscapedPath()) == h.configPath
+	if !strings.Contains(r.URL.Path, "config") {
+		return false
+	}
+	rel, ok := h.belowBase(normalizePath(r.URL.EscapedPath()))
+	return ok && rel == "/v1/config"
 }
 
 // classifyPath returns the mutation's operationId, or "" for requests that
 // pass straight through (outside the base path, reads, unknown paths).
 func (h *Handler) classifyPath(method, path string) string {
-	rel, ok := strings.CutPrefix(path, h.basePath)
+	rel, ok := h.belowBase(path)
 	if !ok {
 		return ""
 	}
 	return classify(method, rel)
+}
+
+// belowBase returns the part of the normalized path below base_path, which
+// it must start with as Caddy's path matcher (handle_path, uri
+// strip_prefix) reads a prefix: case-insensitively and with escapes
+// decoded, so that "/API/Catalog/v1/…" and "/api%2Fcatalog/v1/…" are below
+// "/api/catalog" too. A stricter reading would let those spellings reach
+// the catalog, prefix stripped, unguarded; a looser one costs at most a
+// stored 4xx from a catalog that routes them nowhere.
+func (h *Handler) belowBase(path string) (string, bool) {
+	rel, ok := cutPrefixFold(path, h.basePath)
+	if !ok {
+		return "", false
+	}
+	if strings.HasPrefix(rel, "%2F") {
+		rel = "/" + rel[3:] // the base's own separator, escaped
+	}
+	return rel, true
 }

@@ -100,8 +100,18 @@ func TestBasePath(t *testing.T) {
 		"/v1/namespaces":                "",
 		"/api/catalogx/v1/namespaces":   "",
 		"/api/v1/namespaces":            "",
+		// Caddy's path matcher (handle_path, uri strip_prefix) reads a
+		// prefix without case and with escapes decoded: these reach the
+		// catalog as /v1/namespaces.
+		"/API/Catalog/v1/namespaces":      "createNamespace",
+		"/api%2Fcatalog/v1/namespaces":    "createNamespace",
+		"/api%2fcatalog%2Fv1/namespaces":  "createNamespace",
+		"/%61pi/c%61talog/v1/namespaces":  "createNamespace",
+		"/api/catalog%2Fv1/wh/namespaces": "createNamespace",
+		"/API/CATALOGS/v1/namespaces":     "",
+		"/api%2Fcatalogx/v1/namespaces":   "",
 	} {
-		if got := h.classifyPath("POST", path); got != want {
+		if got := h.classifyPath("POST", normalizePath(path)); got != want {
 			t.Errorf("classifyPath(POST %s) = %q, want %q", path, got, want)
 		}
 	}

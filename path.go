@@ -128,3 +128,41 @@ func isUnreserved(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
 		c == '-' || c == '.' || c == '_' || c == '~'
 }
+
+// cutPrefixFold is strings.CutPrefix comparing decoded bytes (an escape
+// "%XY" is the byte it encodes) and ASCII letters without case, as
+// Caddy's path matcher compares a prefix. path and prefix are normalized,
+// so an escape in either is valid and upper-case.
+func cutPrefixFold(path, prefix string) (string, bool) {
+	i := 0
+	for j := 0; j < len(prefix); {
+		if i >= len(path) {
+			return "", false
+		}
+		p, pn := decodedByte(path[i:])
+		q, qn := decodedByte(prefix[j:])
+		if lowerASCII(p) != lowerASCII(q) {
+			return "", false
+		}
+		i, j = i+pn, j+qn
+	}
+	return path[i:], true
+}
+
+// decodedByte is the first byte s stands for and how many of its bytes
+// spell it: three for a valid escape, else one.
+func decodedByte(s string) (byte, int) {
+	if len(s) >= 3 && s[0] == '%' {
+		if hi, lo := unhex(s[1]), unhex(s[2]); hi >= 0 && lo >= 0 {
+			return byte(hi<<4 | lo), 3
+		}
+	}
+	return s[0], 1
+}
+
+func lowerASCII(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}

@@ -884,3 +884,28 @@ func TestCoreMetrics(t *testing.T) {
 		}
 	}
 }
+
+// Under handle_path, which matches and strips its prefix without case and
+// with escapes decoded, every spelling of base_path that reaches the
+// catalog is guarded and bound as one path. Before, base_path was compared
+// exactly: a keyed createNamespace sent as /API/Catalog/… or
+// /api%2Fcatalog/… passed unguarded, and its retry executed again (409
+// AlreadyExists from a real catalog).
+func TestCoreBasePathUnderHandlePath(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("",
+		"iceberg_idempotency {\nbase_path /api/catalog\n}\nhandle_path /api/catalog/* {\nreverse_proxy "+b.Addr()+"\n}"))
+	const body = `{"namespace":["spelled"]}`
+	for i, spelling := range []string{"/API/Catalog", "/api%2Fcatalog", "/Api%2fCATALOG"} {
+		key := newKey(t)
+		path := fmt.Sprintf("/v1/spelling%d/namespaces", i)
+		first := send(t, "POST", c.URL()+spelling+path, body, keyHeader, key)
+		wantStatus(t, spelling+" first", first, 200)
+		retry := send(t, "POST", c.URL()+spelling+path, body, keyHeader, key)
+		wantReplayOf(t, spelling+" retry", retry, first)
+		other := send(t, "POST", c.URL()+"/api/catalog"+path, body, keyHeader, key)
+		wantReplayOf(t, spelling+" retry spelled /api/catalog", other, first)
+		wantCount(t, b, path, 1)
+	}
+}
