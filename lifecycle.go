@@ -136,7 +136,7 @@ func (g *guarded) run() error {
 			case errors.Is(err, context.DeadlineExceeded):
 				return g.stillInFlight()
 			case err != nil:
-				return g.storeFailed("await", err)
+				return g.storeFailedOnHeldKey("await", err)
 			case rec == nil:
 				continue // the owner released the key: try to reserve it
 			}
@@ -154,7 +154,7 @@ func (g *guarded) run() error {
 			ok, err := h.store.TakeOver(g.detached, g.key, rec.Owner, g.owner, h.executionLease())
 			if err != nil {
 				g.undoLostReply(abandonTakeOver)
-				return g.storeFailed("take over", err)
+				return g.storeFailedOnHeldKey("take over", err)
 			}
 			if ok && g.r.Context().Err() != nil {
 				// The client left during the takeover: leave the record
@@ -166,7 +166,7 @@ func (g *guarded) run() error {
 				switch held, err := g.slowLeaseRenewed(time.Since(sent)); {
 				case err != nil:
 					g.markUnknown(g.detached, nil) // abandoned again, as it was
-					return g.storeFailed("extend lease", err)
+					return g.storeFailedOnHeldKey("extend lease", err)
 				case !held:
 					continue
 				}
@@ -790,13 +790,27 @@ func (g *guarded) stillInFlight() error {
 
 // storeFailed fails closed (503 + Retry-After) unless fail_open is set.
 func (g *guarded) storeFailed(step string, err error) error {
+	return g.storeError(step, err, g.h.FailOpen)
+}
+
+// storeFailedOnHeldKey is storeFailed for a key the store has shown to be
+// another request's: in flight, or abandoned with its outcome unknown.
+// fail_open does not apply. It trades the guarantee for availability
+// while the store cannot tell anything, but here the store told: passing
+// the request through would execute it beside, or after, the one that
+// holds the key.
+func (g *guarded) storeFailedOnHeldKey(step string, err error) error {
+	return g.storeError(step, err, false)
+}
+
+func (g *guarded) storeError(step string, err error, failOpen bool) error {
 	if g.r.Context().Err() != nil {
 		// The client left and took the store call with it: not a failure
 		// of the store, and nobody is there to answer.
 		g.log(zapcore.DebugLevel, "client left during a store call", zap.String("step", step))
 		return nil
 	}
-	if g.h.FailOpen {
+	if failOpen {
 		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
 		g.count(outcomeFailOpen)
 		// Unguarded, but not replayed by the transport behind the

@@ -1,12 +1,16 @@
 package icebergidempotency
 
 import (
+	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -147,5 +151,84 @@ func TestFailOpenDeleteIsNotResentByTheTransport(t *testing.T) {
 	serve(t, h, proxy, http.MethodDelete, commitPath, storetest.NewKey(t), "")
 	if n := executed.Load(); n != 1 {
 		t.Fatalf("the catalog executed the keyed DELETE passed through by fail_open %d times, want 1", n)
+	}
+}
+
+// failingHeldKeyCalls is a memory store whose Await and TakeOver fail on
+// cue (a store blip), the calls a request makes only once the store has
+// shown it the key is another request's; every other call works. A
+// stand-in: a real store cannot be made to fail exactly those calls.
+type failingHeldKeyCalls struct {
+	stores.Store
+	fail atomic.Bool
+}
+
+func (s *failingHeldKeyCalls) Await(ctx context.Context, key string) (*stores.Record, error) {
+	if s.fail.Load() {
+		return nil, errors.New("connection reset by peer")
+	}
+	return s.Store.Await(ctx, key)
+}
+
+func (s *failingHeldKeyCalls) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	if s.fail.Load() {
+		return false, errors.New("connection reset by peer")
+	}
+	return s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+}
+
+// fail_open passes a request through only while the store can tell
+// nothing. A duplicate that found its key in flight, and then had its wait
+// fail, was sent to the catalog beside the first request: one key, two
+// executions. It now gets 503 + Retry-After, fail_open or not; so does a
+// retry of an abandoned key (abandoned reexecute) whose takeover failed.
+func TestFailOpenDoesNotPassAKeyAnotherRequestHolds(t *testing.T) {
+	s := &failingHeldKeyCalls{Store: newMemoryStore(t)}
+	h := newTestHandler(t, s)
+	h.FailOpen = true
+	h.Abandoned = abandonedReexecute
+	var executions atomic.Int32
+	started, finish := make(chan struct{}), make(chan struct{})
+	up := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		if executions.Add(1) == 1 {
+			close(started)
+			<-finish
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"namespace":["a"],"properties":{}}`)
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	first := make(chan result, 1)
+	go func() { first <- serve(t, h, up, "POST", "/v1/namespaces", key, nsBody) }()
+	<-started
+	s.fail.Store(true)
+	dup := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+	s.fail.Store(false)
+	close(finish)
+	if r := <-first; r.code() != http.StatusOK {
+		t.Fatalf("first = %d", r.code())
+	}
+	if n := executions.Load(); n != 1 || dup.code() != http.StatusServiceUnavailable || dup.header.Get("Retry-After") == "" {
+		t.Fatalf("duplicate whose wait failed = %d (Retry-After %q), catalog executed %d times; want 503 + Retry-After and 1",
+			dup.code(), dup.header.Get("Retry-After"), n)
+	}
+
+	// A commit whose answer was lost: abandoned, its outcome unknown.
+	catalog := newCountingCatalog(t, answerNothing)
+	proxy := newReverseProxy(t, catalog.addr())
+	abandoned := storetest.NewKey(t)
+	serve(t, h, proxy, "POST", commitPath, abandoned, commitBody)
+	s.fail.Store(true)
+	retry := serve(t, h, proxy, "POST", commitPath, abandoned, commitBody)
+	s.fail.Store(false)
+	if n := catalog.executed.Load(); n != 1 || retry.code() != http.StatusServiceUnavailable {
+		t.Fatalf("retry of an abandoned key whose takeover failed = %d, catalog executed %d times; want 503 and 1", retry.code(), n)
+	}
+	// The store back, the retry takes over as abandoned reexecute says.
+	serve(t, h, proxy, "POST", commitPath, abandoned, commitBody)
+	if n := catalog.executed.Load(); n != 2 {
+		t.Fatalf("retry with the store back: catalog executed %d times, want 2 (taken over)", n)
 	}
 }
