@@ -328,14 +328,40 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 	defer executing.Dec()
 	hidden := hideKeyFromTransport(r.Header)
 	defer restoreKey(r.Header, hidden)
+	// howMuchSent reads the upstream reverse_proxy chose from the
+	// replacer; one chosen before this call (forward_auth is a
+	// reverse_proxy too) proves nothing about this request's catalog.
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		repl.Delete(upstreamVar)
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			g.hb.stop()
-			g.markUnknown(detached, fmt.Errorf("the handlers after iceberg_idempotency panicked: %v", v))
+			if upstreamChosen(r) {
+				g.markUnknown(detached, fmt.Errorf("the handlers after iceberg_idempotency panicked: %v", v))
+			} else {
+				// A handler before reverse_proxy broke the request off
+				// (Caddy's abort): nothing reached the catalog.
+				g.release(detached, "broken off before reaching the catalog")
+			}
 			panic(v)
 		}
 	}()
 	return g.next.ServeHTTP(w, r)
+}
+
+// upstreamVar is where reverse_proxy notes the upstream it chose.
+const upstreamVar = "http.reverse_proxy.upstream.address"
+
+// upstreamChosen reports whether reverse_proxy chose an upstream for r
+// during the call; without a replacer it cannot tell, and says yes.
+func upstreamChosen(r *http.Request) bool {
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if !ok {
+		return true
+	}
+	_, chosen := repl.Get(upstreamVar)
+	return chosen
 }
 
 // hideKeyFromTransport moves the request's Idempotency-Key (and
@@ -406,10 +432,8 @@ func howMuchSent(r *http.Request, err error) int {
 	if errors.As(err, &herr) && herr.Err != nil && herr.Err.Error() == "no upstreams available" {
 		return sentNoConnection
 	}
-	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-		if _, chosen := repl.Get("http.reverse_proxy.upstream.address"); !chosen {
-			return sentNothing
-		}
+	if !upstreamChosen(r) {
+		return sentNothing
 	}
 	return sentMaybe
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -230,5 +232,28 @@ func TestFailOpenDoesNotPassAKeyAnotherRequestHolds(t *testing.T) {
 	serve(t, h, proxy, "POST", commitPath, abandoned, commitBody)
 	if n := catalog.executed.Load(); n != 2 {
 		t.Fatalf("retry with the store back: catalog executed %d times, want 2 (taken over)", n)
+	}
+}
+
+// A handler after the directive that breaks the request off before any
+// upstream is chosen (Caddy's abort panics with http.ErrAbortHandler) sent
+// nothing to the catalog: the key is released, and the retry executes.
+// Before, any panic left the key "outcome unknown" and the retry got 500.
+func TestAbortBeforeTheCatalogReleasesTheKey(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	key := storetest.NewKey(t)
+	abort := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { panic(http.ErrAbortHandler) })
+	func() {
+		defer func() {
+			if v := recover(); v != http.ErrAbortHandler {
+				t.Errorf("the abort was not passed on: recovered %v", v)
+			}
+		}()
+		serve(t, h, abort, "POST", "/v1/namespaces", key, nsBody)
+	}()
+	ok := answering(http.StatusOK, `{"namespace":["a"],"properties":{}}`)
+	if retry := serve(t, h, ok, "POST", "/v1/namespaces", key, nsBody); retry.code() != http.StatusOK || ok.calls.Load() != 1 {
+		t.Fatalf("retry after an abort that sent nothing = %d %s, catalog called %d times; want 200 and 1",
+			retry.code(), retry.errorType(), ok.calls.Load())
 	}
 }

@@ -909,3 +909,34 @@ func TestCoreBasePathUnderHandlePath(t *testing.T) {
 		wantCount(t, b, path, 1)
 	}
 }
+
+// forward_auth in front (a reverse_proxy itself, which notes the upstream
+// it chose) and a handler after the directive that refuses the request
+// before reverse_proxy (request_body's 413): nothing reached the catalog,
+// so the key is released and the retry, once the config lets it through,
+// executes. Before, the auth server's upstream was taken for the catalog's:
+// the first answer was 413 "outcome unknown" and every retry 500 unknown.
+func TestCoreForwardAuthThenRejectedBeforeTheCatalog(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	site := func(maxSize string) string {
+		return caddyproc.Caddyfile("", "forward_auth "+b.Addr()+" {\nuri /auth\n}\niceberg_idempotency\n"+
+			"handle /v1/* {\nrequest_body {\nmax_size "+maxSize+"\n}\nreverse_proxy "+b.Addr()+"\n}")
+	}
+	c := caddyproc.Start(t, site("8"))
+	const path = "/v1/namespaces"
+	const body = `{"namespace":["authorized"]}`
+	key := newKey(t)
+	first := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantStatus(t, "body over request_body's max_size", first, http.StatusRequestEntityTooLarge)
+	if strings.Contains(string(first.Body), "CommitStateUnknown") {
+		t.Fatalf("a request refused before the catalog was answered %s", first.Body)
+	}
+	wantCount(t, b, path, 0)
+
+	reload(t, c, site("1MB"))
+	retry := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantStatus(t, "retry once the body is allowed", retry, http.StatusOK)
+	wantExecuted(t, "retry", retry)
+	wantCount(t, b, path, 1)
+}
