@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // captureWriter buffers a response so it can be stored before the client
@@ -99,6 +100,34 @@ func (c *captureWriter) deliver() {
 	if c.overflowed {
 		return
 	}
+	h := c.w.Header()
+	trailers := takeTrailers(h)
 	c.w.WriteHeader(c.finalStatus())
 	_, _ = c.w.Write(c.buf.Bytes())
+	for name, vals := range trailers {
+		h[name] = vals // net/http sends them after the body
+	}
+}
+
+// takeTrailers removes from h, and returns, the values of the trailers h
+// announces ("Trailer: X-Checksum"). reverse_proxy sets them into the
+// header map after the body, which the capture writer held back: sent
+// with the header now, they would reach the client as headers, where
+// plain reverse_proxy sends them as trailers. nil, at no cost, when h
+// announces none.
+func takeTrailers(h http.Header) http.Header {
+	var taken http.Header
+	for _, line := range h["Trailer"] {
+		for name := range strings.SplitSeq(line, ",") {
+			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
+			if vals, ok := h[name]; ok {
+				if taken == nil {
+					taken = make(http.Header)
+				}
+				taken[name] = vals
+				delete(h, name)
+			}
+		}
+	}
+	return taken
 }

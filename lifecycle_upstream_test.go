@@ -6,10 +6,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
@@ -255,5 +257,34 @@ func TestAbortBeforeTheCatalogReleasesTheKey(t *testing.T) {
 	if retry := serve(t, h, ok, "POST", "/v1/namespaces", key, nsBody); retry.code() != http.StatusOK || ok.calls.Load() != 1 {
 		t.Fatalf("retry after an abort that sent nothing = %d %s, catalog called %d times; want 200 and 1",
 			retry.code(), retry.errorType(), ok.calls.Load())
+	}
+}
+
+// Trailers the catalog sends after its body reach the client as trailers,
+// as through plain reverse_proxy. Before, the capture writer held the
+// header back until reverse_proxy had set the trailers' values into the
+// header map, and they went out as headers.
+func TestTrailersStayTrailers(t *testing.T) {
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		w.Header().Set("Trailer", "X-Checksum")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"ok":true}`)
+		w.Header().Set("X-Checksum", "42")
+	})
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, catalog.addr())
+	req := httptest.NewRequest("POST", "/v1/namespaces", strings.NewReader(nsBody))
+	req.Header.Set(IdempotencyKeyHeader, storetest.NewKey(t))
+	rec := httptest.NewRecorder()
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+	if err := h.ServeHTTP(rec, req, proxy); err != nil {
+		t.Fatal(err)
+	}
+	res := rec.Result()
+	if res.StatusCode != http.StatusOK || res.Header.Get("X-Checksum") != "" || res.Trailer.Get("X-Checksum") != "42" {
+		t.Fatalf("status %d, header X-Checksum %q, trailer X-Checksum %q; want 200, none, 42",
+			res.StatusCode, res.Header.Get("X-Checksum"), res.Trailer.Get("X-Checksum"))
 	}
 }
