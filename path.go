@@ -12,6 +12,10 @@ import "strings"
 //   - other escapes keep their encoding with upper-case hex digits ("%2f" and
 //     "%2F" are one character): "%2F" and "%1F" stay inside their segment, as
 //     Iceberg's namespace separator must;
+//   - path parameters (";jsessionid=…", RFC 3986 section 3.3) are cut from
+//     each segment: servlet containers and JAX-RS, on which the Java
+//     catalogs run, route "/v1/namespaces;x" as "/v1/namespaces" (an
+//     escaped "%3B" is data and stays);
 //   - empty segments ("//") and a trailing "/" are dropped, and "." and ".."
 //     segments are resolved: servlet containers, Go's ServeMux and most web
 //     frameworks route such paths to the same handler or redirect to it, so a
@@ -36,6 +40,7 @@ func rebuildPath(escaped string) string {
 	segs := strings.Split(escaped, "/")
 	out := make([]string, 0, len(segs))
 	for _, seg := range segs {
+		seg, _, _ = strings.Cut(seg, ";")
 		seg = normalizeEscapes(seg)
 		switch seg {
 		case "", ".":
@@ -52,13 +57,13 @@ func rebuildPath(escaped string) string {
 }
 
 // alreadyNormal reports whether normalizePath would return p unchanged: it
-// starts with "/", has no escape, no empty, "." or ".." segment and no
-// trailing "/".
+// starts with "/", has no escape, no path parameter, no empty, "." or ".."
+// segment and no trailing "/".
 func alreadyNormal(p string) bool {
 	if p == "/" {
 		return true
 	}
-	if p[0] != '/' || p[len(p)-1] == '/' || strings.IndexByte(p, '%') >= 0 {
+	if p[0] != '/' || p[len(p)-1] == '/' || strings.IndexAny(p, "%;") >= 0 {
 		return false
 	}
 	for rest := p[1:]; ; {

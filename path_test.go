@@ -29,6 +29,10 @@ func TestNormalizePath(t *testing.T) {
 		"/":                                "/",
 		"/../..":                           "/",
 		"/api/catalog/v1/wh/tables/rename": "/api/catalog/v1/wh/tables/rename",
+		"/v1/namespaces;x=1":               "/v1/namespaces",
+		"/v1/wh;a/namespaces;b/ns/tables;": "/v1/wh/namespaces/ns/tables",
+		"/v1/wh/namespaces/..;x/tables":    "/v1/wh/tables",
+		"/v1/namespaces/a%3Bb":             "/v1/namespaces/a%3Bb",
 	} {
 		if got := normalizePath(in); got != want {
 			t.Errorf("normalizePath(%q) = %q, want %q", in, got, want)
@@ -47,6 +51,8 @@ func TestClassifyPathSpellings(t *testing.T) {
 	for _, p := range []string{
 		"/v1/wh/namespaces", "/v1/wh/%6Eamespaces", "/v1//wh/namespaces", "/v1/wh/namespaces/",
 		"/v1/wh/./namespaces", "/v1/%77h/namespaces",
+		// JAX-RS and servlet containers route these as /v1/wh/namespaces.
+		"/v1/wh/namespaces;x=1", "/v1/wh;p/namespaces", "/v1;/wh/namespaces;",
 	} {
 		if got := h.classifyPath("POST", normalizePath(p)); got != "createNamespace" {
 			t.Errorf("classify(POST %s) = %q, want createNamespace", p, got)
