@@ -463,17 +463,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return next.ServeHTTP(w, r)
 	}
-	rel, ok := h.belowBase(normalizePath(r.URL.EscapedPath()))
-	if !ok {
-		return next.ServeHTTP(w, r)
-	}
-	op := classify(r.Method, rel)
+	op, path := h.classifyPath(r.Method, normalizePath(r.URL.EscapedPath()))
 	if op == "" {
 		return next.ServeHTTP(w, r)
 	}
-	// Keys are bound to one spelling of the base path, whichever the
-	// client used.
-	return h.admit(w, r, next, op, h.basePath+rel)
+	return h.admit(w, r, next, op, path)
 }
 
 // isConfigRequest reports whether r's normalized path is GET /v1/config's.
@@ -489,13 +483,18 @@ func (h *Handler) isConfigRequest(r *http.Request) bool {
 }
 
 // classifyPath returns the mutation's operationId, or "" for requests that
-// pass straight through (outside the base path, reads, unknown paths).
-func (h *Handler) classifyPath(method, path string) string {
+// pass straight through (outside the base path, reads, unknown paths), and
+// the path its key is bound to: the configured spelling of the base path,
+// whichever the client used, then the normalized path below it.
+func (h *Handler) classifyPath(method, path string) (op, bound string) {
 	rel, ok := h.belowBase(path)
 	if !ok {
-		return ""
+		return "", ""
 	}
-	return classify(method, rel)
+	if op = classify(method, rel); op == "" {
+		return "", ""
+	}
+	return op, h.basePath + rel
 }
 
 // belowBase returns the part of the normalized path below base_path, which

@@ -331,7 +331,7 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 	// howMuchSent reads the upstream reverse_proxy chose from the
 	// replacer; one chosen before this call (forward_auth is a
 	// reverse_proxy too) proves nothing about this request's catalog.
-	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+	if repl := replacerOf(r); repl != nil {
 		repl.Delete(upstreamVar)
 	}
 	defer func() {
@@ -356,12 +356,17 @@ const upstreamVar = "http.reverse_proxy.upstream.address"
 // upstreamChosen reports whether reverse_proxy chose an upstream for r
 // during the call; without a replacer it cannot tell, and says yes.
 func upstreamChosen(r *http.Request) bool {
-	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	if !ok {
+	repl := replacerOf(r)
+	if repl == nil {
 		return true
 	}
 	_, chosen := repl.Get(upstreamVar)
 	return chosen
+}
+
+func replacerOf(r *http.Request) *caddy.Replacer {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	return repl
 }
 
 // hideKeyFromTransport moves the request's Idempotency-Key (and

@@ -111,7 +111,7 @@ func TestBasePath(t *testing.T) {
 		"/API/CATALOGS/v1/namespaces":     "",
 		"/api%2Fcatalogx/v1/namespaces":   "",
 	} {
-		if got := h.classifyPath("POST", normalizePath(path)); got != want {
+		if got, _ := h.classifyPath("POST", normalizePath(path)); got != want {
 			t.Errorf("classifyPath(POST %s) = %q, want %q", path, got, want)
 		}
 	}

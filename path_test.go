@@ -54,7 +54,7 @@ func TestClassifyPathSpellings(t *testing.T) {
 		// JAX-RS and servlet containers route these as /v1/wh/namespaces.
 		"/v1/wh/namespaces;x=1", "/v1/wh;p/namespaces", "/v1;/wh/namespaces;",
 	} {
-		if got := h.classifyPath("POST", normalizePath(p)); got != "createNamespace" {
+		if got, _ := h.classifyPath("POST", normalizePath(p)); got != "createNamespace" {
 			t.Errorf("classify(POST %s) = %q, want createNamespace", p, got)
 		}
 	}
@@ -97,8 +97,8 @@ func FuzzClassify(f *testing.F) {
 		if path != "" && alreadyNormal(path) && rebuildPath(path) != path {
 			t.Fatalf("%q is taken as already normal but normalizes to %q", path, rebuildPath(path))
 		}
-		op := plain.classifyPath(method, norm)
-		_ = h.classifyPath(method, norm)
+		op, _ := plain.classifyPath(method, norm)
+		_, _ = h.classifyPath(method, norm)
 		if rel, ok := strings.CutPrefix(norm, "/v1/"); ok {
 			if want := classifyByList(method, rel); op != want {
 				t.Fatalf("%s %q classifies as %q, but as %q by the whole list", method, norm, op, want)
@@ -122,7 +122,7 @@ func FuzzClassify(f *testing.F) {
 			}
 		}
 		other := b.String() + "/"
-		if got := plain.classifyPath(method, normalizePath(other)); got != op {
+		if got, _ := plain.classifyPath(method, normalizePath(other)); got != op {
 			t.Fatalf("%q classifies as %q but its spelling %q as %q", path, op, other, got)
 		}
 	})

@@ -464,35 +464,11 @@ func TestRetryAfterReleaseBindsUnderCurrentSecret(t *testing.T) {
 	auth := "Bearer token-" + randomHex(t, 12)
 	key := storetest.NewKey(t)
 
-	// 1. Node/config without a secret: the first request is in flight and
-	//    the catalog will answer 503 (released).
-	hClear := newSecretHandler(t, s, "")
-	arrived, answer := make(chan struct{}), make(chan struct{})
-	first := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
-		_, _ = io.ReadAll(r.Body)
-		close(arrived)
-		<-answer
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return nil
-	}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		serve(t, hClear, first, "POST", commitPath, key, commitBody, "Authorization", auth)
-	}()
-	<-arrived
-
-	// 2. After a reload that turns a secret on, the client's retry arrives:
-	//    it matches the clear record through the nil alternative and waits.
+	// A config without a secret holds the first request in flight; after a
+	// reload that turns secret B on, the retry matches its clear record
+	// through the unkeyed alternative and waits until it is released.
 	hSecret := newSecretHandler(t, s, "secret-B-"+randomHex(t, 16))
-	hSecret.InFlightWait = caddy.Duration(5 * time.Second)
-	second := answering(200, `{"ok":true}`)
-	res := make(chan result, 1)
-	go func() { res <- serve(t, hSecret, second, "POST", commitPath, key, commitBody, "Authorization", auth) }()
-	time.Sleep(50 * time.Millisecond)
-	close(answer) // first request released (503)
-	<-done
-	r := <-res
+	r := retryAfterRelease(t, newSecretHandler(t, s, ""), hSecret, answering(200, `{"ok":true}`), key, auth)
 	rec, _ := s.Load(context.Background(), key)
 	unkeyed := sha256Hex([]byte(auth))
 	if r.code() != http.StatusOK || rec == nil || rec.Response == nil || rec.Response.KeyID == "" {
@@ -513,30 +489,9 @@ func TestRetryAfterReleaseReplaysOnceOldSecretIsDropped(t *testing.T) {
 	key := storetest.NewKey(t)
 	secretA, secretB := "secret-A-"+randomHex(t, 16), "secret-B-"+randomHex(t, 16)
 
-	hA := newSecretHandler(t, s, secretA)
-	arrived, answer := make(chan struct{}), make(chan struct{})
-	first := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
-		_, _ = io.ReadAll(r.Body)
-		close(arrived)
-		<-answer
-		w.WriteHeader(http.StatusServiceUnavailable)
-		return nil
-	}}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		serve(t, hA, first, "POST", commitPath, key, commitBody, "Authorization", auth)
-	}()
-	<-arrived
-	hB := newSecretHandler(t, s, secretB, secretA)
-	hB.InFlightWait = caddy.Duration(5 * time.Second)
 	up := answering(200, `{"ok":true}`)
-	res := make(chan result, 1)
-	go func() { res <- serve(t, hB, up, "POST", commitPath, key, commitBody, "Authorization", auth) }()
-	time.Sleep(50 * time.Millisecond)
-	close(answer)
-	<-done
-	if r := <-res; r.code() != 200 {
+	hB := newSecretHandler(t, s, secretB, secretA)
+	if r := retryAfterRelease(t, newSecretHandler(t, s, secretA), hB, up, key, auth); r.code() != 200 {
 		t.Fatalf("executing retry = %d", r.code())
 	}
 	// Rotation finished: A dropped.
@@ -546,4 +501,33 @@ func TestRetryAfterReleaseReplaysOnceOldSecretIsDropped(t *testing.T) {
 		t.Fatalf("retry once A is dropped = %d %s (replayed %q, catalog called %d times); want the stored answer replayed",
 			r.code(), r.body, r.header.Get(ReplayedHeader), up.calls.Load())
 	}
+}
+
+// retryAfterRelease sends a keyed commit through first and holds it at the
+// catalog, sends its retry through retry (which waits for it), then lets
+// the catalog answer the first 503, which releases the key: the retry
+// executes against up, and its answer is returned.
+func retryAfterRelease(t *testing.T, first, retry *Handler, up *upstream, key, auth string) result {
+	t.Helper()
+	arrived, answer := make(chan struct{}), make(chan struct{})
+	held := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		close(arrived)
+		<-answer
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return nil
+	}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		serve(t, first, held, "POST", commitPath, key, commitBody, "Authorization", auth)
+	}()
+	<-arrived
+	retry.InFlightWait = caddy.Duration(5 * time.Second)
+	res := make(chan result, 1)
+	go func() { res <- serve(t, retry, up, "POST", commitPath, key, commitBody, "Authorization", auth) }()
+	time.Sleep(50 * time.Millisecond) // the retry waits meanwhile; if not yet, it reserves after the release
+	close(answer)
+	<-done
+	return <-res
 }
