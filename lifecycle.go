@@ -9,6 +9,7 @@ package icebergidempotency
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"math"
@@ -47,13 +48,25 @@ type guarded struct {
 	// reservation is bound to, whatever record an earlier round adopted.
 	own    stores.Binding
 	owner  string
-	status int         // the status of the response being finalized, for logs: a sealed response hides it
-	hb     heartbeat   // the lease renewals of the execution, then of finalizeLater
-	body   requestBody // the read body, as the handlers after this one get it
+	status int           // the status of the response being finalized, for logs: a sealed response hides it
+	hb     heartbeat     // the lease renewals of the execution, then of finalizeLater
+	body   requestBody   // the read body, as the handlers after this one get it
+	cw     captureWriter // the execution's response, held until it is stored
 	// detached is the request's context without its cancellation (the
 	// replacer and vars travel along): store writes and the execution run
 	// under it, so that the client's departure cuts neither short.
 	detached context.Context
+}
+
+// newOwnerToken is a random (version 4) UUID naming one request's hold on
+// a key. uuid.NewString reads through an io.Reader, which moves its array
+// to the heap: one allocation more on every keyed request.
+func newOwnerToken() string {
+	var u uuid.UUID
+	_, _ = rand.Read(u[:]) // crypto/rand.Read never fails
+	u[6] = u[6]&0x0f | 0x40
+	u[8] = u[8]&0x3f | 0x80
+	return u.String()
 }
 
 // maxAttempts bounds how often a request goes round reserve → wait when the
@@ -62,7 +75,7 @@ const maxAttempts = 5
 
 func (g *guarded) run() error {
 	h := g.h
-	g.owner = uuid.NewString()
+	g.owner = newOwnerToken()
 	g.detached = context.WithoutCancel(g.r.Context())
 	// The wait's deadline is made when a wait begins: most keyed requests
 	// reserve at once and never need its timer.
@@ -240,7 +253,8 @@ func (g *guarded) execute() error {
 		hb = g.startHeartbeat(ctx)
 	}
 
-	cw := newCaptureWriter(g.w, h.MaxResponseSize)
+	g.cw = captureWriter{w: g.w, limit: h.MaxResponseSize}
+	cw := &g.cw
 	err := g.callUpstream(cw, g.r.WithContext(ctx), detached)
 	hb.stop()
 

@@ -18,6 +18,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/google/uuid"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
@@ -503,5 +504,22 @@ func TestShortLifetimeRecordOutlivesTheExecution(t *testing.T) {
 	}
 	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" {
 		t.Fatalf("retry = %d, replayed %q; want the first answer replayed", retry.code(), retry.header.Get(ReplayedHeader))
+	}
+}
+
+// Owner tokens tell two requests' holds on a key apart, across nodes: each
+// must be a fresh random UUID, never a repeat.
+func TestOwnerTokensAreRandomUUIDs(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		tok := newOwnerToken()
+		u, err := uuid.Parse(tok)
+		if err != nil || u.Version() != 4 || u.Variant() != uuid.RFC4122 || u.String() != tok {
+			t.Fatalf("owner token %q: not a canonical version 4 UUID (err %v)", tok, err)
+		}
+		if seen[tok] {
+			t.Fatalf("owner token %q repeated", tok)
+		}
+		seen[tok] = true
 	}
 }

@@ -92,7 +92,10 @@ type Options struct {
 }
 
 type entry struct {
-	rec        stores.Record
+	rec stores.Record
+	// resp is a final record's response; rec.Response points at it, so
+	// that a record takes one allocation, not two.
+	resp       stores.Response
 	leaseUntil time.Time
 	size       int64  // counted bytes, for final records
 	prev, next *entry // recency order, for final records
@@ -282,7 +285,8 @@ func (s *Store) Finalize(_ context.Context, key, owner string, resp stores.Respo
 	delete(s.inflight, key)
 	e.rec.State = stores.StateFinal
 	e.rec.Owner = ""
-	e.rec.Response = &stored
+	e.resp = stored
+	e.rec.Response = &e.resp
 	e.size = size
 	s.addFinal(key, e, now)
 	s.notify(key)
