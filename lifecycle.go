@@ -618,10 +618,20 @@ func (g *guarded) markUnknown(ctx context.Context, cause error) {
 	}
 }
 
+// release gives the key back: nothing was executed, or nothing final came
+// of it. A Release that fails is retried in the background as a lost
+// reply is (undoLostReply): left in flight, the record's lease would lapse
+// and every retry of a request that provably did not commit would hear
+// "outcome unknown" for the rest of the key's lifetime.
 func (g *guarded) release(ctx context.Context, why string) {
 	executionCounters.inc(g.binding.Operation, "released")
 	if err := g.h.store.Release(ctx, g.key, g.owner); err != nil {
-		g.log(zapcore.ErrorLevel, "release failed", zap.String("reason", why), zap.Error(err))
+		if errors.Is(err, stores.ErrNotOwner) {
+			g.log(zapcore.ErrorLevel, "release refused: the key is no longer owned by this request", zap.String("reason", why), zap.Error(err))
+			return
+		}
+		g.log(zapcore.ErrorLevel, "release failed: retrying in the background", zap.String("reason", why), zap.Error(err))
+		g.undoLostReply(releaseReservation)
 		return
 	}
 	g.log(zapcore.DebugLevel, "key released", zap.String("outcome", "release"), zap.String("reason", why))
@@ -629,9 +639,9 @@ func (g *guarded) release(ctx context.Context, why string) {
 
 // undoLostReply undoes, in the background, a store write whose reply was
 // lost: the statement may have committed although the call failed. After a
-// Reserve, the reservation is released, so that the client, told to retry
-// with the same key, does not then hear "unknown" for a request that never
-// reached the catalog. After a TakeOver, the record is marked abandoned again,
+// Reserve (or a Release that failed), the reservation is released, so that
+// the client, told to retry with the same key, does not then hear "unknown"
+// for a request that never reached the catalog. After a TakeOver, the record is marked abandoned again,
 // as it was. The owner token is this request's alone, so neither can touch
 // anybody else's record. It keeps trying for a while, since a store that just
 // failed is often briefly unreachable.

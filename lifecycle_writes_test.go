@@ -360,3 +360,39 @@ func TestSlowReservationRenewsItsLeaseFirst(t *testing.T) {
 		t.Fatal("the lease of a reservation that took half of it was not renewed before the catalog was called")
 	}
 }
+
+// releaseFailsOnce fails the first Release before it reaches the store, as
+// a network blip or a timeout would (a stand-in: no real store can be made
+// to fail one chosen call).
+type releaseFailsOnce struct {
+	stores.Store
+	failed atomic.Bool
+}
+
+func (s *releaseFailsOnce) Release(ctx context.Context, key, owner string) error {
+	if s.failed.CompareAndSwap(false, true) {
+		return errInjected
+	}
+	return s.Store.Release(ctx, key, owner)
+}
+
+// A 503 from the catalog releases the key. When that Release fails, it is
+// retried in the background: left in flight, the record's lease would lapse
+// and every retry would hear "outcome unknown" for a request the catalog
+// refused.
+func TestFailedReleaseIsRetried(t *testing.T) {
+	s := &releaseFailsOnce{Store: newMemoryStore(t)}
+	h := newTestHandler(t, s)
+	h.Lease = caddy.Duration(100 * time.Millisecond)
+	h.InFlightWait = caddy.Duration(2 * time.Second)
+	key := storetest.NewKey(t)
+	if first := serve(t, h, answering(http.StatusServiceUnavailable, `{"error":{}}`), "POST", "/v1/namespaces", key, nsBody); first.code() != http.StatusServiceUnavailable {
+		t.Fatalf("first: %d", first.code())
+	}
+	time.Sleep(300 * time.Millisecond) // past the lease: the store is back, the client retries
+	up := answering(http.StatusOK, "{}")
+	retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+	if retry.code() != http.StatusOK || up.calls.Load() != 1 {
+		t.Fatalf("retry of a request the catalog refused: %d %s, executed %d times; want it executed once", retry.code(), retry.body, up.calls.Load())
+	}
+}
