@@ -340,8 +340,7 @@ func (g *guarded) execute() error {
 func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached context.Context) error {
 	executing.Inc()
 	defer executing.Dec()
-	hidden := hideKeyFromTransport(r.Header)
-	defer restoreKey(r.Header, hidden)
+	defer hideKeyFromTransport(r).restore()
 	// howMuchSent reads the upstream reverse_proxy chose from the
 	// replacer; one chosen before this call (forward_auth is a
 	// reverse_proxy too) proves nothing about this request's catalog.
@@ -383,46 +382,55 @@ func replacerOf(r *http.Request) *caddy.Replacer {
 	return repl
 }
 
-// hideKeyFromTransport moves the request's Idempotency-Key (and
-// X-Idempotency-Key) header to its lower-case spelling for the upstream
-// call; restoreKey moves it back. Go's HTTP transport takes a request
-// without a body that carries either header, under its canonical name, as
-// safe to replay, and resends it by itself on a new connection when a
-// reused one breaks before the answer: after the catalog may have executed
-// it, so a keyed DELETE (dropTable, dropNamespace, dropView) could run
-// twice. reverse_proxy sends every body-less request with a nil body, so
-// nothing else stops that. The header still reaches the catalog, which
-// must match header names case-insensitively (RFC 9110, section 5.1);
-// HTTP/2 sends every name in lower case anyway.
-func hideKeyFromTransport(h http.Header) (hidden bool) {
-	for _, n := range transportReplayHeaders {
-		if v, ok := h[n.canonical]; ok {
-			delete(h, n.canonical)
-			h[n.lower] = v
-			hidden = true
+// hideKeyFromTransport takes the Idempotency-Key (and X-Idempotency-Key)
+// header off a request without a body for the upstream call; restore puts
+// it back, for the handlers and logs after the call. Go's HTTP transport
+// takes a request without a body that carries either header as safe to
+// replay, and resends it by itself on a new connection when a reused one
+// breaks before the answer: after the catalog may have executed it, so a
+// keyed DELETE (dropTable, dropNamespace, dropView) could run twice.
+// reverse_proxy sends every body-less request with a nil body, so nothing
+// else stops that. Renaming the header is not enough: reverse_proxy
+// rebuilds the header map under canonical names whenever it has header
+// rules (header_up, or the Host rule of an HTTPS upstream). A request with
+// a body keeps its key: its body cannot be rewound, so the transport never
+// resends it. The catalog does not need the key of a body-less request:
+// the deduplication is done here.
+func hideKeyFromTransport(r *http.Request) (hidden hiddenKey) {
+	if r.ContentLength != 0 {
+		return hiddenKey{}
+	}
+	for i, name := range transportReplayHeaders {
+		if v, ok := r.Header[name]; ok {
+			hidden.values[i], hidden.any = v, true
+			delete(r.Header, name)
 		}
 	}
+	hidden.header = r.Header
 	return hidden
 }
 
-func restoreKey(h http.Header, hidden bool) {
-	if !hidden {
+// hiddenKey is what hideKeyFromTransport took off a request's header.
+type hiddenKey struct {
+	header http.Header
+	values [len(transportReplayHeaders)][]string
+	any    bool
+}
+
+func (k hiddenKey) restore() {
+	if !k.any {
 		return
 	}
-	for _, n := range transportReplayHeaders {
-		if v, ok := h[n.lower]; ok {
-			delete(h, n.lower)
-			h[n.canonical] = v
+	for i, name := range transportReplayHeaders {
+		if v := k.values[i]; v != nil {
+			k.header[name] = v
 		}
 	}
 }
 
 // transportReplayHeaders are the headers that make net/http's transport
 // replay a request (net/http.Request.isReplayable).
-var transportReplayHeaders = [...]struct{ canonical, lower string }{
-	{IdempotencyKeyHeader, "idempotency-key"},
-	{"X-Idempotency-Key", "x-idempotency-key"},
-}
+var transportReplayHeaders = [...]string{IdempotencyKeyHeader, "X-Idempotency-Key"}
 
 // How much of a request reached the catalog, as far as an error from the
 // handlers after this one proves.
@@ -868,8 +876,7 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		g.count(outcomeFailOpen)
 		// Unguarded, but not replayed by the transport behind the
 		// client's back either (see hideKeyFromTransport).
-		hidden := hideKeyFromTransport(g.r.Header)
-		defer restoreKey(g.r.Header, hidden)
+		defer hideKeyFromTransport(g.r).restore()
 		return g.next.ServeHTTP(g.w, g.r)
 	}
 	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.Error(err))

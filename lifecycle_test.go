@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -51,7 +52,31 @@ func newCountingCatalog(t *testing.T, answer func(w http.ResponseWriter, r *http
 	return c
 }
 
-func (c *countingCatalog) addr() string { return strings.TrimPrefix(c.srv.URL, "http://") }
+// newCountingCatalogTLS is newCountingCatalog over HTTPS (a self-signed
+// certificate: see overTLS).
+func newCountingCatalogTLS(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)) *countingCatalog {
+	t.Helper()
+	c := &countingCatalog{}
+	c.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		c.executed.Add(1)
+		answer(w, r)
+	}))
+	t.Cleanup(c.srv.Close)
+	return c
+}
+
+func (c *countingCatalog) addr() string {
+	return strings.TrimPrefix(strings.TrimPrefix(c.srv.URL, "http://"), "https://")
+}
+
+// overTLS makes reverse_proxy speak HTTPS to a catalog with a self-signed
+// certificate.
+func overTLS(rp *reverseproxy.Handler) {
+	rp.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
+		TLS: &reverseproxy.TLSConfig{InsecureSkipVerify: true},
+	}, "protocol", "http", nil)
+}
 
 // answerOK answers like a catalog that committed.
 func answerOK(w http.ResponseWriter, _ *http.Request) {
@@ -86,10 +111,13 @@ func runningCaddyContext(t *testing.T) caddy.Context {
 }
 
 // newReverseProxy provisions Caddy's reverse_proxy handler for one upstream.
-func newReverseProxy(t *testing.T, upstream string) caddyhttp.Handler {
+func newReverseProxy(t *testing.T, upstream string, configure ...func(*reverseproxy.Handler)) caddyhttp.Handler {
 	t.Helper()
 	ctx := runningCaddyContext(t)
 	rp := &reverseproxy.Handler{Upstreams: reverseproxy.UpstreamPool{{Dial: upstream}}}
+	for _, c := range configure {
+		c(rp)
+	}
 	if err := rp.Provision(ctx); err != nil {
 		t.Fatalf("provisioning reverse_proxy: %v", err)
 	}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
@@ -26,11 +28,16 @@ import (
 // breakAfterExecuting is a catalog that executes every request of method
 // and counts it; the first one's connection it then breaks before any
 // answer (answerNothing), a reused keep-alive connection by then. Other
-// requests get 200.
+// requests get 200. newCatalog is newCountingCatalog or its TLS twin.
 func breakAfterExecuting(t *testing.T, method string, answer func(w http.ResponseWriter)) (addr string, executed *atomic.Int32) {
+	return breakAfterExecutingOn(t, newCountingCatalog, method, answer)
+}
+
+func breakAfterExecutingOn(t *testing.T, newCatalog func(*testing.T, func(http.ResponseWriter, *http.Request)) *countingCatalog,
+	method string, answer func(w http.ResponseWriter)) (addr string, executed *atomic.Int32) {
 	t.Helper()
 	executed = new(atomic.Int32)
-	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+	catalog := newCatalog(t, func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method != method:
 			answerOK(w, r)
@@ -48,57 +55,91 @@ func breakAfterExecuting(t *testing.T, method string, answer func(w http.Respons
 // a body-less request carrying an Idempotency-Key as replayable and would
 // resend it on a new connection by itself, executing the drop twice and
 // storing the second answer (404 NoSuchTable) for every retry. The key's
-// header is out of the transport's sight for the call: the outcome is
-// unknown, and the drop ran once.
+// header is off the request for the call: the outcome is unknown, and the
+// drop ran once. reverse_proxy rebuilds the header map, under canonical
+// names, when it has header rules: a header_up, or the Host rule its
+// transport adds for an HTTPS upstream; a renamed header would come back.
 func TestKeyedDeleteIsNotResentByTheTransport(t *testing.T) {
-	addr, executed := breakAfterExecuting(t, http.MethodDelete, func(w http.ResponseWriter) {
-		w.WriteHeader(http.StatusNotFound)
-		_, _ = io.WriteString(w, `{"error":{"message":"Table does not exist","type":"NoSuchTableException","code":404}}`)
-	})
-	h := newTestHandler(t, newMemoryStore(t))
-	proxy := newReverseProxy(t, addr)
-	// An unkeyed read first, so that the DELETE goes on a reused
-	// keep-alive connection: the transport replays only on those.
-	if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
-		t.Fatalf("warm-up read = %d %v", r.code(), r.err)
-	}
-	key := storetest.NewKey(t)
-	first := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
-	if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
-		t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
-	}
-	retry := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
-	if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
-		t.Fatalf("retry = %d %q, want 500 %s", retry.code(), retry.body, typeCommitStateUnknown)
-	}
-	if n := executed.Load(); n != 1 {
-		t.Fatalf("the catalog executed the keyed DELETE %d times, want 1", n)
+	for _, c := range []struct {
+		name       string
+		newCatalog func(*testing.T, func(http.ResponseWriter, *http.Request)) *countingCatalog
+		configure  []func(*reverseproxy.Handler)
+	}{
+		{"plain", newCountingCatalog, nil},
+		{"header_up", newCountingCatalog, []func(*reverseproxy.Handler){withHeaderUp}},
+		{"https upstream", newCountingCatalogTLS, []func(*reverseproxy.Handler){overTLS}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			addr, executed := breakAfterExecutingOn(t, c.newCatalog, http.MethodDelete, func(w http.ResponseWriter) {
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = io.WriteString(w, `{"error":{"message":"Table does not exist","type":"NoSuchTableException","code":404}}`)
+			})
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, addr, c.configure...)
+			// An unkeyed read first, so that the DELETE goes on a reused
+			// keep-alive connection: the transport replays only on those.
+			if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
+				t.Fatalf("warm-up read = %d %v", r.code(), r.err)
+			}
+			key := storetest.NewKey(t)
+			first := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
+			if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
+				t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
+			}
+			retry := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
+			if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
+				t.Fatalf("retry = %d %q, want 500 %s", retry.code(), retry.body, typeCommitStateUnknown)
+			}
+			if n := executed.Load(); n != 1 {
+				t.Fatalf("the catalog executed the keyed DELETE %d times, want 1", n)
+			}
+		})
 	}
 }
 
-// The key still reaches the catalog under its lower-case spelling (header
-// names are case-insensitive), and the request's own header is back under
-// its canonical name for the handlers and logs after this one.
-func TestKeyStillReachesTheCatalog(t *testing.T) {
+// withHeaderUp gives reverse_proxy a header_up rule, as a catalog under a
+// path prefix needs (X-Forwarded-Prefix).
+func withHeaderUp(rp *reverseproxy.Handler) {
+	rp.Headers = &headers.Handler{Request: &headers.HeaderOps{
+		Set: http.Header{"X-Forwarded-Prefix": []string{"/api/catalog"}},
+	}}
+}
+
+// A request with a body keeps its key on the way to the catalog (its body
+// cannot be rewound, so the transport never resends it); a body-less one
+// goes without it. Either way the request's own header is as it came for
+// the handlers and logs after this one.
+func TestKeyReachesTheCatalogWithABody(t *testing.T) {
 	var got atomic.Value
 	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
-		got.Store(r.Header.Get(IdempotencyKeyHeader))
+		got.Store(r.Header.Values(IdempotencyKeyHeader))
 		w.WriteHeader(http.StatusNoContent)
 	})
 	h := newTestHandler(t, newMemoryStore(t))
 	proxy := newReverseProxy(t, catalog.addr())
-	key := storetest.NewKey(t)
-	req := httptest.NewRequest(http.MethodDelete, commitPath, nil)
-	req.Header.Set(IdempotencyKeyHeader, key)
-	if r := serveRequest(h, proxy, req); r.code() != http.StatusNoContent {
-		t.Fatalf("DELETE = %d %q %v", r.code(), r.body, r.err)
-	}
-	after := req.Header // shared with the request the handler served
-	if got.Load() != key {
-		t.Fatalf("the catalog got Idempotency-Key %q, want %q", got.Load(), key)
-	}
-	if v, ok := after[IdempotencyKeyHeader]; !ok || len(v) != 1 || v[0] != key || len(after.Values("idempotency-key")) != 1 {
-		t.Fatalf("after the call the request's headers are %v, want the key under %s only", after, IdempotencyKeyHeader)
+	for _, c := range []struct {
+		method, body string
+		forwarded    bool
+	}{
+		{http.MethodPost, nsBody, true},
+		{http.MethodDelete, "", false},
+	} {
+		key := storetest.NewKey(t)
+		req := httptest.NewRequest(c.method, "/v1/namespaces", strings.NewReader(c.body))
+		if c.method == http.MethodDelete {
+			req = httptest.NewRequest(c.method, commitPath, nil)
+		}
+		req.Header.Set(IdempotencyKeyHeader, key)
+		if r := serveRequest(h, proxy, req); r.code() != http.StatusNoContent {
+			t.Fatalf("%s = %d %q %v", c.method, r.code(), r.body, r.err)
+		}
+		seen, _ := got.Load().([]string)
+		if forwarded := len(seen) == 1 && seen[0] == key; forwarded != c.forwarded || (!c.forwarded && len(seen) != 0) {
+			t.Fatalf("%s: the catalog got Idempotency-Key %q; want it forwarded: %v", c.method, seen, c.forwarded)
+		}
+		if v := req.Header[IdempotencyKeyHeader]; len(v) != 1 || v[0] != key || len(req.Header) != 1 {
+			t.Fatalf("%s: after the call the request's headers are %v, want the key under %s only", c.method, req.Header, IdempotencyKeyHeader)
+		}
 	}
 }
 
@@ -148,7 +189,7 @@ func TestFailOpenDeleteIsNotResentByTheTransport(t *testing.T) {
 	})
 	h := newTestHandler(t, failingStore{})
 	h.FailOpen = true
-	proxy := newReverseProxy(t, addr)
+	proxy := newReverseProxy(t, addr, withHeaderUp)
 	if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
 		t.Fatalf("warm-up read = %d %v", r.code(), r.err)
 	}

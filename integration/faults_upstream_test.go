@@ -90,6 +90,34 @@ func TestFaultResetAfterCommit(t *testing.T) {
 	}
 }
 
+// TestFaultDropResetWithHeaderRules: a keyed DELETE (dropTable) that the
+// catalog executes before its connection, a reused keep-alive one, is
+// reset, through a reverse_proxy with a header_up rule. Go's HTTP
+// transport resends by itself a body-less request that carries
+// Idempotency-Key; the rule makes reverse_proxy rebuild the request's
+// header map under canonical names, so the key must be off the request,
+// not renamed, for the call. The drop ran once: 502, then 500
+// CommitStateUnknownException.
+func TestFaultDropResetWithHeaderRules(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency {\nin_flight_wait "+faultInFlightWait+
+		"\n}\nreverse_proxy "+b.Addr()+" {\nheader_up X-Forwarded-Prefix /catalog\n}"))
+	const path = "/v1/namespaces/faults/tables/dropped"
+	b.Script(path, caddyproc.Reply{Drop: true}, caddyproc.Reply{Status: http.StatusNotFound})
+	warmUpstream(t, c)
+
+	y := newTally()
+	key := newKey(t)
+	first := y.mustSend(t, "DELETE", c.URL()+path, "", key)
+	wantStatus(t, "drop whose connection was reset", first, http.StatusBadGateway)
+	checkErrorModel(t, "drop whose connection was reset", first)
+	wantUnknown(t, "retry", y.mustSend(t, "DELETE", c.URL()+path, "", key))
+	wantCount(t, b, path, 1)
+	wantNoDuplicates(t, y.record("drop reset after executing, reverse_proxy with header_up (memory)", b.Count(path),
+		"first 502; the retry 500 CommitStateUnknownException; the transport resent nothing"))
+}
+
 // TestFaultExecutionTimeout: the catalog is still committing when
 // execution_timeout fires. The first client gets 504; the commit may still
 // land, so a retry gets 500 CommitStateUnknownException at once, well
