@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,9 +41,12 @@ func (s *leaseLog) end() {
 	s.mu.Unlock()
 }
 
+// Finalize ends the execution once it returns: the lease is renewed while
+// a Finalize runs (see TestLeaseHeldWhileFinalizeIsRetried).
 func (s *leaseLog) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	err := s.Store.Finalize(ctx, key, owner, resp)
 	s.end()
-	return s.Store.Finalize(ctx, key, owner, resp)
+	return err
 }
 
 func (s *leaseLog) Release(ctx context.Context, key, owner string) error {
@@ -57,8 +61,8 @@ func (s *leaseLog) counts() (renewals, late int) {
 }
 
 // The lease is renewed every third of it while the catalog executes, and
-// never once the execution has ended: a renewal racing Finalize or Release
-// could only fail and be counted as a lost lease.
+// never once the key is final or released: a renewal after Finalize or
+// racing Release could only fail and be counted as a lost lease.
 func TestHeartbeatRenewsWhileExecutingOnly(t *testing.T) {
 	for _, status := range []int{200, 503} { // finalized, released
 		log := &leaseLog{Store: newMemoryStore(t)}
@@ -123,5 +127,63 @@ func TestMemoryStoreLeaseCoversTheExecution(t *testing.T) {
 	}
 	if n := catalog.executed.Load(); n != 1 {
 		t.Fatalf("the catalog executed %d times, want 1", n)
+	}
+}
+
+// failingFinalize makes the first failures Finalize calls take stall and
+// fail without reaching the store, as a SQL store's does for a write
+// queued behind a busy combined_writes slot, or a combined batch that ran
+// out of statement_timeout (a stand-in: no real store fails on cue).
+type failingFinalize struct {
+	stores.Store
+	stall    time.Duration
+	failures atomic.Int32
+}
+
+func (s *failingFinalize) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	if s.failures.Add(-1) >= 0 {
+		time.Sleep(s.stall)
+		return context.DeadlineExceeded
+	}
+	return s.Store.Finalize(ctx, key, owner, resp)
+}
+
+// The owner holds the catalog's answer while its Finalize fails and is
+// retried: the lease stays renewed throughout, so that a duplicate on
+// another node (under abandoned reexecute) does not read the record as
+// abandoned and execute the commit again. Before, the heartbeat stopped
+// with the execution and finalizeLater's counted a third of the lease
+// afresh: the lease lapsed in between.
+func TestLeaseHeldWhileFinalizeIsRetried(t *testing.T) {
+	shared := newMemoryStore(t) // one store, two nodes
+	slowNode := &failingFinalize{Store: shared, stall: 400 * time.Millisecond}
+	slowNode.failures.Store(2)
+	nodeA, nodeB := newTestHandler(t, slowNode), newTestHandler(t, shared)
+	for _, h := range []*Handler{nodeA, nodeB} {
+		h.Lease = caddy.Duration(600 * time.Millisecond) // renewed every 200ms
+		h.Abandoned = abandonedReexecute
+		h.InFlightWait = caddy.Duration(10 * time.Second)
+	}
+	var executed atomic.Int32
+	catalog := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		executed.Add(1)
+		time.Sleep(380 * time.Millisecond) // one renewal, at 200ms
+		_, _ = io.WriteString(w, `{"namespace":["a"]}`)
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	var wg sync.WaitGroup
+	var first, duplicate result
+	wg.Add(2)
+	go func() { defer wg.Done(); first = serve(t, nodeA, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	time.Sleep(100 * time.Millisecond)
+	go func() { defer wg.Done(); duplicate = serve(t, nodeB, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	wg.Wait()
+	if n := executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed the commit %d times while its owner held the answer, want 1", n)
+	}
+	if first.code() != http.StatusOK || duplicate.code() != http.StatusOK || duplicate.header.Get(ReplayedHeader) != "true" {
+		t.Fatalf("first %d, duplicate %d (replayed %q) %s; want 200 and its replay", first.code(), duplicate.code(),
+			duplicate.header.Get(ReplayedHeader), duplicate.body)
 	}
 }

@@ -114,6 +114,7 @@ func (g *guarded) run() error {
 			res = stores.ReserveResult{Reserved: true}
 		}
 		if res.Reserved {
+			g.hb.renewedAt = sent // the store measures the lease from no earlier
 			if g.r.Context().Err() != nil {
 				// The client left while the key was reserved. Nothing
 				// was sent to the catalog, as reverse_proxy sends
@@ -176,6 +177,7 @@ func (g *guarded) run() error {
 				return nil
 			}
 			if ok {
+				g.hb.renewedAt = sent
 				switch held, err := g.slowLeaseRenewed(time.Since(sent)); {
 				case err != nil:
 					g.markUnknown(g.detached, nil) // abandoned again, as it was
@@ -211,7 +213,11 @@ func (g *guarded) slowLeaseRenewed(took time.Duration) (held bool, err error) {
 	if took < lease/3 {
 		return true, nil
 	}
+	start := time.Now()
 	err = g.h.store.ExtendLease(g.detached, g.key, g.owner, lease)
+	if err == nil {
+		g.hb.renewedAt = start
+	}
 	if errors.Is(err, stores.ErrNotOwner) {
 		g.log(zapcore.WarnLevel, "the key's lease ran out before its reservation came back: not executing",
 			zap.Duration("took", took), zap.Duration("lease", lease))
@@ -250,7 +256,7 @@ func (g *guarded) execute() error {
 	defer cancel()
 	hb := &g.hb
 	if !h.inProcessLeases {
-		hb = g.startHeartbeat(ctx)
+		hb = g.startHeartbeat(ctx, false)
 	}
 
 	g.cw = captureWriter{w: g.w, limit: h.MaxResponseSize}
@@ -528,8 +534,19 @@ const (
 // fails, the response is delivered all the same and Finalize is retried in
 // the background (see finalizeLater); meanwhile a retry of the key waits
 // for it as for any request in flight.
+//
+// The lease is renewed while Finalize runs, as during the execution: a
+// Finalize can take a statement_timeout or two (queued behind a busy
+// combined_writes slot, then a batch that times out) before it fails, and
+// another node must not read the record, whose answer this request holds,
+// as abandoned meanwhile.
 func (g *guarded) finalize(ctx context.Context, resp stores.Response) {
-	if g.tryFinalize(ctx, resp, 1) == finalizeRetry {
+	if !g.h.inProcessLeases {
+		g.startHeartbeat(g.detached, true)
+	}
+	res := g.tryFinalize(ctx, resp, 1)
+	g.hb.stop()
+	if res == finalizeRetry {
 		g.finalizeLater(resp)
 	}
 }
@@ -576,8 +593,9 @@ func (g *guarded) finalizeLater(resp stores.Response) {
 		window := g.h.finalizeWindow
 		ctx, cancel := context.WithTimeout(context.Background(), window)
 		defer cancel()
-		// The execution's heartbeat has stopped: its state is reused.
-		hb := g.startHeartbeat(ctx)
+		// The first try's heartbeat has stopped: its state is reused, and
+		// its last renewal sets when the next one is due.
+		hb := g.startHeartbeat(ctx, true)
 		defer hb.stop()
 		for attempt, wait := 2, 100*time.Millisecond; ; attempt, wait = attempt+1, min(2*wait, 2*time.Second) {
 			select {
@@ -719,35 +737,51 @@ func (h *Handler) executionLease() time.Duration {
 }
 
 // startHeartbeat renews the lease every third of it until stopped, so that
-// other nodes can tell a long upstream call from a dead owner. It is a
-// timer, not a goroutine: most executions end long before the first renewal
-// is due, and then the heartbeat costs one timer, started and stopped.
-// stop waits for a renewal under way, so none lands after the key is
-// finalized or released (where it could only fail and be counted as a lost
+// other nodes can tell a long upstream call (or a slow Finalize: finalizing)
+// from a dead owner. A renewal is due a third of the lease after the last
+// one began (the store measures the lease from then), also across a stop
+// and a restart: a heartbeat started again (for Finalize, then for
+// finalizeLater) keeps the rhythm, where one that began counting afresh
+// could leave the lease to lapse in between. It is a timer, not a
+// goroutine: most executions end long before the first renewal is due,
+// and then the heartbeat costs one timer, started and stopped. stop waits
+// for a renewal under way, so none lands after the key is released or
+// marked unknown (where it could only fail and be counted as a lost
 // lease). The state lives in g (g.hb), so a heartbeat allocates only its
 // timer and the function the timer calls; one must be stopped before the
 // next starts, and a generation tells a late tick of the old one apart.
-func (g *guarded) startHeartbeat(ctx context.Context) *heartbeat {
+func (g *guarded) startHeartbeat(ctx context.Context, finalizing bool) *heartbeat {
 	hb := &g.hb
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
-	hb.g, hb.ctx, hb.lease, hb.stopped = g, ctx, time.Duration(g.h.Lease), false
+	hb.g, hb.ctx, hb.lease, hb.stopped, hb.finalizing = g, ctx, time.Duration(g.h.Lease), false, finalizing
 	hb.gen++
 	gen := hb.gen
-	hb.timer = time.AfterFunc(hb.lease/3, func() { hb.beat(gen) })
+	hb.timer = time.AfterFunc(hb.untilDue(), func() { hb.beat(gen) })
 	return hb
 }
 
 // heartbeat is the state of one execution's lease renewals.
 type heartbeat struct {
-	mu       sync.Mutex
-	g        *guarded
-	ctx      context.Context
-	lease    time.Duration
-	gen      int // of the heartbeat started last; its timer's ticks carry it
-	stopped  bool
-	renewing sync.WaitGroup
-	timer    *time.Timer
+	mu    sync.Mutex
+	g     *guarded
+	ctx   context.Context
+	lease time.Duration
+	// renewedAt is when the lease this request holds was last taken: the
+	// start of its Reserve, TakeOver or latest successful renewal.
+	renewedAt time.Time
+	// finalizing is set while Finalize may be committing: a renewal then
+	// refused as not the owner's most likely lost to that commit.
+	finalizing bool
+	gen        int // of the heartbeat started last; its timer's ticks carry it
+	stopped    bool
+	renewing   sync.WaitGroup
+	timer      *time.Timer
+}
+
+// untilDue is how long until the next renewal is due. Caller holds hb.mu.
+func (hb *heartbeat) untilDue() time.Duration {
+	return max(0, hb.lease/3-time.Since(hb.renewedAt))
 }
 
 // beat renews the lease for the heartbeat of generation gen, unless it was
@@ -758,11 +792,15 @@ func (hb *heartbeat) beat(gen int) {
 		hb.mu.Unlock()
 		return
 	}
-	g, ctx, lease := hb.g, hb.ctx, hb.lease
+	g, ctx, lease, finalizing := hb.g, hb.ctx, hb.lease, hb.finalizing
 	hb.renewing.Add(1)
 	hb.mu.Unlock()
 	defer hb.renewing.Done()
+	start := time.Now()
 	err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease)
+	if errors.Is(err, stores.ErrNotOwner) && finalizing {
+		return // the key is most likely final: Finalize committed meanwhile
+	}
 	if err != nil && ctx.Err() == nil {
 		// Counted unless the execution itself ended (its timeout):
 		// then nothing needs the lease any more.
@@ -776,8 +814,15 @@ func (hb *heartbeat) beat(gen int) {
 		g.log(zapcore.ErrorLevel, "lease renewal failed", zap.Error(err))
 	}
 	hb.mu.Lock()
+	if err == nil {
+		hb.renewedAt = start
+	}
 	if !hb.stopped && hb.gen == gen {
-		hb.timer.Reset(lease / 3)
+		next := lease / 3 // after a failure, a third of the lease from now
+		if err == nil {
+			next = hb.untilDue()
+		}
+		hb.timer.Reset(next)
 	}
 	hb.mu.Unlock()
 }
