@@ -40,9 +40,13 @@ type App struct {
 	// out of the purge rounds.
 	selfExpiringNoted map[string]bool
 	logger            *zap.Logger
-	config            <-chan struct{} // the config's Done channel: whose bounds the memory store takes at Start
+	config            <-chan struct{} // the config's Done channel: which config's bounds the memory store holds
 	cancel            context.CancelFunc
 	done              chan struct{}
+	// prev is the app the admin API answered for before this one
+	// started: it answers again if this one's config fails to start.
+	prev    *App
+	stopped atomic.Bool
 }
 
 var (
@@ -114,8 +118,9 @@ func warmable(s stores.Store) (Warmer, bool) {
 
 // running is the app of the running config, for the admin API (admin.go),
 // which Caddy provisions apart from the apps and which must answer for the
-// stores of the config in force. Start sets it; Stop clears it unless a
-// reload's new app, started before the old one stops, replaced it.
+// stores of the config in force. Start sets it; Stop gives it back to the
+// app it replaced, if that one still runs (Caddy stops the apps of a new
+// config that fails to start, and keeps the old one), or clears it.
 var running atomic.Pointer[App]
 
 // Start warms the tracked stores up, starts the purge loop and makes the
@@ -126,24 +131,42 @@ func (a *App) Start() error {
 		if w, ok := warmable(s); ok {
 			w.Warm()
 		}
-		if m, ok := unpooled(s).(*memoryStore); ok {
-			if err := m.configStarted(a.config, a.logger); err != nil {
-				a.logger.Error("memory store keeps its former bounds", zap.Error(err))
-			}
-		}
 	}
 	a.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.done = make(chan struct{})
 	go a.purgeLoop(ctx)
-	running.Store(a)
+	a.prev = running.Swap(a)
 	return nil
 }
 
 // Stop ends the purge loop and waits for a running purge statement to end.
+//
+// Caddy stops a config's apps either once a newer config has started in
+// full (a reload), or because its own start failed after this app started
+// (a later app refused), or at shutdown. Only in the first case did a newer
+// config ask the memory store for its bounds since this one did: the store
+// takes them now (supersede), shrinking if they are smaller. Shrinking any
+// sooner, when the new config merely started this app, would evict the
+// final records of the config still in force if a later app then refused,
+// and their retries would execute again.
 func (a *App) Stop() error {
-	running.CompareAndSwap(a, nil)
+	a.stopped.Store(true)
+	if p := a.prev; p != nil && !p.stopped.Load() {
+		running.CompareAndSwap(a, p)
+	} else {
+		running.CompareAndSwap(a, nil)
+	}
+	a.mu.Lock()
+	for _, s := range a.stores {
+		if m, ok := unpooled(s).(*memoryStore); ok {
+			if err := m.supersede(a.config, a.logger); err != nil {
+				a.logger.Error("memory store keeps its former bounds", zap.Error(err))
+			}
+		}
+	}
+	a.mu.Unlock()
 	if a.cancel != nil {
 		a.cancel()
 		<-a.done

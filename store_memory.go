@@ -129,10 +129,11 @@ func openMemoryStore(l memory.Limits, config <-chan struct{}, logger *zap.Logger
 // configure takes a handler's bounds. Handlers of one config share its
 // context, hence its Done channel: within a config the larger bounds win,
 // and the first handler of a new config replaces the old config's wish.
-// The store grows at once but shrinks only when the config starts
-// (configStarted): a reload that fails after this handler was provisioned
-// leaves the running config in force, and a shrink would have evicted its
-// final records, whose retries would then execute again.
+// The store grows at once but shrinks only once the config is in force
+// (supersede): a reload that fails after this handler was provisioned, or
+// while its apps start, leaves the running config in force, and a shrink
+// would have evicted its final records, whose retries would then execute
+// again.
 func (s *memoryStore) configure(config <-chan struct{}, want memory.Limits, logger *zap.Logger) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -144,14 +145,16 @@ func (s *memoryStore) configure(config <-chan struct{}, want memory.Limits, logg
 	return s.resize(larger(want, s.Limits()), logger)
 }
 
-// configStarted applies the bounds config asked for, shrinking the store
-// if they are smaller than what it has. The App calls it from Start, once
-// every module of the config has been provisioned.
-func (s *memoryStore) configStarted(config <-chan struct{}, logger *zap.Logger) error {
+// supersede is called as the app of config stops. If a newer config has
+// asked for bounds since config did, that one has started in full (Caddy
+// stops the old config's apps only then) and the store takes its bounds,
+// shrinking if they are smaller. If config asked last, it is stopping
+// because its own start failed, or at shutdown: nothing changes.
+func (s *memoryStore) supersede(config <-chan struct{}, logger *zap.Logger) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if config != s.config {
-		return nil // a newer config asked since; its own start settles it
+	if config == s.config {
+		return nil
 	}
 	return s.resize(s.wanted, logger)
 }

@@ -170,7 +170,20 @@ func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
 		t.Fatalf("max_entries %d after a config asking 20000 and 5000, want the larger", got)
 	}
 
-	// Reload to a smaller bound: the newest records stay.
+	// Reload to a smaller bound: the newest records stay. The running
+	// config's app (cfg2's) is started; the new config's starts too.
+	startApp := func(ctx caddy.Context, s stores.Store) *App {
+		app := &App{}
+		if err := app.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		app.track(memoryStoreKey, s)
+		if err := app.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return app
+	}
+	oldApp := startApp(cfg2, second)
 	before := evictionCount(t, "entries")
 	held := ms.Stats().Final
 	cfg3 := newCaddyContext(t)
@@ -178,27 +191,27 @@ func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Until the new config starts, nothing shrinks: a reload that fails
-	// after its handlers were provisioned keeps the running config and
-	// must not have evicted its records.
+	newApp := startApp(cfg3, fourth)
+	defer func() { _ = newApp.Stop() }()
+	// Until the old config stops, nothing shrinks: Caddy stops it only
+	// once every app of the new config has started, and a reload that
+	// fails before (a handler not provisioned, a later app refusing to
+	// start) keeps the running config, which must not have lost records.
 	if fourth != first || ms.Limits().MaxEntries != 20_000 || ms.Stats().Final != held {
-		t.Fatalf("shrinking reload before its config started: same store %v, max_entries %d, %d of %d final records",
+		t.Fatalf("shrinking reload before the old config stopped: same store %v, max_entries %d, %d of %d final records",
 			fourth == first, ms.Limits().MaxEntries, ms.Stats().Final, held)
 	}
-	app := &App{}
-	if err := app.Provision(cfg3); err != nil {
+	if running.Load() != newApp {
+		t.Fatal("the admin API does not answer for the new config's app")
+	}
+	if err := oldApp.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	app.track(memoryStoreKey, fourth)
-	if err := app.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = app.Stop() }()
 	release()
 	release()
 	defer release()
 	if ms.Limits().MaxEntries != 100 {
-		t.Fatalf("shrinking reload once its config started: max_entries %d, want 100", ms.Limits().MaxEntries)
+		t.Fatalf("shrinking reload once the old config stopped: max_entries %d, want 100", ms.Limits().MaxEntries)
 	}
 	if got := evictionCount(t, "entries") - before; got != float64(held-100) {
 		t.Fatalf("shrinking counted %v evictions, want %d", got, held-100)
@@ -208,6 +221,59 @@ func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
 		if kept := i >= len(keys)-100; kept != (rec != nil) {
 			t.Fatalf("record %d of %d: kept %v, want %v", i, len(keys), rec != nil, kept)
 		}
+	}
+}
+
+// A new config whose app started, and which Caddy then stops because a
+// later app refused to start, changes nothing: the running config keeps
+// its bounds, its records and the admin API.
+func TestRefusedStartKeepsTheRunningConfig(t *testing.T) {
+	cfg1 := newCaddyContext(t)
+	p1 := &MemoryStore{MaxEntries: 100}
+	if err := p1.Provision(cfg1); err != nil {
+		t.Fatal(err)
+	}
+	s, err := acquireStore(cfg1, p1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup() }()
+	for range 100 {
+		finalize(t, s, 10)
+	}
+	start := func(ctx caddy.Context) *App {
+		app := &App{}
+		if err := app.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		app.track(memoryStoreKey, s)
+		if err := app.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return app
+	}
+	runningApp := start(cfg1)
+	defer func() { _ = runningApp.Stop() }()
+
+	cfg2 := newCaddyContext(t)
+	p2 := &MemoryStore{MaxEntries: 10}
+	if err := p2.Provision(cfg2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := acquireStore(cfg2, p2); err != nil {
+		t.Fatal(err)
+	}
+	refused := start(cfg2)
+	if err := refused.Stop(); err != nil { // a later app of cfg2 refused to start
+		t.Fatal(err)
+	}
+	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup() // cfg2's handler goes
+	ms := unpooled(s).(*memoryStore)
+	if st := ms.Stats(); st.Final != 100 || st.Limits.MaxEntries != 100 {
+		t.Fatalf("after a refused start: %d of 100 final records, max_entries %d", st.Final, st.Limits.MaxEntries)
+	}
+	if running.Load() != runningApp {
+		t.Fatal("after a refused start the admin API does not answer for the running config")
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -286,10 +287,13 @@ func liveHeap(t *testing.T, c *caddyproc.Instance) int64 {
 
 // TestFaultFailedReloadKeepsRecords: a reload that asks the shared memory
 // store for smaller bounds, and then fails (another handler of the new
-// config cannot be provisioned), leaves the running config in force with
-// every record it stored. Before, the store was shrunk while the new
-// config's handler was provisioned: 20 of 30 finalized keys were evicted
-// and their retries executed again, although the reload was refused.
+// config cannot be provisioned, or another app cannot start), leaves the
+// running config in force with every record it stored. Before, the store
+// was shrunk while the new config's handler was provisioned (20 of 30
+// finalized keys were evicted and their retries executed again, although
+// the reload was refused), and then when the new config's app started,
+// even if a later app refused to (and the admin API lost the running
+// config's stores).
 func TestFaultFailedReloadKeepsRecords(t *testing.T) {
 	t.Parallel()
 	c, b := startGuarded(t, "store memory {\nmax_entries 100\n}")
@@ -314,13 +318,36 @@ func TestFaultFailedReloadKeepsRecords(t *testing.T) {
 	}
 	client.CloseIdleConnections()
 
+	// Refused later, at start: the new config's second site listens on a
+	// port another process holds, so the http app fails to start. Caddy
+	// starts a config's apps in map order and stops those already started
+	// when one fails; iceberg_idempotency starts first about every other
+	// time, which the repetitions cover.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	failingAtStart := caddyproc.Caddyfile("", "iceberg_idempotency {\nstore memory {\nmax_entries 10\n}\n}\nreverse_proxy "+b.Addr()) +
+		"\nhttp://" + taken.Addr().String() + " {\nrespond 200\n}\n"
+	for i := range 8 {
+		if err := c.Load(failingAtStart); err == nil {
+			t.Fatalf("reload %d: a config listening on a port in use loaded", i+1)
+		}
+		// The admin API still answers for the running config's store.
+		if recs := adminKey(t, c, keys[0]); len(recs) != 1 || recs[0].State != "final" {
+			t.Fatalf("after start-refused reload %d the admin API sees %+v for a final key", i+1, recs)
+		}
+	}
+	client.CloseIdleConnections()
+
 	for i := range n {
 		r := y.mustSend(t, "POST", c.URL()+path(i), body, keys[i])
-		wantReplayOf(t, fmt.Sprintf("key %d after the failed reload", i), r, answers[i])
+		wantReplayOf(t, fmt.Sprintf("key %d after the failed reloads", i), r, answers[i])
 		if got := b.Count(path(i)); got != 1 {
 			t.Fatalf("key %d: the catalog executed it %d times", i, got)
 		}
 	}
-	wantNoDuplicates(t, y.record("reload to max_entries 10 refused (memory, 30 final keys under max_entries 100)", b.Total(),
+	wantNoDuplicates(t, y.record("reloads to max_entries 10 refused at provision (memory, 30 final keys under max_entries 100), then 8 at start", b.Total(),
 		"the running config kept all 30 records: every retry replayed"))
 }
