@@ -64,7 +64,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 
 	body, err := readBody(r, h.MaxRequestSize)
 	if err != nil {
-		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
+		return bodyUnread(w, r, err)
 	}
 	if int64(len(body)) > h.MaxRequestSize {
 		writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge,
@@ -93,6 +93,25 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	g.own = g.parts.binding(op, h.keys.current)
 	g.binding = g.own
 	return g.run()
+}
+
+// bodyUnread answers a keyed request whose body could not be read, before
+// anything was reserved or sent: 413 when a limit before this handler
+// (request_body's max_size) cut it off, 400 for a broken body (framing, a
+// connection that failed), both as Iceberg errors. A client already gone
+// gets Caddy's error, to log.
+func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
+	if r.Context().Err() != nil {
+		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
+	}
+	var maxBytes *http.MaxBytesError
+	var herr caddyhttp.HandlerError
+	if errors.As(err, &maxBytes) || errors.As(err, &herr) && herr.StatusCode == http.StatusRequestEntityTooLarge {
+		writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge, "The request body exceeds the size this server accepts.", 0)
+		return nil
+	}
+	writeError(w, http.StatusBadRequest, typeBadRequest, "The request body could not be read: "+err.Error(), 0)
+	return nil
 }
 
 // requestBody is the request body as read, handed on to the handlers after

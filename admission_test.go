@@ -1,12 +1,20 @@
 package icebergidempotency
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/requestbody"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
 func TestParseKey(t *testing.T) {
@@ -143,6 +151,45 @@ func TestReadBody(t *testing.T) {
 			}
 			if tt.wantCap != 0 && cap(got) != tt.wantCap {
 				t.Fatalf("buffer capacity %d, want exactly %d", cap(got), tt.wantCap)
+			}
+		})
+	}
+}
+
+// A keyed body that request_body's max_size cuts off (a chunked or HTTP/2
+// body, with no Content-Length to refuse it by), or whose framing breaks,
+// is answered with an Iceberg error, and nothing reaches the catalog.
+func TestUnreadableBodyGetsAnIcebergError(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	for _, c := range []struct {
+		name   string
+		body   io.Reader
+		limit  int64
+		status int
+		typ    string
+	}{
+		{"over request_body max_size", strings.NewReader(nsBody), 8, http.StatusRequestEntityTooLarge, typeTooLarge},
+		{"broken framing", io.MultiReader(strings.NewReader(`{"namespace"`), iotest.ErrReader(errors.New("malformed chunked encoding"))), 0, http.StatusBadRequest, typeBadRequest},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			up := answering(http.StatusOK, `{}`)
+			req := httptest.NewRequest(http.MethodPost, "/v1/namespaces", c.body)
+			req.ContentLength = -1 // chunked, as HTTP/2 and Transfer-Encoding: chunked bodies come
+			req.Header.Set(IdempotencyKeyHeader, storetest.NewKey(t))
+			rec := httptest.NewRecorder()
+			req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+			var next caddyhttp.Handler = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				return h.ServeHTTP(w, r, up)
+			})
+			if c.limit > 0 {
+				inner := next
+				rb := &requestbody.RequestBody{MaxSize: c.limit}
+				next = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return rb.ServeHTTP(w, r, inner) })
+			}
+			err := next.ServeHTTP(rec, req)
+			res := result{status: rec.Code, header: rec.Header(), body: rec.Body.String(), err: err}
+			if err != nil || res.code() != c.status || res.errorType() != c.typ || up.calls.Load() != 0 {
+				t.Fatalf("%d %q (error %v), %d executions; want %d %s and none", res.code(), res.body, err, up.calls.Load(), c.status, c.typ)
 			}
 		})
 	}
