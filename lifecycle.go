@@ -563,8 +563,10 @@ func (g *guarded) tryFinalize(ctx context.Context, resp stores.Response, attempt
 		g.markUnknown(ctx, nil)
 		return finalizeDone
 	case errors.Is(err, stores.ErrNotOwner):
-		if attempt > 1 && g.storedAlready(ctx, resp) {
-			break // the previous try committed, but its reply was lost
+		if g.storedAlready(ctx, resp) {
+			// An earlier try committed, but its reply was lost; or the
+			// store's client resent this one after it committed.
+			break
 		}
 		// Taken over (abandoned reexecute) or expired: the key is not
 		// this request's to finalize any more.

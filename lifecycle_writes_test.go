@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
@@ -231,7 +234,14 @@ func TestSettleWindowFollowsStatementTimeout(t *testing.T) {
 // stand-in: a real server cannot be made to lose exactly that reply.
 type resendingStore struct {
 	stores.Store
-	reserve, takeOver bool // which of them it resends
+	reserve, takeOver, finalize bool // which of them it resends
+}
+
+func (s resendingStore) Finalize(ctx context.Context, key, owner string, resp stores.Response) error {
+	if s.finalize {
+		_ = s.Store.Finalize(ctx, key, owner, resp)
+	}
+	return s.Store.Finalize(ctx, key, owner, resp)
 }
 
 func (s resendingStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
@@ -394,5 +404,25 @@ func TestFailedReleaseIsRetried(t *testing.T) {
 	retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
 	if retry.code() != http.StatusOK || up.calls.Load() != 1 {
 		t.Fatalf("retry of a request the catalog refused: %d %s, executed %d times; want it executed once", retry.code(), retry.body, up.calls.Load())
+	}
+}
+
+// A resent Finalize hears "not the owner" from its second run: its first
+// stored the answer. The request sees its own response stored and counts
+// the key finalized, instead of logging an error that it was not stored.
+func TestResentFinalizeFindsItsAnswerStored(t *testing.T) {
+	h := newTestHandler(t, resendingStore{Store: newMemoryStore(t), finalize: true})
+	core, logs := observer.New(zapcore.WarnLevel)
+	h.logger = zap.New(core)
+	up := answering(http.StatusOK, `{"namespace":["a"]}`)
+	key := storetest.NewKey(t)
+	if first := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); first.code() != http.StatusOK {
+		t.Fatalf("first answer = %d %q", first.code(), first.body)
+	}
+	if n := logs.Len(); n != 0 {
+		t.Fatalf("a Finalize that stored the answer logged %d warnings or errors, first %q", n, logs.All()[0].Message)
+	}
+	if retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+		t.Fatalf("retry = %d replayed=%q, %d executions; want the stored answer", retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
 	}
 }
