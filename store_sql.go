@@ -1,6 +1,8 @@
 package icebergidempotency
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -128,15 +130,25 @@ func emptyDSNError(backend, raw string) error {
 }
 
 // storeKey identifies the pool by everything that shapes it, with defaults
-// applied (an unset table and the default table are one pool); the DSN only
-// as a hash, so the key can be logged.
+// applied (an unset table and the default table are one pool); the DSN and
+// password only inside a MAC under a key this process drew at random, so
+// the key can be logged and shown by the admin API. A plain hash of them
+// would not do: anyone reading the logs could test guesses of a weak
+// password against it. Pools live in one process, so the key need not
+// mean the same in another.
 func storeKey(backend, table string, parts ...string) string {
-	h := sha256.New()
+	h := hmac.New(sha256.New, storeKeySalt[:])
 	for _, part := range parts {
 		fmt.Fprintf(h, "%d:%s", len(part), part)
 	}
 	return backend + "/" + table + "/" + hex.EncodeToString(h.Sum(nil))[:16]
 }
+
+// storeKeySalt is the MAC key of storeKey, drawn once per process.
+var storeKeySalt = func() (salt [32]byte) {
+	_, _ = rand.Read(salt[:]) // crypto/rand.Read never fails
+	return salt
+}()
 
 // unmarshalOption parses one shared option; false means it is not one.
 func (c *SQLStoreConfig) unmarshalOption(d *caddyfile.Dispenser) (bool, error) {

@@ -3,6 +3,8 @@ package icebergidempotency
 import (
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
 )
 
 // A DSN made of placeholders that expand to nothing names the placeholder
@@ -46,5 +48,45 @@ func TestSQLStoreEmptyDSNNamesThePlaceholder(t *testing.T) {
 	if err := m.Provision(newCaddyContext(t)); err == nil || !strings.HasPrefix(err.Error(), "mysql store: ") ||
 		!strings.Contains(err.Error(), "ICEBERG_TEST_UNSET_DSN set?") {
 		t.Fatalf("mysql: %v", err)
+	}
+}
+
+// The store key, which logs and the admin API show, holds the DSN and the
+// password only inside a MAC under a key drawn by this process: one
+// config gives one key (one pool), another password another key, and
+// without the process's key nobody can test a guessed password against a
+// logged store key.
+func TestStoreKeyHidesThePassword(t *testing.T) {
+	provision := func(p interface {
+		StoreProvider
+		caddy.Provisioner
+	}) string {
+		t.Helper()
+		if err := p.Provision(newCaddyContext(t)); err != nil {
+			t.Fatal(err)
+		}
+		return p.StoreKey()
+	}
+	redisWith := func(pw string) string {
+		return provision(&RedisStore{Addresses: []string{"redis:6379"}, Password: pw})
+	}
+	pgWith := func(pw string) string {
+		return provision(&PostgresStore{SQLStoreConfig: SQLStoreConfig{DSN: "postgres://app:" + pw + "@db:5432/catalog"}})
+	}
+	for name, with := range map[string]func(string) string{"redis": redisWith, "postgres": pgWith} {
+		key := with("Summer2024!")
+		if with("Summer2024!") != key {
+			t.Fatalf("%s: one config, two store keys: its handlers would not share a pool", name)
+		}
+		if with("Winter2024!") == key {
+			t.Fatalf("%s: two passwords, one store key", name)
+		}
+		saved := storeKeySalt
+		storeKeySalt = [32]byte{} // what anyone without this process's key can compute
+		guessed := with("Summer2024!")
+		storeKeySalt = saved
+		if guessed == key {
+			t.Fatalf("%s: the store key %s can be recomputed from a guessed password", name, key)
+		}
 	}
 }
