@@ -50,7 +50,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (*stores.Record, time.D
 // look; on a Cluster it covers the node the client reaches for SCAN only.
 func (s *Store) Count(ctx context.Context) (stores.Counts, error) {
 	var c stores.Counts
-	iter := s.client.Scan(ctx, 0, s.cfg.KeyPrefix+"*", 1000).Iterator()
+	iter := s.client.Scan(ctx, 0, recordPattern(s.cfg.KeyPrefix), 1000).Iterator()
 	for iter.Next(ctx) {
 		key := strings.TrimPrefix(iter.Val(), s.cfg.KeyPrefix)
 		rec, _, err := s.load(ctx, key)
@@ -71,4 +71,26 @@ func (s *Store) Count(ctx context.Context) (stores.Counts, error) {
 		return stores.Counts{}, s.wrap("count", err)
 	}
 	return c, nil
+}
+
+// recordPattern matches the store's records, and nothing else, in SCAN's
+// glob syntax: the prefix taken literally, then a key, 36 characters in
+// the 8-4-4-4-12 form. Another catalog's prefix that extends this one
+// (iceberg_idempotency:catalog_b:) adds characters and is left out, as are
+// glob characters in the prefix itself.
+func recordPattern(prefix string) string {
+	var b strings.Builder
+	for _, r := range prefix {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	for i, n := range []int{8, 4, 4, 4, 12} {
+		if i > 0 {
+			b.WriteByte('-')
+		}
+		b.WriteString(strings.Repeat("?", n))
+	}
+	return b.String()
 }

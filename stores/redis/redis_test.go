@@ -180,3 +180,31 @@ func TestWrongPasswordNotInError(t *testing.T) {
 	}
 	_ = errors.Unwrap(err)
 }
+
+// Count counts this store's records only: not those of another catalog
+// whose prefix extends this one's (each catalog has its own prefix), nor
+// keys that a glob character in the prefix would match.
+func TestCountKeepsToItsPrefix(t *testing.T) {
+	a, cfg := openStore(t, nil)
+	extended, _ := openStore(t, func(c *Config) { c.KeyPrefix = cfg.KeyPrefix + "catalog_b:" })
+	globbed, _ := openStore(t, func(c *Config) { c.KeyPrefix = cfg.KeyPrefix + "[ab]:" })
+	sibling, _ := openStore(t, func(c *Config) { c.KeyPrefix = cfg.KeyPrefix + "a:" })
+	ctx := context.Background()
+	for _, s := range []*Store{extended, sibling, sibling} {
+		if _, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := globbed.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]*Store{"the store under the extended prefixes' stem": a, "the store whose prefix has a glob": globbed} {
+		want := stores.Counts{}
+		if c == globbed {
+			want.InFlight = 1
+		}
+		if got, err := c.Count(ctx); err != nil || got != want {
+			t.Fatalf("%s: Count = %+v, %v; want %+v", name, got, err, want)
+		}
+	}
+}
