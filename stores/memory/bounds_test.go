@@ -2,7 +2,9 @@ package memory
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"math/rand/v2"
 	"net/http"
 	"testing"
 	"time"
@@ -271,5 +273,101 @@ func TestResizeKeepsRecords(t *testing.T) {
 	}
 	if got := f.s.Limits(); got.MaxEntries != 4 {
 		t.Fatalf("a refused Resize changed the limits: %+v", got)
+	}
+}
+
+// A bound drops expired final records before it evicts a live one. Handlers
+// with different lifetimes share the store, and a read moves a record to
+// the front, so the least recently used record need not be the one that
+// expired: before, the live one was evicted (and its retry executed again)
+// while the dead one kept its place.
+func TestBoundDropsExpiredBeforeLive(t *testing.T) {
+	clock := storetest.NewFakeClock()
+	evicted := 0
+	s, err := New(Options{MaxEntries: 2, Now: clock.Now, OnEvict: func(Eviction) { evicted++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	fin := func(ttl time.Duration) string {
+		r := storetest.Reservation(storetest.NewKey(t), time.Minute, ttl)
+		if _, err := s.Reserve(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Finalize(ctx, r.Key, r.Owner, stores.Response{Status: 200}); err != nil {
+			t.Fatal(err)
+		}
+		return r.Key
+	}
+	long := fin(24 * time.Hour) // a handler with lifetime 24h
+	short := fin(time.Minute)   // another with 1m
+	clock.Advance(2 * time.Minute)
+	newest := fin(time.Hour)
+	for _, k := range []string{long, newest} {
+		if rec, _ := s.Load(ctx, k); rec == nil {
+			t.Fatalf("a live record was evicted (%d evictions counted) while an expired one was there", evicted)
+		}
+	}
+	if rec, _ := s.Load(ctx, short); rec != nil || evicted != 0 {
+		t.Fatalf("the expired record: %+v, %d evictions counted; want it dropped, uncounted", rec, evicted)
+	}
+}
+
+// PurgeExpired drops exactly the expired final records, whatever their
+// lifetimes and the order they were read in.
+func TestPurgeFindsEveryExpiredRecord(t *testing.T) {
+	clock := storetest.NewFakeClock()
+	s, err := New(Options{Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	expires := map[string]time.Time{}
+	for range 2000 {
+		ttl := time.Duration(1+rng.IntN(600)) * 100 * time.Millisecond
+		r := storetest.Reservation(storetest.NewKey(t), 50*time.Millisecond, ttl) // a lease within the lifetime
+		if _, err := s.Reserve(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Finalize(ctx, r.Key, r.Owner, stores.Response{Status: 200}); err != nil {
+			t.Fatal(err)
+		}
+		expires[r.Key] = clock.Now().Add(ttl)
+		clock.Advance(time.Duration(rng.IntN(20)) * time.Millisecond)
+	}
+	for step := 0; len(expires) > 0; step++ {
+		clock.Advance(time.Duration(rng.IntN(1500)) * time.Millisecond)
+		now := clock.Now()
+		want := 0
+		for _, at := range expires {
+			if !at.After(now) {
+				want++
+			}
+		}
+		got := 0
+		for {
+			n, err := s.PurgeExpired(ctx, 1+rng.IntN(50))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				break
+			}
+			got += n
+		}
+		if got != want {
+			t.Fatalf("step %d: purged %d records, %d had expired", step, got, want)
+		}
+		for k, at := range expires {
+			if !at.After(now) {
+				delete(expires, k)
+			} else if rng.IntN(4) == 0 {
+				_, _ = s.Load(ctx, k) // reads reorder the recency list
+			}
+		}
+		if s.Len() != len(expires) {
+			t.Fatalf("step %d: %d records held, %d live", step, s.Len(), len(expires))
+		}
 	}
 }

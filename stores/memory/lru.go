@@ -111,6 +111,7 @@ func (s *Store) addFinal(key string, e *entry, now time.Time) {
 	}
 	s.final[key] = e
 	s.lru.pushFront(e)
+	s.expiry.add(e)
 	s.bytes += e.size
 }
 
@@ -129,11 +130,15 @@ func (s *Store) fit(now time.Time) int {
 	return n
 }
 
-// evictOldest drops the least recently used final record to make room. Only
-// a record that had not expired yet is reported: its key will execute again
-// on retry, which is what the bounds being too small costs.
+// evictOldest makes room: it drops an expired final record if there is
+// one, and the least recently used one otherwise. Only a record that had
+// not expired yet is reported: its key will execute again on retry, which
+// is what the bounds being too small costs.
 func (s *Store) evictOldest(reason EvictReason, now time.Time) {
-	e := s.lru.tail
+	e := s.expiry.expired(now)
+	if e == nil {
+		e = s.lru.tail
+	}
 	s.dropFinal(e.rec.Key, e)
 	if e.rec.ExpiresAt.After(now) && s.onEvict != nil {
 		s.onEvict(Eviction{Reason: reason, Limits: s.limits})
@@ -143,6 +148,7 @@ func (s *Store) evictOldest(reason EvictReason, now time.Time) {
 // dropFinal removes a final record and wakes its waiters. Caller holds s.mu.
 func (s *Store) dropFinal(key string, e *entry) {
 	s.lru.unlink(e)
+	s.expiry.remove(e)
 	delete(s.final, key)
 	s.bytes -= e.size
 	s.notify(key)

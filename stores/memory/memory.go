@@ -99,6 +99,10 @@ type entry struct {
 	leaseUntil time.Time
 	size       int64  // counted bytes, for final records
 	prev, next *entry // recency order, for final records
+	// expPrev and expNext link a final record into its bucket of the
+	// expiry index, expSec.
+	expPrev, expNext *entry
+	expSec           int64
 }
 
 // Store is an in-memory stores.Store. The zero value is not usable; use New.
@@ -114,6 +118,7 @@ type Store struct {
 	inflight map[string]*entry
 	final    map[string]*entry
 	lru      finalList
+	expiry   expiryIndex
 	bytes    int64 // counted bytes of the final records
 	limits   Limits
 	changed  map[string]chan struct{} // closed when a key's record changes state
@@ -132,6 +137,7 @@ func New(opts Options) (*Store, error) {
 	s := &Store{
 		inflight: make(map[string]*entry),
 		final:    make(map[string]*entry),
+		expiry:   newExpiryIndex(),
 		limits:   limits,
 		changed:  make(map[string]chan struct{}),
 		now:      opts.Now,
@@ -359,8 +365,8 @@ func (s *Store) TakeOver(_ context.Context, key, oldOwner, newOwner string, leas
 	return true, nil
 }
 
-// PurgeExpired implements stores.Store. Final records are scanned least
-// recently used first, where expired ones gather.
+// PurgeExpired implements stores.Store. Expired final records are found
+// through the expiry index.
 func (s *Store) PurgeExpired(_ context.Context, limit int) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -376,13 +382,22 @@ func (s *Store) PurgeExpired(_ context.Context, limit int) (int, error) {
 			n++
 		}
 	}
-	for e := s.lru.tail; e != nil && n < limit; {
-		prev := e.prev
-		if !e.rec.ExpiresAt.After(now) {
+	for n < limit {
+		e := s.expiry.expired(now)
+		if e == nil {
+			break
+		}
+		s.dropFinal(e.rec.Key, e)
+		n++
+	}
+	if n < limit {
+		for _, e := range s.expiry.inSecond(now) {
+			if n >= limit {
+				break
+			}
 			s.dropFinal(e.rec.Key, e)
 			n++
 		}
-		e = prev
 	}
 	return n, nil
 }
