@@ -2,12 +2,9 @@ package icebergidempotency
 
 import (
 	"bytes"
-	"compress/gzip"
-	"compress/zlib"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"strconv"
@@ -54,7 +51,7 @@ func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyht
 	doc := cw.buf.Bytes()
 	if enc := hdr.Get("Content-Encoding"); enc != "" {
 		// A catalog that compresses although not asked to.
-		plain, err := decodeConfig(enc, doc)
+		plain, err := decodeBody(enc, doc, maxConfigSize)
 		if err != nil {
 			h.logger.Warn("config response is compressed in an encoding the handler cannot read: "+
 				"idempotency-key-lifetime not advertised, so clients will not send keys",
@@ -76,35 +73,6 @@ func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyht
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
 	return nil
-}
-
-// decodeConfig reads a config body the catalog compressed with gzip or
-// deflate, bounded like an uncompressed one.
-func decodeConfig(encoding string, body []byte) ([]byte, error) {
-	var rd io.ReadCloser
-	var err error
-	switch strings.ToLower(strings.TrimSpace(encoding)) {
-	case "gzip", "x-gzip":
-		rd, err = gzip.NewReader(bytes.NewReader(body))
-	case "deflate":
-		rd, err = zlib.NewReader(bytes.NewReader(body))
-	case "identity":
-		return body, nil
-	default:
-		return nil, fmt.Errorf("unsupported content encoding %q", encoding)
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer rd.Close()
-	plain, err := io.ReadAll(io.LimitReader(rd, maxConfigSize+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(plain) > maxConfigSize {
-		return nil, fmt.Errorf("decompressed config exceeds %d bytes", maxConfigSize)
-	}
-	return plain, nil
 }
 
 // setTopLevelField sets name to the JSON string value in the object doc,

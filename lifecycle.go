@@ -857,15 +857,38 @@ func (g *guarded) replay(rec *stores.Record) error {
 	}
 	g.log(zapcore.DebugLevel, "replaying stored response", zap.String("outcome", "replay"), zap.Int("status", resp.Status))
 	g.count(outcomeReplayed)
+	body, decoded := g.acceptableBody(resp)
 	hdr := g.w.Header()
 	for name, vals := range resp.Header {
+		if decoded && name == "Content-Encoding" {
+			continue
+		}
 		hdr[name] = append([]string(nil), vals...)
 	}
 	hdr.Set(ReplayedHeader, "true")
-	hdr.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	g.w.WriteHeader(resp.Status)
-	_, _ = g.w.Write(resp.Body)
+	_, _ = g.w.Write(body)
 	return nil
+}
+
+// acceptableBody is the stored body in a form this request accepts. The
+// catalog compressed it as the first request allowed (its Accept-Encoding
+// went through); a retry or a waiting duplicate that does not accept that
+// coding gets it decoded (gzip, deflate), decoded true. A coding this
+// handler cannot decode goes as stored.
+func (g *guarded) acceptableBody(resp *stores.Response) (body []byte, decoded bool) {
+	enc := resp.Header.Get("Content-Encoding")
+	if enc == "" || acceptsEncoding(g.r.Header, enc) {
+		return resp.Body, false
+	}
+	plain, err := decodeBody(enc, resp.Body, max(g.h.MaxResponseSize, int64(len(resp.Body))))
+	if err != nil {
+		g.log(zapcore.WarnLevel, "the stored response is in a content coding the retry does not accept, and cannot be decoded: replayed as stored",
+			zap.String("content_encoding", enc), zap.Error(err))
+		return resp.Body, false
+	}
+	return plain, true
 }
 
 // unreadable answers for a final record whose sealed response cannot be

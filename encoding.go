@@ -1,0 +1,79 @@
+package icebergidempotency
+
+import (
+	"bytes"
+	"compress/gzip"
+	"compress/zlib"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// decodeBody reads a body the catalog compressed with gzip or deflate, up
+// to limit bytes decompressed.
+func decodeBody(encoding string, body []byte, limit int64) ([]byte, error) {
+	var rd io.ReadCloser
+	var err error
+	switch strings.ToLower(strings.TrimSpace(encoding)) {
+	case "gzip", "x-gzip":
+		rd, err = gzip.NewReader(bytes.NewReader(body))
+	case "deflate":
+		rd, err = zlib.NewReader(bytes.NewReader(body))
+	case "identity":
+		return body, nil
+	default:
+		return nil, fmt.Errorf("unsupported content encoding %q", encoding)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer rd.Close()
+	plain, err := io.ReadAll(io.LimitReader(rd, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(plain)) > limit {
+		return nil, fmt.Errorf("decompressed body exceeds %d bytes", limit)
+	}
+	return plain, nil
+}
+
+// acceptsEncoding reports whether the request's Accept-Encoding allows a
+// body in coding (RFC 9110, section 12.5.3): named, or covered by "*",
+// with a q-value above 0. A request without the header gets what plain
+// reverse_proxy gives it, an uncompressed body (Go's transport asks the
+// catalog for gzip itself and decodes it), so it accepts none.
+func acceptsEncoding(h http.Header, coding string) bool {
+	coding = strings.ToLower(strings.TrimSpace(coding))
+	if coding == "x-gzip" {
+		coding = "gzip"
+	}
+	named, wildcard := -1.0, -1.0
+	for _, line := range h.Values("Accept-Encoding") {
+		for item := range strings.SplitSeq(line, ",") {
+			name, params, _ := strings.Cut(item, ";")
+			name = strings.ToLower(strings.TrimSpace(name))
+			if name == "x-gzip" {
+				name = "gzip"
+			}
+			q := 1.0
+			if k, v, ok := strings.Cut(strings.TrimSpace(params), "="); ok && strings.EqualFold(strings.TrimSpace(k), "q") {
+				if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+					q = f
+				}
+			}
+			switch name {
+			case coding:
+				named = q
+			case "*":
+				wildcard = q
+			}
+		}
+	}
+	if named >= 0 {
+		return named > 0
+	}
+	return wildcard > 0
+}
