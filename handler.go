@@ -463,11 +463,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return next.ServeHTTP(w, r)
 	}
-	op, path := h.classifyPath(r.Method, normalizePath(r.URL.EscapedPath()))
+	op, path := h.classifyRequest(r.Method, r.URL.EscapedPath())
 	if op == "" {
 		return next.ServeHTTP(w, r)
 	}
 	return h.admit(w, r, next, op, path)
+}
+
+// classifyRequest is classifyPath of the normalized path or, if that is no
+// mutation, of its literal reading: a catalog that routes the path as sent
+// (dot segments and path parameters kept, as axum does, or a servlet that
+// reads getRequestURI) sees "DELETE /v1/namespaces/;x" as dropNamespace of
+// ";x", and "POST …/tables/%2E%2E" as updateTable. Guarding a reading the
+// catalog does not use costs at most a stored 4xx.
+func (h *Handler) classifyRequest(method, escaped string) (op, bound string) {
+	normal := normalizePath(escaped)
+	if op, bound = h.classifyPath(method, normal); op != "" || normal == escaped {
+		return op, bound
+	}
+	return h.classifyPath(method, literalPath(escaped))
 }
 
 // isConfigRequest reports whether r's normalized path is GET /v1/config's.

@@ -60,6 +60,29 @@ func TestClassifyPathSpellings(t *testing.T) {
 	}
 }
 
+// A path whose normalized form is no mutation, but whose literal reading
+// is, is guarded as that: a catalog routing the path as sent would execute
+// it.
+func TestClassifyLiteralReading(t *testing.T) {
+	h := &Handler{}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ method, path, op, bound string }{
+		{"POST", "/v1/wh/namespaces/ns/tables/%2E%2E", "updateTable", "/v1/wh/namespaces/ns/tables/.."},
+		{"DELETE", "/v1/wh/namespaces/;x", "dropNamespace", "/v1/wh/namespaces/;x"},
+		{"DELETE", "/v1/wh/namespaces/ns/tables/.", "dropTable", "/v1/wh/namespaces/ns/tables/."},
+		// The normalized reading wins where it is a mutation.
+		{"POST", "/v1/wh/namespaces;x=1", "createNamespace", "/v1/wh/namespaces"},
+		// Neither reading is a mutation.
+		{"POST", "/v1/wh/namespaces/ns/tables/t/metrics", "", ""},
+	} {
+		if op, bound := h.classifyRequest(c.method, c.path); op != c.op || bound != c.bound {
+			t.Errorf("%s %s = %q bound to %q, want %q bound to %q", c.method, c.path, op, bound, c.op, c.bound)
+		}
+	}
+}
+
 // require_key applies to every spelling of a mutation's path.
 func TestRequireKeyOnEscapedPath(t *testing.T) {
 	h := newTestHandler(t, newMemoryStore(t))
