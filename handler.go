@@ -471,17 +471,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // classifyRequest is classifyPath of the normalized path or, if that is no
-// mutation, of its literal reading: a catalog that routes the path as sent
-// (dot segments and path parameters kept, as axum does, or a servlet that
-// reads getRequestURI) sees "DELETE /v1/namespaces/;x" as dropNamespace of
-// ";x", and "POST …/tables/%2E%2E" as updateTable. Guarding a reading the
-// catalog does not use costs at most a stored 4xx.
+// mutation, of the other readings a catalog may give it: as sent (dot
+// segments and path parameters kept, as axum does, or a servlet that reads
+// getRequestURI: "DELETE /v1/namespaces/;x" is dropNamespace of ";x",
+// "POST …/tables/%2E%2E" updateTable), and with "%2F" decoded before
+// routing (as Starlette does: "POST /v1/wh%2Fnamespaces" is
+// createNamespace). Guarding a reading the catalog does not use costs at
+// most a stored 4xx.
 func (h *Handler) classifyRequest(method, escaped string) (op, bound string) {
 	normal := normalizePath(escaped)
-	if op, bound = h.classifyPath(method, normal); op != "" || normal == escaped {
+	if op, bound = h.classifyPath(method, normal); op != "" {
 		return op, bound
 	}
-	return h.classifyPath(method, literalPath(escaped))
+	if normal != escaped {
+		if op, bound = h.classifyPath(method, literalPath(escaped)); op != "" {
+			return op, bound
+		}
+	}
+	if slashes := decodeSlashes(escaped); slashes != escaped {
+		return h.classifyPath(method, normalizePath(slashes))
+	}
+	return "", ""
 }
 
 // isConfigRequest reports whether r's normalized path is GET /v1/config's.

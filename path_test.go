@@ -72,6 +72,11 @@ func TestClassifyLiteralReading(t *testing.T) {
 		{"POST", "/v1/wh/namespaces/ns/tables/%2E%2E", "updateTable", "/v1/wh/namespaces/ns/tables/.."},
 		{"DELETE", "/v1/wh/namespaces/;x", "dropNamespace", "/v1/wh/namespaces/;x"},
 		{"DELETE", "/v1/wh/namespaces/ns/tables/.", "dropTable", "/v1/wh/namespaces/ns/tables/."},
+		// A catalog that decodes %2F before routing.
+		{"POST", "/v1/wh%2Fnamespaces", "createNamespace", "/v1/wh/namespaces"},
+		// A %2F in a path that is a mutation as it is stays in its segment.
+		{"DELETE", "/v1/wh/namespaces/ns%2ftables%2Ft", "dropNamespace", "/v1/wh/namespaces/ns%2Ftables%2Ft"},
+		{"DELETE", "/v1/wh/namespaces/ns/tables/a%2Fb", "dropTable", "/v1/wh/namespaces/ns/tables/a%2Fb"},
 		// The normalized reading wins where it is a mutation.
 		{"POST", "/v1/wh/namespaces;x=1", "createNamespace", "/v1/wh/namespaces"},
 		// Neither reading is a mutation.
