@@ -45,7 +45,10 @@ type App struct {
 	done              chan struct{}
 	// prev is the app the admin API answered for before this one
 	// started: it answers again if this one's config fails to start.
-	prev    *App
+	// It is cleared once that app stops, so that a stopped app (and the
+	// records of the stores it tracked) is not kept from one reload to
+	// the next.
+	prev    atomic.Pointer[App]
 	stopped atomic.Bool
 }
 
@@ -137,7 +140,7 @@ func (a *App) Start() error {
 	a.cancel = cancel
 	a.done = make(chan struct{})
 	go a.purgeLoop(ctx)
-	a.prev = running.Swap(a)
+	a.prev.Store(running.Swap(a))
 	return nil
 }
 
@@ -153,10 +156,13 @@ func (a *App) Start() error {
 // and their retries would execute again.
 func (a *App) Stop() error {
 	a.stopped.Store(true)
-	if p := a.prev; p != nil && !p.stopped.Load() {
+	if p := a.prev.Swap(nil); p != nil && !p.stopped.Load() {
 		running.CompareAndSwap(a, p)
 	} else {
 		running.CompareAndSwap(a, nil)
+	}
+	if next := running.Load(); next != nil {
+		next.prev.CompareAndSwap(a, nil) // the config that replaced this one
 	}
 	a.mu.Lock()
 	for _, s := range a.stores {

@@ -2,9 +2,11 @@ package icebergidempotency
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
+	"weak"
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
@@ -239,5 +241,38 @@ func TestPurgePausesBetweenBatches(t *testing.T) {
 		if gap := s.starts[i].Sub(s.ends[i-1]); gap < took {
 			t.Fatalf("batch %d started %v after batch %d ended, which took %v: want a pause at least as long", i, gap, i-1, took)
 		}
+	}
+}
+
+// A stopped app is not kept reachable by the app that replaced it (the
+// admin API's fallback, for a config that fails to start): with it would
+// stay every store it tracked, a closed memory store's records included.
+func TestReplacedAppIsNotKept(t *testing.T) {
+	start := func() *App {
+		a := &App{}
+		if err := a.Provision(newCaddyContext(t)); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	a := start()
+	gone := weak.Make(a)
+	b := start() // a reload: the new config starts, then the old one stops
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Stop() }()
+	a = nil
+	for range 3 {
+		runtime.GC()
+	}
+	if gone.Value() != nil {
+		t.Fatal("the app of the replaced config is still reachable")
+	}
+	if running.Load() != b {
+		t.Fatal("the admin API does not answer for the running app")
 	}
 }

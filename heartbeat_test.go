@@ -187,3 +187,35 @@ func TestLeaseHeldWhileFinalizeIsRetried(t *testing.T) {
 			duplicate.header.Get(ReplayedHeader), duplicate.body)
 	}
 }
+
+// tooLargeSlowly is a store whose Finalize takes a while and then refuses
+// the response as too large (MySQL's max_allowed_packet), and whose
+// renewals are slow (a busy database): a stand-in, to line the two up.
+type tooLargeSlowly struct{ stores.Store }
+
+func (s tooLargeSlowly) Finalize(context.Context, string, string, stores.Response) error {
+	time.Sleep(300 * time.Millisecond)
+	return stores.ErrResponseTooLarge
+}
+
+func (s tooLargeSlowly) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	time.Sleep(150 * time.Millisecond)
+	return s.Store.ExtendLease(ctx, key, owner, lease)
+}
+
+// A response the store refuses as too large leaves the key unknown: the
+// renewals of the Finalize try stop before the record is marked abandoned,
+// so that none lands after it and makes the record read as in flight for
+// another lease (duplicates would wait instead of hearing "unknown").
+func TestNoRenewalAfterMarkedUnknown(t *testing.T) {
+	shared := newMemoryStore(t)
+	h := newTestHandler(t, tooLargeSlowly{Store: shared})
+	h.Lease = caddy.Duration(300 * time.Millisecond) // a renewal every 100ms
+	key := storetest.NewKey(t)
+	if res := serve(t, h, answering(http.StatusOK, `{"namespace":["a"]}`), "POST", "/v1/namespaces", key, nsBody); res.code() != http.StatusOK {
+		t.Fatalf("first: %d %s", res.code(), res.body)
+	}
+	if rec, _ := shared.Load(context.Background(), key); rec == nil || !rec.Abandoned {
+		t.Fatalf("after 'response too large: outcome unknown' the record is %+v, want abandoned", rec)
+	}
+}

@@ -636,6 +636,9 @@ func (g *guarded) storedAlready(ctx context.Context, resp stores.Response) bool 
 // the owner's node died. If the store cannot be reached either, the lease
 // lapses on its own.
 func (g *guarded) markUnknown(ctx context.Context, cause error) {
+	// A renewal landing after the Abandon would make the record read as
+	// in flight again for a whole lease.
+	g.hb.stop()
 	executionCounters.inc(g.binding.Operation, "unknown")
 	if cause != nil {
 		g.log(zapcore.WarnLevel, "the request may have reached the catalog but no response came back: outcome unknown",
