@@ -71,10 +71,23 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			fmt.Sprintf("request body exceeds %d bytes, the largest accepted with an Idempotency-Key", h.MaxRequestSize), 0)
 		return nil
 	}
+	principal := h.principalOf(r)
+	if principal == "" && h.Principal != DefaultPrincipal {
+		// Every sender would share one binding, and could be replayed
+		// another's response (vended credentials included). The request
+		// is refused, not executed: a 4xx tells the client so.
+		h.logger.Error("the configured principal expanded to nothing for a keyed request: refused. "+
+			"Does it name something this route sets (forward_auth sets no {http.auth.user.id}: use the header its copy_headers copies)?",
+			zap.String("principal", h.Principal), zap.String("operation", op))
+		decisionCounters.inc(op, outcomeNoPrincipal)
+		writeError(w, http.StatusForbidden, typeForbidden,
+			"The request has no principal for its Idempotency-Key to be bound to (the proxy's principal setting expanded to nothing); it was not executed.", 0)
+		return nil
+	}
 	g := &guarded{
 		h: h, w: w, r: r, next: next, key: key,
 		parts: requestParts{
-			principal: h.principalOf(r),
+			principal: principal,
 			method:    r.Method,
 			path:      path,
 			query:     r.URL.RawQuery,

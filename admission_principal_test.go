@@ -7,6 +7,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
 // The principal read straight from a header is the very string Caddy's
@@ -55,6 +57,39 @@ func TestPrincipalMatchesTheReplacer(t *testing.T) {
 	} {
 		if got := headerPlaceholder(principal); got != want {
 			t.Errorf("headerPlaceholder(%q) = %q, want %q", principal, got, want)
+		}
+	}
+}
+
+// A configured principal that expands to nothing would bind every sender's
+// keys to one principal, so that one could be replayed another's response:
+// such a keyed request is refused (403, not executed), where the default
+// principal, on a catalog without Authorization, is everyone's alike by
+// design and executes.
+func TestEmptyConfiguredPrincipalIsRefused(t *testing.T) {
+	for _, c := range []struct {
+		principal string
+		header    []string
+		status    int
+	}{
+		{"{http.auth.user.id}", nil, http.StatusForbidden},                                     // forward_auth sets no user id
+		{"{http.request.header.Remote-User}", nil, http.StatusForbidden},                       // copy_headers missing
+		{"{http.request.header.Remote-User}", []string{"Remote-User", "alice"}, http.StatusOK}, // as copied
+		{"", nil, http.StatusOK}, // the default, with no Authorization
+	} {
+		h := newTestHandler(t, newMemoryStore(t))
+		if c.principal != "" {
+			h.Principal = c.principal
+			if err := h.prepare(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		up := answering(http.StatusOK, `{"namespace":["a"]}`)
+		res := serve(t, h, up, "POST", "/v1/namespaces", storetest.NewKey(t), nsBody, c.header...)
+		executed := up.calls.Load() == 1
+		if res.code() != c.status || executed != (c.status == http.StatusOK) ||
+			(c.status == http.StatusForbidden && res.errorType() != typeForbidden) {
+			t.Errorf("principal %q, headers %v: %d %s, executed %v; want %d", c.principal, c.header, res.code(), res.body, executed, c.status)
 		}
 	}
 }

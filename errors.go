@@ -26,6 +26,7 @@ const (
 	typeTooLarge           = "RequestEntityTooLargeException"
 	typeCommitStateUnknown = "CommitStateUnknownException"
 	typeServiceFailure     = "ServiceFailureException"
+	typeForbidden          = "ForbiddenException"
 )
 
 // writeError answers with an Iceberg error body. retryAfter > 0 adds a

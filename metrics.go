@@ -123,6 +123,7 @@ const (
 	outcomeUnreadable       = "unreadable"
 	outcomeStoreUnavailable = "store_unavailable"
 	outcomeFailOpen         = "fail_open"
+	outcomeNoPrincipal      = "no_principal"
 )
 
 func registerMetrics(reg *prometheus.Registry) error {
