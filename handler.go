@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -172,6 +173,9 @@ type Handler struct {
 	// inProcessLeases is set for the memory store, whose records only
 	// this process's requests hold: see executionLease.
 	inProcessLeases bool
+	// outsideBaseWarned is set (atomically) once catalog paths outside
+	// base_path were warned of.
+	outsideBaseWarned int32
 }
 
 var (
@@ -502,7 +506,12 @@ func (h *Handler) isConfigRequest(r *http.Request) bool {
 	if !strings.Contains(r.URL.Path, "config") {
 		return false
 	}
-	rel, ok := h.belowBase(normalizePath(r.URL.EscapedPath()))
+	path := normalizePath(r.URL.EscapedPath())
+	rel, ok := h.belowBase(path)
+	if !ok && path == "/v1/config" {
+		h.warnOutsideBase(path)
+		return true
+	}
 	return ok && rel == "/v1/config"
 }
 
@@ -510,15 +519,33 @@ func (h *Handler) isConfigRequest(r *http.Request) bool {
 // pass straight through (outside the base path, reads, unknown paths), and
 // the path its key is bound to: the configured spelling of the base path,
 // whichever the client used, then the normalized path below it.
+//
+// A catalog path outside base_path is classified too: with the directive
+// inside handle_path, which strips the prefix first, base_path makes every
+// request look outside it, and the catalog would be left unguarded.
 func (h *Handler) classifyPath(method, path string) (op, bound string) {
 	rel, ok := h.belowBase(path)
 	if !ok {
+		if op = classify(method, path); op != "" {
+			h.warnOutsideBase(path)
+			return op, path
+		}
 		return "", ""
 	}
 	if op = classify(method, rel); op == "" {
 		return "", ""
 	}
 	return op, h.basePath + rel
+}
+
+// warnOutsideBase says, once, that catalog requests arrive without
+// base_path's prefix, and are guarded (or advertised to) all the same.
+func (h *Handler) warnOutsideBase(path string) {
+	if atomic.CompareAndSwapInt32(&h.outsideBaseWarned, 0, 1) {
+		h.logger.Warn("a catalog request arrived outside base_path: guarded all the same. Inside handle_path (or after uri strip_prefix), "+
+			"which strips the prefix before this handler, leave base_path out",
+			zap.String("base_path", h.BasePath), zap.String("path", path))
+	}
 }
 
 // belowBase returns the part of the normalized path below base_path, which

@@ -910,6 +910,29 @@ func TestCoreBasePathUnderHandlePath(t *testing.T) {
 	}
 }
 
+// The directive inside handle_path, with base_path set as for a
+// site-level one: handle_path strips the prefix first, so every request
+// looks outside base_path. Catalog paths are guarded (and the config
+// advertised) all the same; before, every keyed commit passed unguarded
+// and executed again on retry.
+func TestCoreDirectiveInsideHandlePathWithBasePath(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("",
+		"handle_path /api/catalog/* {\niceberg_idempotency {\nbase_path /api/catalog\n}\nreverse_proxy "+b.Addr()+"\n}"))
+	const path = "/v1/inside/namespaces"
+	key := newKey(t)
+	first := send(t, "POST", c.URL()+"/api/catalog"+path, `{"namespace":["inside"]}`, keyHeader, key)
+	wantStatus(t, "first", first, 200)
+	retry := send(t, "POST", c.URL()+"/api/catalog"+path, `{"namespace":["inside"]}`, keyHeader, key)
+	wantReplayOf(t, "retry", retry, first)
+	wantCount(t, b, path, 1)
+	config := send(t, "GET", c.URL()+"/api/catalog/v1/config", "")
+	if !strings.Contains(string(config.Body), "idempotency-key-lifetime") {
+		t.Fatalf("config not advertised: %s", config.Body)
+	}
+}
+
 // forward_auth in front (a reverse_proxy itself, which notes the upstream
 // it chose) and a handler after the directive that refuses the request
 // before reverse_proxy (request_body's 413): nothing reached the catalog,
