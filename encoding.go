@@ -77,3 +77,40 @@ func acceptsEncoding(h http.Header, coding string) bool {
 	}
 	return wildcard > 0
 }
+
+// narrowAcceptEncoding keeps, in r's Accept-Encoding for the upstream call,
+// only the codings a replay can decode (gzip, deflate) and identity; restore
+// puts the header back as it came. The catalog, or an encode handler after
+// this one, compresses the response as the first request allows, and that
+// body is stored: in zstd or br, a retry that does not take them could not
+// be given a body it can read. A header left with nothing is dropped, and
+// reverse_proxy's transport then asks for gzip itself and decodes it.
+func narrowAcceptEncoding(r *http.Request) (restore func()) {
+	orig, ok := r.Header["Accept-Encoding"]
+	if !ok {
+		return func() {}
+	}
+	var kept []string
+	changed := false
+	for _, line := range orig {
+		for item := range strings.SplitSeq(line, ",") {
+			name, _, _ := strings.Cut(item, ";")
+			switch strings.ToLower(strings.TrimSpace(name)) {
+			case "gzip", "x-gzip", "deflate", "identity":
+				kept = append(kept, strings.TrimSpace(item))
+			case "":
+			default:
+				changed = true
+			}
+		}
+	}
+	if !changed {
+		return func() {}
+	}
+	if len(kept) == 0 {
+		delete(r.Header, "Accept-Encoding")
+	} else {
+		r.Header["Accept-Encoding"] = []string{strings.Join(kept, ", ")}
+	}
+	return func() { r.Header["Accept-Encoding"] = orig }
+}

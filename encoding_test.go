@@ -83,3 +83,57 @@ func TestReplayInACodingTheRetryAccepts(t *testing.T) {
 		t.Fatalf("the catalog executed %d times, want 1", n)
 	}
 }
+
+// The catalog is asked only for codings a replay can decode: a first
+// request that takes zstd or br gets gzip (or identity), which is stored,
+// so that a retry that takes neither can still be given a body it reads.
+func TestCatalogAskedOnlyForDecodableCodings(t *testing.T) {
+	var asked []string
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		ae := r.Header.Get("Accept-Encoding")
+		asked = append(asked, ae)
+		w.Header().Set("Content-Type", "application/json")
+		if strings.Contains(ae, "zstd") {
+			w.Header().Set("Content-Encoding", "zstd")
+			_, _ = io.WriteString(w, "\x28\xb5\x2f\xfd not really zstd")
+			return
+		}
+		_, _ = io.WriteString(w, `{"namespace":["z"]}`)
+	})
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	first := serve(t, h, proxy, "POST", "/v1/namespaces", key, nsBody, "Accept-Encoding", "zstd, br;q=0.9, *;q=0.1")
+	if first.code() != http.StatusOK || first.header.Get("Content-Encoding") != "" || first.body != `{"namespace":["z"]}` {
+		t.Fatalf("first: %d, Content-Encoding %q, body %q", first.code(), first.header.Get("Content-Encoding"), first.body)
+	}
+	retry := serve(t, h, proxy, "POST", "/v1/namespaces", key, nsBody, "Accept-Encoding", "gzip")
+	if retry.header.Get(ReplayedHeader) != "true" || retry.body != `{"namespace":["z"]}` {
+		t.Fatalf("retry: replayed %q, body %q", retry.header.Get(ReplayedHeader), retry.body)
+	}
+	if len(asked) != 1 || strings.Contains(asked[0], "zstd") || strings.Contains(asked[0], "br") || strings.Contains(asked[0], "*") {
+		t.Fatalf("the catalog was asked for %q", asked)
+	}
+}
+
+func TestNarrowAcceptEncoding(t *testing.T) {
+	for in, want := range map[string]string{
+		"gzip, x-gzip, deflate":     "gzip, x-gzip, deflate", // the Java client's, untouched
+		"zstd, gzip;q=0.8":          "gzip;q=0.8",
+		"br, zstd":                  "", // none left: dropped
+		"*":                         "",
+		"identity, br":              "identity",
+		"GZIP;q=1.0, Zstd;q=0.9, *": "GZIP;q=1.0",
+	} {
+		r, _ := http.NewRequest("POST", "/", nil)
+		r.Header.Set("Accept-Encoding", in)
+		restore := narrowAcceptEncoding(r)
+		if got := r.Header.Get("Accept-Encoding"); got != want {
+			t.Errorf("%q narrowed to %q, want %q", in, got, want)
+		}
+		restore()
+		if got := r.Header.Get("Accept-Encoding"); got != in {
+			t.Errorf("%q restored as %q", in, got)
+		}
+	}
+}
