@@ -378,7 +378,7 @@ func Run(t *testing.T, open Open) {
 		if err := h.Store.ExtendLease(ctx, renewed, rr.Owner, Lease); err != nil {
 			t.Fatalf("ExtendLease: %v", err)
 		}
-		h.Advance(500 * time.Millisecond) // taken's lease lapsed
+		h.Advance(800 * time.Millisecond) // taken's lease lapsed, half a second ago (a slow server's Reserve started it late)
 		newOwner := uuid.NewString()
 		if ok, err := h.Store.TakeOver(ctx, taken, rt.Owner, newOwner, 2*Lease); err != nil || !ok {
 			t.Fatalf("TakeOver = %v, %v; want true", ok, err)
@@ -386,7 +386,7 @@ func Run(t *testing.T, open Open) {
 		if err := h.Store.ExtendLease(ctx, renewed, rr.Owner, 2*Lease); err != nil {
 			t.Fatalf("ExtendLease: %v", err)
 		}
-		h.Advance(1100 * time.Millisecond) // past the TTL, within both leases
+		h.Advance(800 * time.Millisecond) // past the TTL, within both leases
 		for key, owner := range map[string]string{renewed: rr.Owner, taken: newOwner} {
 			rec := load(t, h.Store, key)
 			if rec == nil || rec.State != stores.StateInFlight || rec.Abandoned || rec.Owner != owner {
