@@ -56,13 +56,12 @@ func TestSetTopLevelField(t *testing.T) {
 	}
 }
 
-// gzipCatalog answers GET /v1/config compressed: when the request asks for
+// gzipCatalog answers doc as JSON, compressed when the request asks for
 // gzip (as Go's transport and the Java client's HttpClient 5 do by
 // default), or always.
-func gzipCatalog(t *testing.T, always bool) *countingCatalog {
+func gzipCatalog(t *testing.T, doc string, always bool) *countingCatalog {
 	return newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		doc := `{"defaults":{},"overrides":{}}`
 		if !always && !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
 			_, _ = io.WriteString(w, doc)
 			return
@@ -80,7 +79,7 @@ func gzipCatalog(t *testing.T, always bool) *countingCatalog {
 func TestAdvertiseCompressingCatalog(t *testing.T) {
 	for _, always := range []bool{false, true} {
 		h := newTestHandler(t, newMemoryStore(t))
-		proxy := newReverseProxy(t, gzipCatalog(t, always).addr())
+		proxy := newReverseProxy(t, gzipCatalog(t, `{"defaults":{},"overrides":{}}`, always).addr())
 		res := serve(t, h, proxy, "GET", "/v1/config", "", "", "Accept-Encoding", "gzip")
 		if res.code() != http.StatusOK {
 			t.Fatalf("always=%v: GET /v1/config = %d %v", always, res.code(), res.err)

@@ -2,7 +2,6 @@ package icebergidempotency
 
 import (
 	"bytes"
-	"compress/gzip"
 	"io"
 	"net/http"
 	"strings"
@@ -45,17 +44,7 @@ func TestAcceptsEncoding(t *testing.T) {
 // gets it as stored.
 func TestReplayInACodingTheRetryAccepts(t *testing.T) {
 	const answer = `{"namespace":["a"],"properties":{}}`
-	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
-			_, _ = io.WriteString(w, answer)
-			return
-		}
-		w.Header().Set("Content-Encoding", "gzip")
-		zw := gzip.NewWriter(w)
-		_, _ = io.WriteString(zw, answer)
-		_ = zw.Close()
-	})
+	catalog := gzipCatalog(t, answer, false)
 	h := newTestHandler(t, newMemoryStore(t))
 	proxy := newReverseProxy(t, catalog.addr())
 	key := storetest.NewKey(t)

@@ -42,26 +42,24 @@ type countingCatalog struct {
 
 func newCountingCatalog(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)) *countingCatalog {
 	t.Helper()
-	c := &countingCatalog{}
-	c.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.ReadAll(r.Body)
-		c.executed.Add(1)
-		answer(w, r)
-	}))
-	t.Cleanup(c.srv.Close)
-	return c
+	return startCountingCatalog(t, (*httptest.Server).Start, answer)
 }
 
 // newCountingCatalogTLS is newCountingCatalog over HTTPS (a self-signed
 // certificate: see overTLS).
 func newCountingCatalogTLS(t *testing.T, answer func(w http.ResponseWriter, r *http.Request)) *countingCatalog {
 	t.Helper()
+	return startCountingCatalog(t, (*httptest.Server).StartTLS, answer)
+}
+
+func startCountingCatalog(t *testing.T, start func(*httptest.Server), answer func(w http.ResponseWriter, r *http.Request)) *countingCatalog {
 	c := &countingCatalog{}
-	c.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	c.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body)
 		c.executed.Add(1)
 		answer(w, r)
 	}))
+	start(c.srv)
 	t.Cleanup(c.srv.Close)
 	return c
 }

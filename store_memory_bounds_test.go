@@ -172,18 +172,7 @@ func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
 
 	// Reload to a smaller bound: the newest records stay. The running
 	// config's app (cfg2's) is started; the new config's starts too.
-	startApp := func(ctx caddy.Context, s stores.Store) *App {
-		app := &App{}
-		if err := app.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		app.track(memoryStoreKey, s)
-		if err := app.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return app
-	}
-	oldApp := startApp(cfg2, second)
+	oldApp := startMemoryApp(t, cfg2, second)
 	before := evictionCount(t, "entries")
 	held := ms.Stats().Final
 	cfg3 := newCaddyContext(t)
@@ -191,7 +180,7 @@ func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newApp := startApp(cfg3, fourth)
+	newApp := startMemoryApp(t, cfg3, fourth)
 	defer func() { _ = newApp.Stop() }()
 	// Until the old config stops, nothing shrinks: Caddy stops it only
 	// once every app of the new config has started, and a reload that
@@ -241,18 +230,7 @@ func TestRefusedStartKeepsTheRunningConfig(t *testing.T) {
 	for range 100 {
 		finalize(t, s, 10)
 	}
-	start := func(ctx caddy.Context) *App {
-		app := &App{}
-		if err := app.Provision(ctx); err != nil {
-			t.Fatal(err)
-		}
-		app.track(memoryStoreKey, s)
-		if err := app.Start(); err != nil {
-			t.Fatal(err)
-		}
-		return app
-	}
-	runningApp := start(cfg1)
+	runningApp := startMemoryApp(t, cfg1, s)
 	defer func() { _ = runningApp.Stop() }()
 
 	cfg2 := newCaddyContext(t)
@@ -263,7 +241,7 @@ func TestRefusedStartKeepsTheRunningConfig(t *testing.T) {
 	if _, err := acquireStore(cfg2, p2); err != nil {
 		t.Fatal(err)
 	}
-	refused := start(cfg2)
+	refused := startMemoryApp(t, cfg2, s)
 	if err := refused.Stop(); err != nil { // a later app of cfg2 refused to start
 		t.Fatal(err)
 	}
@@ -300,4 +278,19 @@ func TestMemoryStoreDefaults(t *testing.T) {
 	if p.StoreKey() != (&MemoryStore{MaxEntries: 1, MaxBytes: 1}).StoreKey() {
 		t.Fatal("StoreKey depends on the bounds: a reload changing them would open an empty store")
 	}
+}
+
+// startMemoryApp provisions and starts the app of the config ctx, tracking
+// the memory store s.
+func startMemoryApp(t *testing.T, ctx caddy.Context, s stores.Store) *App {
+	t.Helper()
+	app := &App{}
+	if err := app.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	app.track(memoryStoreKey, s)
+	if err := app.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return app
 }
