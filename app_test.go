@@ -132,6 +132,14 @@ func TestStorePoolSharesAndClosesLast(t *testing.T) {
 	if err := old.Cleanup(); err != nil {
 		t.Fatal(err)
 	}
+	// Caddy calls Cleanup once; a second call must not drop the new
+	// handler's reference.
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	if refs, _ := storePool.References(p.key); refs != 1 {
+		t.Fatalf("%d references to the store after the old handler's Cleanup, twice, want the new handler's 1", refs)
+	}
 	if p.store.closed.Load() != 0 {
 		t.Fatal("store closed while the new handler still uses it")
 	}

@@ -66,8 +66,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	given := givenOptions{}
 	for d.NextBlock(0) {
 		opt := d.Val()
+		if err := given.once(d, opt); err != nil {
+			return err
+		}
 		switch opt {
 		case "store":
 			if !d.NextArg() {
@@ -227,6 +231,23 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// givenOptions remembers the line of each option read in one block, to
+// refuse an option given twice. The second would silently replace the
+// first, and the one an operator reads first is what they believe runs: a
+// `store memory` below a `store postgres` block would guard every node with
+// its own memory.
+type givenOptions map[string]int
+
+// once records name (the option, or the name its aliases share) at the
+// dispenser's line, or says where it was given before.
+func (g givenOptions) once(d *caddyfile.Dispenser, name string) error {
+	if line, ok := g[name]; ok {
+		return d.Errf("%s given twice (first on line %d): keep one", d.Val(), line)
+	}
+	g[name] = d.Line()
+	return nil
+}
+
 func singleArg(d *caddyfile.Dispenser) (string, error) {
 	opt := d.Val()
 	if !d.NextArg() {
@@ -275,13 +296,21 @@ func parseSize(d *caddyfile.Dispenser, into *int64) error {
 //	        cleanup_batch    <n>
 //	    }
 //	}
-func parseApp(d *caddyfile.Dispenser, _ any) (any, error) {
+func parseApp(d *caddyfile.Dispenser, existing any) (any, error) {
 	app := new(App)
 	d.Next() // option name
+	if existing != nil {
+		// Caddy would keep only the second block, silently.
+		return nil, d.Err("iceberg_idempotency global option given twice: merge the blocks into one")
+	}
 	if d.NextArg() {
 		return nil, d.ArgErr()
 	}
+	given := givenOptions{}
 	for d.NextBlock(0) {
+		if err := given.once(d, d.Val()); err != nil {
+			return nil, err
+		}
 		switch d.Val() {
 		case "cleanup_interval":
 			if err := parseDuration(d, &app.CleanupInterval); err != nil {

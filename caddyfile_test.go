@@ -187,6 +187,27 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"key_versions range", "iceberg_idempotency {\n\t\tkey_versions 7 9\n\t}", `key_versions[1] must be a UUID version from 1 to 8, got 9`, "at Caddyfile:3"},
 		{"key_versions repeated", "iceberg_idempotency {\n\t\tkey_versions 7 7\n\t}", `key_versions[1] repeats key_versions[0]`, "at Caddyfile:3"},
 		{"directive argument", "iceberg_idempotency on", `wrong argument count`, "at Caddyfile:2"},
+		// Status lists that would execute a success twice, or store a 5xx.
+		{"release a success class", "iceberg_idempotency {\n\t\trelease_statuses 5xx 2xx\n\t}", `release_statuses: has 2xx: a released success is executed again on retry`, "at Caddyfile:3"},
+		{"release a success", "iceberg_idempotency {\n\t\trelease_statuses 5xx 201\n\t}", `release_statuses: has 201`, "at Caddyfile:3"},
+		{"finalize a 5xx", "iceberg_idempotency {\n\t\tfinalize_statuses 2xx 4xx 503\n\t}", `finalize_statuses: has 503: the Iceberg REST spec says 5xx answers are not finalized`, "at Caddyfile:3"},
+		{"finalize 5xx", "iceberg_idempotency {\n\t\tfinalize_statuses 2xx 5xx\n\t}", `finalize_statuses: has 5xx`, "at Caddyfile:3"},
+		{"finalize some successes", "iceberg_idempotency {\n\t\tfinalize_statuses 200 201 204 4xx\n\t}", `finalize_statuses: leaves out 202: a success that is not stored is executed again on retry; give 2xx`, "at Caddyfile:3"},
+		{"finalize no successes", "iceberg_idempotency {\n\t\tfinalize_statuses 409\n\t}", `finalize_statuses: leaves out 200`, "at Caddyfile:3"},
+		{"finalize 1xx", "iceberg_idempotency {\n\t\tfinalize_statuses 2xx 1xx\n\t}", `finalize_statuses: has 1xx: a 1xx response is never final`, "at Caddyfile:3"},
+		{"principal without placeholder", "iceberg_idempotency {\n\t\tprincipal http.auth.user.id\n\t}", `principal "http.auth.user.id" has no placeholder, so every caller would be one principal`, "at Caddyfile:3"},
+		{"replay Set-Cookie", "iceberg_idempotency {\n\t\treplay_headers Content-Type set-cookie\n\t}", `replay_headers cannot hold set-cookie: it would keep session credentials in the store`, "at Caddyfile:3"},
+		{"replay Content-Length", "iceberg_idempotency {\n\t\treplay_headers Content-Length\n\t}", `replay_headers cannot hold Content-Length: it is computed from the stored body`, "at Caddyfile:3"},
+		// An option given twice would silently replace the first.
+		{"store twice", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn postgres://db/x\n\t\t}\n\t\tstore memory\n\t}", `store given twice (first on line 3): keep one`, "at Caddyfile:6"},
+		{"lifetime twice", "iceberg_idempotency {\n\t\tlifetime 1h\n\t\tlease 1m\n\t\tlifetime 2h\n\t}", `lifetime given twice (first on line 3)`, "at Caddyfile:5"},
+		{"secret twice", "iceberg_idempotency {\n\t\tsecret {env.A}\n\t\tsecret {env.B}\n\t}", `secret given twice (first on line 3)`, "at Caddyfile:4"},
+		{"flag twice", "iceberg_idempotency {\n\t\tfail_open\n\t\tfail_open\n\t}", `fail_open given twice`, "at Caddyfile:4"},
+		{"dsn twice", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn postgres://a/x\n\t\t\tdsn postgres://b/x\n\t\t}\n\t}", `dsn given twice (first on line 4)`, "at Caddyfile:5"},
+		{"table twice", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\ttable a\n\t\t\ttable b\n\t\t}\n\t}", `table given twice (first on line 5)`, "at Caddyfile:6"},
+		{"listen_notify twice", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn x\n\t\t\tlisten_notify on\n\t\t\tlisten_notify off\n\t\t}\n\t}", `listen_notify given twice`, "at Caddyfile:6"},
+		{"memory option twice", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entries 5\n\t\t\tmax_entries 6\n\t\t}\n\t}", `max_entries given twice (first on line 4)`, "at Caddyfile:5"},
+		{"redis option twice", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1\n\t\t\tkey_prefix p\n\t\t\tkey_prefix q\n\t\t}\n\t}", `key_prefix given twice (first on line 5)`, "at Caddyfile:6"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -196,9 +217,18 @@ func TestCaddyfileErrors(t *testing.T) {
 			}
 		})
 	}
-	_, err := adapt(t, "{\n\ticeberg_idempotency {\n\t\tcleanup_batch none\n\t}\n}\n:8080 {\n\treverse_proxy 127.0.0.1:1\n}\n")
-	if err == nil || !strings.Contains(err.Error(), "cleanup_batch must be a positive integer") || !strings.HasSuffix(err.Error(), "at Caddyfile:3") {
-		t.Fatalf("global option error = %v", err)
+	for _, tt := range []struct{ name, global, want, at string }{
+		{"bad value", "iceberg_idempotency {\n\t\tcleanup_batch none\n\t}", "cleanup_batch must be a positive integer", "at Caddyfile:3"},
+		{"option twice", "iceberg_idempotency {\n\t\tcleanup_batch 5\n\t\tcleanup_batch 6\n\t}", "cleanup_batch given twice (first on line 3)", "at Caddyfile:4"},
+		// Caddy would keep only the second block.
+		{"block twice", "iceberg_idempotency {\n\t\tcleanup_batch 5\n\t}\n\ticeberg_idempotency {\n\t\tcleanup_interval 1m\n\t}", "iceberg_idempotency global option given twice", "at Caddyfile:5"},
+	} {
+		t.Run("global "+tt.name, func(t *testing.T) {
+			_, err := adapt(t, "{\n\t"+tt.global+"\n}\n:8080 {\n\treverse_proxy 127.0.0.1:1\n}\n")
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasSuffix(err.Error(), tt.at) {
+				t.Fatalf("error = %v, want it to contain %q and end with %q", err, tt.want, tt.at)
+			}
+		})
 	}
 }
 

@@ -74,7 +74,10 @@ type Handler struct {
 
 	// How long a reservation holds without a heartbeat. The owner renews it
 	// every third of it while the upstream call runs; a record whose lease
-	// lapsed was abandoned (its node died). Default: 30s.
+	// lapsed was abandoned (its node died). On the PostgreSQL and MySQL
+	// stores it must be at least 3 times statement_timeout, on Redis 3
+	// times the largest of its timeouts, so that a renewal taking its whole
+	// timeout still lands in time. Default: 30s.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
 	// What to do with a duplicate of an abandoned request: "unknown" answers
@@ -113,20 +116,26 @@ type Handler struct {
 	// its SHA-256 (its HMAC-SHA-256 under Secret, when set), so one
 	// principal can never replay another's response. Use
 	// "{http.auth.user.id}" when Caddy authenticates. Default:
-	// "{http.request.header.Authorization}".
+	// "{http.request.header.Authorization}". It must hold a placeholder:
+	// a constant would make every caller one principal.
 	Principal string `json:"principal,omitempty"`
 
 	// Statuses whose responses are stored and replayed, as codes or classes.
-	// Default: ["2xx", "4xx"].
+	// It must cover every 2xx (a success not stored would be executed again
+	// by its retry) and may not hold 1xx or 5xx (the Iceberg REST spec does
+	// not finalize 5xx). Default: ["2xx", "4xx"].
 	FinalizeStatuses []string `json:"finalize_statuses,omitempty"`
 
 	// Statuses whose key is released so a retry executes again; they win
-	// over FinalizeStatuses. Statuses in neither list are released too.
+	// over FinalizeStatuses. Statuses in neither list are released too. No
+	// 2xx may be released.
 	// Default: ["5xx", "401", "403", "408", "419", "425", "429", "499"].
 	ReleaseStatuses []string `json:"release_statuses,omitempty"`
 
 	// Response headers stored and replayed besides the body. Content-Encoding
 	// is always kept when present, since the body cannot be read without it.
+	// Content-Length, hop-by-hop headers, Set-Cookie and Authorization are
+	// refused.
 	// Default: ["Content-Type", "ETag", "Location", "Cache-Control"].
 	ReplayHeaders []string `json:"replay_headers,omitempty"`
 
@@ -176,6 +185,9 @@ type Handler struct {
 	// outsideBaseWarned is set (atomically) once catalog paths outside
 	// base_path were warned of.
 	outsideBaseWarned int32
+	// nestedWarned is set (atomically) once a request another handler
+	// had taken was warned of.
+	nestedWarned int32
 }
 
 var (
@@ -214,6 +226,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if err := h.checkAtRest(provider); err != nil {
+		return err
+	}
+	if err := checkLease(time.Duration(h.Lease), provider); err != nil {
 		return err
 	}
 	h.settleWindow = settleWindowFor(provider)
@@ -349,7 +364,7 @@ const (
 var validatedOptions = []string{
 	"lifetime", "grace", "in_flight_wait", "retry_after", "execution_timeout", "lease", "in_flight_status",
 	"abandoned", "key_versions", "max_request_size", "max_response_size", "base_path", "finalize_statuses", "release_statuses",
-	"secret", "previous_secrets",
+	"principal", "replay_headers", "secret", "previous_secrets",
 }
 
 // Validate checks the configuration.
@@ -415,12 +430,36 @@ func (h *Handler) validateOption(opt string) error {
 			return fmt.Errorf("base_path must start with / and not end with /, got %q", h.BasePath)
 		}
 	case "finalize_statuses":
-		if _, err := parseStatusSet(h.FinalizeStatuses); err != nil {
+		if h.FinalizeStatuses == nil {
+			break
+		}
+		set, err := parseStatusSet(h.FinalizeStatuses)
+		if err == nil {
+			err = set.checkFinalize()
+		}
+		if err != nil {
 			return fmt.Errorf("finalize_statuses: %w", err)
 		}
 	case "release_statuses":
-		if _, err := parseStatusSet(h.ReleaseStatuses); err != nil {
+		set, err := parseStatusSet(h.ReleaseStatuses)
+		if err == nil {
+			err = set.checkRelease()
+		}
+		if err != nil {
 			return fmt.Errorf("release_statuses: %w", err)
+		}
+	case "principal":
+		// A value without a placeholder is the same for every caller, who
+		// could then replay each other's answers: most likely a
+		// placeholder written without its braces.
+		if h.Principal != "" && !strings.Contains(h.Principal, "{") {
+			return fmt.Errorf("principal %q has no placeholder, so every caller would be one principal and could replay another's answers: write a placeholder such as {http.auth.user.id}", h.Principal)
+		}
+	case "replay_headers":
+		for _, name := range h.ReplayHeaders {
+			if why, ok := unreplayableHeaders[http.CanonicalHeaderKey(name)]; ok {
+				return fmt.Errorf("replay_headers cannot hold %s: %s", name, why)
+			}
 		}
 	case "secret", "previous_secrets":
 		// Values are checked as written, before their placeholders are
@@ -440,6 +479,21 @@ func (h *Handler) validateOption(opt string) error {
 	return nil
 }
 
+// unreplayableHeaders are response headers replay_headers refuses, with why.
+var unreplayableHeaders = map[string]string{
+	"Content-Length":     "it is computed from the stored body",
+	"Transfer-Encoding":  "framing belongs to one connection",
+	"Connection":         "it is hop-by-hop",
+	"Keep-Alive":         "it is hop-by-hop",
+	"Proxy-Connection":   "it is hop-by-hop",
+	"Upgrade":            "it is hop-by-hop",
+	"Trailer":            "it is hop-by-hop",
+	"Te":                 "it is hop-by-hop",
+	"Set-Cookie":         "it would keep session credentials in the store and hand them out again",
+	"Authorization":      "it would keep credentials in the store and hand them out again",
+	"Proxy-Authenticate": "it is hop-by-hop",
+}
+
 func nonNegative(opt string, d caddy.Duration) error {
 	if d < 0 {
 		return fmt.Errorf("%s must not be negative, got %v", opt, time.Duration(d))
@@ -454,6 +508,7 @@ func (h *Handler) Cleanup() error {
 		return nil
 	}
 	_, err := storePool.Delete(h.storeKey)
+	h.storeKey = "" // a second Cleanup must not drop another handler's reference
 	return err
 }
 
@@ -462,16 +517,41 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !mutationMethod(r.Method) {
 		// Reads are most of a catalog's traffic, and only one of them
 		// concerns the handler.
-		if r.Method == http.MethodGet && h.isConfigRequest(r) {
+		if r.Method == http.MethodGet && h.isConfigRequest(r) && !h.takenBefore(r) {
 			return h.advertise(w, r, next)
 		}
 		return next.ServeHTTP(w, r)
 	}
 	op, path := h.classifyRequest(r.Method, r.URL.EscapedPath())
-	if op == "" {
+	if op == "" || h.takenBefore(r) {
 		return next.ServeHTTP(w, r)
 	}
 	return h.admit(w, r, next, op, path)
+}
+
+// takenVar names the Caddy request variable that marks a request an
+// iceberg_idempotency handler took charge of.
+const takenVar = "iceberg_idempotency.taken"
+
+// takenBefore reports whether another iceberg_idempotency handler took
+// charge of r before this one (one at site level, one inside a handle
+// block), and marks r as taken otherwise. The second handler passes r
+// through: guarding it again, it would find the key reserved by the first
+// and wait on it until in_flight_wait ran out, and every keyed request
+// would end 503. Caddy's request variables are set by the server on every
+// request, so marking costs a map write, not a copy of the request.
+func (h *Handler) takenBefore(r *http.Request) bool {
+	ctx := r.Context()
+	if caddyhttp.GetVar(ctx, takenVar) == nil {
+		caddyhttp.SetVar(ctx, takenVar, true)
+		return false
+	}
+	if atomic.CompareAndSwapInt32(&h.nestedWarned, 0, 1) {
+		h.logger.Warn("a request reached two iceberg_idempotency handlers: the first one guards it and this one passes it through, "+
+			"so this one's options do not apply to it. Keep one iceberg_idempotency per route",
+			zap.String("path", r.URL.Path))
+	}
+	return true
 }
 
 // classifyRequest is classifyPath of the normalized path or, if that is no

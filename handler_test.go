@@ -409,6 +409,10 @@ func TestValidateNamesTheOption(t *testing.T) {
 		{func(h *Handler) { h.MaxResponseSize = -1 }, "max_response_size must be positive"},
 		{func(h *Handler) { h.BasePath = "api/" }, "base_path must start with /"},
 		{func(h *Handler) { h.ReleaseStatuses = []string{"7xx"} }, "release_statuses: invalid status"},
+		// JSON can give what the Caddyfile cannot: an empty list.
+		{func(h *Handler) { h.FinalizeStatuses = []string{} }, "finalize_statuses: empty list: every success would be executed again on retry"},
+		{func(h *Handler) { h.FinalizeStatuses = []string{"2xx", "500"} }, "finalize_statuses: has 500"},
+		{func(h *Handler) { h.ReleaseStatuses = []string{"5xx", "204"} }, "release_statuses: has 204"},
 		{func(h *Handler) { h.KeyVersions = []int{7, 9} }, "key_versions[1] must be a UUID version from 1 to 8, got 9"},
 		{func(h *Handler) { h.KeyVersions = []int{0} }, "key_versions[0] must be a UUID version from 1 to 8, got 0"},
 		{func(h *Handler) { h.KeyVersions = []int{4, 7, 4} }, "key_versions[2] repeats key_versions[0]"},

@@ -197,7 +197,11 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	given := givenOptions{}
 	for d.NextBlock(0) {
+		if err := given.once(d, d.Val()); err != nil {
+			return err
+		}
 		switch d.Val() {
 		case "max_entries":
 			arg, err := singleArg(d)

@@ -105,6 +105,22 @@ func (r *RedisStore) Provision(caddy.Context) error {
 	return nil
 }
 
+// callTimeout implements callBounder: the store bounds each call by the
+// largest of the three timeouts, named as the option that set it.
+func (r *RedisStore) callTimeout() (time.Duration, string) {
+	c := r.cfg
+	switch longest := max(c.DialTimeout, c.ReadTimeout, c.WriteTimeout); {
+	case c.DialTimeout == c.ReadTimeout && c.ReadTimeout == c.WriteTimeout:
+		return longest, "timeout"
+	case longest == c.ReadTimeout:
+		return longest, "read_timeout"
+	case longest == c.WriteTimeout:
+		return longest, "write_timeout"
+	default:
+		return longest, "dial_timeout"
+	}
+}
+
 // StoreKey implements StoreProvider: every option that shapes the client,
 // defaults applied; the password only inside the hash.
 func (r *RedisStore) StoreKey() string {
@@ -157,14 +173,24 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) {
 //	    pool_size       <n>
 //	}
 //
-// timeout sets the dial, read and write timeouts at once.
+// timeout sets the dial, read and write timeouts at once; one of them
+// given on its own wins over it, whichever line comes first. address lines
+// add to each other; every other option may be given once.
 func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type name
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	given := givenOptions{}
+	var timeout caddy.Duration
 	for d.NextBlock(0) {
 		opt := d.Val()
+		// Address lines add to each other; every other option once.
+		if opt != "address" && opt != "addresses" {
+			if err := given.once(d, opt); err != nil {
+				return err
+			}
+		}
 		var err error
 		switch opt {
 		case "address", "addresses":
@@ -196,10 +222,7 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "tls_server_name":
 			r.TLSServerName, err = singleArg(d)
 		case "timeout":
-			var t caddy.Duration
-			if err = parseDuration(d, &t); err == nil {
-				r.DialTimeout, r.ReadTimeout, r.WriteTimeout = t, t, t
-			}
+			err = parseDuration(d, &timeout)
 		case "dial_timeout":
 			err = parseDuration(d, &r.DialTimeout)
 		case "read_timeout":
@@ -220,6 +243,13 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		if err != nil {
 			return err
+		}
+	}
+	// timeout fills the three it stands for, whichever line comes first:
+	// one given on its own wins.
+	for _, t := range []*caddy.Duration{&r.DialTimeout, &r.ReadTimeout, &r.WriteTimeout} {
+		if *t == 0 {
+			*t = timeout
 		}
 	}
 	if len(r.Addresses) == 0 {

@@ -82,16 +82,27 @@ func TestRedisStoreCaddyfile(t *testing.T) {
 	if len(r.Addresses) != 2 || r.TLS || r.DialTimeout != 1e9 || r.ReadTimeout != 1e9 || r.WriteTimeout != 2e9 {
 		t.Fatalf("parsed %+v", r)
 	}
+	// timeout fills the three, and one given on its own wins whichever
+	// line comes first; address lines add up.
+	r = new(RedisStore)
+	d = caddyfile.NewTestDispenser("redis {\naddress a:1\nwrite_timeout 2s\ntimeout 1s\naddress b:2\n}")
+	if err := r.UnmarshalCaddyfile(d); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Addresses) != 2 || r.DialTimeout != 1e9 || r.ReadTimeout != 1e9 || r.WriteTimeout != 2e9 {
+		t.Fatalf("write_timeout before timeout: parsed %+v", r)
+	}
 	for src, want := range map[string]string{
-		`redis`:                                 "needs an address",
-		"redis {\naddress\n}":                   "needs at least one",
-		"redis {\naddress a:1\ndb x\n}":         "db must be a non-negative integer",
-		"redis {\naddress a:1 b:1\ndb 2\n}":     "Cluster has only db 0",
-		"redis {\naddress a:1\ntls maybe\n}":    "tls must be on or off",
-		"redis {\naddress a:1\ntimeout 0s\n}":   "positive duration",
-		"redis {\naddress a:1\npool_size 0\n}":  "pool_size must be a positive integer",
-		"redis {\naddress a:1\nsentinel x\n}":   `unknown redis store option "sentinel"`,
-		"redis {\naddress a:1\npassword a b\n}": "takes a single value",
+		`redis`:                                           "needs an address",
+		"redis {\naddress\n}":                             "needs at least one",
+		"redis {\naddress a:1\ndb x\n}":                   "db must be a non-negative integer",
+		"redis {\naddress a:1 b:1\ndb 2\n}":               "Cluster has only db 0",
+		"redis {\naddress a:1\ntls maybe\n}":              "tls must be on or off",
+		"redis {\naddress a:1\ntimeout 0s\n}":             "positive duration",
+		"redis {\naddress a:1\npool_size 0\n}":            "pool_size must be a positive integer",
+		"redis {\naddress a:1\nsentinel x\n}":             `unknown redis store option "sentinel"`,
+		"redis {\naddress a:1\npassword a b\n}":           "takes a single value",
+		"redis {\naddress a:1\ntimeout 1s\ntimeout 2s\n}": "timeout given twice (first on line 3)",
 	} {
 		err := new(RedisStore).UnmarshalCaddyfile(caddyfile.NewTestDispenser(src))
 		if err == nil || !strings.Contains(err.Error(), want) {

@@ -71,16 +71,25 @@ type SQLStoreConfig struct {
 	dsn string // DSN with placeholders expanded
 }
 
+// callTimeout implements callBounder: statement_timeout bounds each call,
+// connecting included.
+func (c *SQLStoreConfig) callTimeout() (time.Duration, string) {
+	return c.statementTimeout(), "statement_timeout"
+}
+
+func (c *SQLStoreConfig) statementTimeout() time.Duration {
+	if c.StatementTimeout == 0 {
+		return sqlstore.DefaultStatementTimeout
+	}
+	return time.Duration(c.StatementTimeout)
+}
+
 // writeSettle is how long after a failed call a statement of this store
 // may still commit: the statement timeout bounds it on the server too, once
 // the statement arrived, and it arrived within one statement timeout of the
 // call. See Handler.settleWindow.
 func (c *SQLStoreConfig) writeSettle() time.Duration {
-	timeout := time.Duration(c.StatementTimeout)
-	if timeout == 0 {
-		timeout = sqlstore.DefaultStatementTimeout
-	}
-	return 2 * timeout
+	return 2 * c.statementTimeout()
 }
 
 // provision expands the DSN and applies the defaults of the options a Go
@@ -216,7 +225,11 @@ func unmarshalSQLStore(d *caddyfile.Dispenser, backend string, c *SQLStoreConfig
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	given := givenOptions{}
 	for d.NextBlock(0) {
+		if err := given.once(d, d.Val()); err != nil {
+			return err
+		}
 		ok, err := c.unmarshalOption(d)
 		if !ok && err == nil && more != nil {
 			ok, err = more(d)

@@ -30,6 +30,37 @@ type writeSettler interface {
 	writeSettle() time.Duration
 }
 
+// callBounder is implemented by providers whose store calls are each
+// bounded by a timeout; it is given with the options that set it, for
+// errors.
+type callBounder interface {
+	callTimeout() (time.Duration, string)
+}
+
+// minLeaseCalls is how many of the store's call timeouts a lease must last
+// at least. A renewal is due a third of the lease after the last one began;
+// one that takes its whole timeout and then succeeds must still land
+// before the lease it renews runs out.
+const minLeaseCalls = 3
+
+// checkLease refuses a lease that a single slow renewal could let lapse:
+// under abandoned reexecute another node would then execute the request
+// again while its owner is still waiting on the catalog, and under
+// abandoned unknown its retries would hear "unknown" for a request that
+// is about to finish.
+func checkLease(lease time.Duration, provider StoreProvider) error {
+	b, ok := provider.(callBounder)
+	if !ok {
+		return nil
+	}
+	timeout, opts := b.callTimeout()
+	if lease < minLeaseCalls*timeout {
+		return fmt.Errorf("lease %v is shorter than %d times the store's call timeout (%s %v): a renewal that takes the whole timeout would let the lease lapse; raise lease to at least %v or lower %s",
+			lease, minLeaseCalls, opts, timeout, minLeaseCalls*timeout, opts)
+	}
+	return nil
+}
+
 // settleWindowFor is the settle window of provider's store: at least
 // defaultSettleWindow, longer when its writes may settle later.
 func settleWindowFor(provider StoreProvider) time.Duration {

@@ -979,3 +979,35 @@ func TestCoreForwardAuthThenRejectedBeforeTheCatalog(t *testing.T) {
 	wantExecuted(t, "retry", retry)
 	wantCount(t, b, path, 1)
 }
+
+// Two iceberg_idempotency directives on one request: one at site level,
+// one inside the handle block that proxies. The first guards the request
+// and the second passes it through, so a keyed commit executes once and
+// its retry is replayed, and the config is advertised once, with the
+// first one's lifetime. Before, the inner handler found the key reserved
+// by the outer one and waited on it: every keyed commit ended 503 after
+// in_flight_wait.
+func TestCoreTwoDirectivesOnOneRequest(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("",
+		"iceberg_idempotency {\nlifetime 1h\n}\nhandle /v1/* {\niceberg_idempotency {\nlifetime 2h\nin_flight_wait 200ms\n}\nreverse_proxy "+b.Addr()+"\n}"))
+	const path = "/v1/twice/namespaces"
+	const body = `{"namespace":["twice"]}`
+	key := newKey(t)
+	first := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantStatus(t, "first", first, 200)
+	wantExecuted(t, "first", first)
+	retry := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantReplayOf(t, "retry", retry, first)
+	wantCount(t, b, path, 1)
+
+	config := send(t, "GET", c.URL()+"/v1/config", "")
+	wantStatus(t, "config", config, 200)
+	if n := strings.Count(string(config.Body), `"idempotency-key-lifetime":"PT1H"`); n != 1 {
+		t.Fatalf("config advertises the outer lifetime %d times, want once: %s", n, config.Body)
+	}
+	if !strings.Contains(c.Logs(), "reached two iceberg_idempotency handlers") {
+		t.Fatalf("no warning about the second handler in the logs:\n%s", c.Logs())
+	}
+}

@@ -41,7 +41,8 @@ func TestFaultSQLNodeKilled(t *testing.T) {
 		// each wait in_flight_wait (300ms) and fit in that.
 		const lease = 2 * time.Second
 		b := caddyproc.NewBackend(t)
-		store := db.storeBlock(dsn, db.newTable(t, dsn))
+		// The 2s lease needs calls bounded by a third of it.
+		store := db.storeBlock(dsn, db.newTable(t, dsn), "statement_timeout 600ms")
 		cfg := multiNodeSite(b, store, "lease 2s", "in_flight_wait 300ms")
 		nodeA, nodeB := caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)
 
@@ -145,9 +146,10 @@ func TestFaultSQLDatabaseGone(t *testing.T) {
 		}
 		b := caddyproc.NewBackend(t)
 		// statement_timeout bounds every store call to the cut database;
-		// the 4s lease makes a key left in flight by the outage show up
-		// within the test (as 500 unknown) instead of as 30s of 503s.
-		store := db.storeBlock(viaProxy, db.newTable(t, dsn), "statement_timeout 2s")
+		// the 4s lease (at least 3 of those) makes a key left in flight by
+		// the outage show up within the test (as 500 unknown) instead of
+		// as 30s of 503s.
+		store := db.storeBlock(viaProxy, db.newTable(t, dsn), "statement_timeout 1s")
 		cfg := multiNodeSite(b, store, "lease 4s", "in_flight_wait 2s")
 		nodes := []*caddyproc.Instance{caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)}
 

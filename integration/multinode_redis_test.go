@@ -185,7 +185,8 @@ func TestMultiNodeRedis(t *testing.T) {
 	for _, policy := range []string{"unknown", "reexecute"} {
 		t.Run("crash_abandoned_"+policy, func(t *testing.T) {
 			t.Parallel()
-			testCrash(t, redisStoreBlock(addr, redisPrefix(t, addr)), policy)
+			// The 3s lease needs calls bounded by a third of it.
+			testCrash(t, redisStoreBlock(addr, redisPrefix(t, addr), "timeout 1s"), policy)
 		})
 	}
 
