@@ -61,6 +61,8 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //	    previous_secrets   <placeholder...>
 //	    require_secret
 //	}
+//
+// Each option may be given once.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
