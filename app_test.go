@@ -163,13 +163,22 @@ func TestStorePoolClosesAfterRunningRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	core, logs := observer.New(zap.WarnLevel)
+	ps.logger = zap.New(core)
+	// However long the request runs: its execution_timeout has no upper
+	// bound, and closing the store under it would let its lease lapse.
+	defer func(d time.Duration) { drainReportInterval = d }(drainReportInterval)
+	drainReportInterval = 10 * time.Millisecond
 	leave := ps.enter()
 	if err := (&Handler{storeKey: p.key}).Cleanup(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
 	if n := p.store.closed.Load(); n != 0 {
-		t.Fatalf("store closed %d times while a request still used it", n)
+		t.Fatalf("store closed %d times while a request still used it, 10 report intervals after its config was dropped", n)
+	}
+	if logs.FilterMessageSnippet("stays open for the requests still using it").Len() == 0 {
+		t.Fatal("no warning that the store waits for its requests")
 	}
 	leave()
 	leave() // leaving twice counts once

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
@@ -83,10 +84,13 @@ type StoreReconfigurer interface {
 // theirs), so records and connection pools survive an admin-API /load.
 var storePool = caddy.NewUsagePool()
 
-// drainTimeout bounds how long a store no config uses any more stays open
-// for the requests that still run on it. It is a backstop: every request is
-// itself bounded by execution_timeout plus its store calls.
-const drainTimeout = 5 * time.Minute
+// drainReportInterval is how often a store no config uses any more, but
+// that requests still use, says so while it waits for them. It waits
+// without a bound: every request is bounded by its own execution_timeout
+// (which has no upper limit) plus its store calls, and a store closed under
+// one fails its lease renewals, so that another node takes the key over
+// and, under abandoned reexecute, executes the request again.
+var drainReportInterval = 5 * time.Minute
 
 // pooledStore is a store in storePool. It counts the requests using it, so
 // that a reload which drops the store closes it only after the old config's
@@ -96,6 +100,8 @@ type pooledStore struct {
 	stores.Store
 	backend string // the provider's module name, for metric labels
 
+	logger *zap.Logger
+
 	active   atomic.Int64 // requests using the store
 	mu       sync.Mutex
 	idle     *sync.Cond // signalled, under mu, when active drops to 0
@@ -103,7 +109,7 @@ type pooledStore struct {
 }
 
 func newPooledStore(s stores.Store) *pooledStore {
-	p := &pooledStore{Store: s}
+	p := &pooledStore{Store: s, logger: zap.NewNop()}
 	p.idle = sync.NewCond(&p.mu)
 	return p
 }
@@ -138,14 +144,18 @@ func (p *pooledStore) Destruct() error {
 	p.draining = true
 	p.mu.Unlock()
 	go func() {
-		p.waitIdle(drainTimeout)
+		for !p.waitIdle(drainReportInterval) {
+			p.logger.Warn("a store no config uses any more stays open for the requests still using it",
+				zap.String("backend", p.backend), zap.Int64("requests", p.active.Load()))
+		}
 		_ = p.Close()
 	}()
 	return nil
 }
 
-// waitIdle blocks until no request uses the store, or timeout passes.
-func (p *pooledStore) waitIdle(timeout time.Duration) {
+// waitIdle blocks until no request uses the store, or timeout passes; it
+// reports whether the store is idle.
+func (p *pooledStore) waitIdle(timeout time.Duration) bool {
 	timer := time.AfterFunc(timeout, func() {
 		p.mu.Lock()
 		p.idle.Broadcast()
@@ -158,6 +168,7 @@ func (p *pooledStore) waitIdle(timeout time.Duration) {
 	for p.active.Load() > 0 && time.Now().Before(deadline) {
 		p.idle.Wait()
 	}
+	return p.active.Load() == 0
 }
 
 // unpooled returns the store under s's pool wrapper, where optional
@@ -177,6 +188,7 @@ func acquireStore(ctx caddy.Context, p StoreProvider) (*pooledStore, error) {
 		}
 		ps := newPooledStore(s)
 		ps.backend = storeBackend(p)
+		ps.logger = ctx.Logger()
 		return ps, nil
 	})
 	if err != nil {
