@@ -18,6 +18,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -105,7 +106,64 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 	g.own = g.parts.binding(op, h.keys.current)
 	g.binding = g.own
+	outer, _ := caddyhttp.GetVar(r.Context(), guardVar).(*activeGuard)
+	if outer != nil && outer.store == h.storeIdentity() && outer.key == key {
+		return h.passGuarded(w, r, next, op)
+	}
+	g.active = activeGuard{store: h.storeIdentity(), key: key}
+	caddyhttp.SetVar(r.Context(), guardVar, &g.active)
+	defer restoreGuard(r, outer)
 	return g.run()
+}
+
+// guardVar names the Caddy request variable holding the guard that is
+// executing the request right now, if any.
+const guardVar = "iceberg_idempotency.guard"
+
+// activeGuard is what guardVar holds: the store and key a handler has
+// reserved for the request while it runs.
+type activeGuard struct {
+	store any
+	key   string
+}
+
+// restoreGuard puts back the guard that was active before this handler's:
+// the mark says "guarded right now", not "guarded once".
+func restoreGuard(r *http.Request, outer *activeGuard) {
+	if outer == nil {
+		caddyhttp.SetVar(r.Context(), guardVar, nil)
+		return
+	}
+	caddyhttp.SetVar(r.Context(), guardVar, outer)
+}
+
+// String keeps the variable's placeholder from printing the store.
+func (*activeGuard) String() string { return "guarded" }
+
+// storeIdentity is the store h's records are in: handlers with one
+// identity share records.
+func (h *Handler) storeIdentity() any {
+	if h.pooled != nil {
+		return h.pooled
+	}
+	return h.store
+}
+
+// passGuarded hands on a request whose key another iceberg_idempotency
+// handler (at site level, say, with this one inside a handle block) holds
+// in the same store right now, once this handler's own checks passed.
+// Guarding it again, this handler would find the key reserved and wait on
+// it until in_flight_wait ran out: every keyed request would end 503.
+// With another store the two cannot wait on each other, and both guard;
+// once the other handler is done (handle_errors runs after it), this one
+// guards as any.
+func (h *Handler) passGuarded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, op string) error {
+	if atomic.CompareAndSwapInt32(&h.nestedWarned, 0, 1) {
+		h.logger.Warn("another iceberg_idempotency handler with the same store guards this request already: passed through, "+
+			"after this handler's own checks. Keep one iceberg_idempotency per route",
+			zap.String("operation", op))
+	}
+	return next.ServeHTTP(w, r)
 }
 
 // bodyUnread answers a keyed request whose body could not be read, before

@@ -185,8 +185,8 @@ type Handler struct {
 	// outsideBaseWarned is set (atomically) once catalog paths outside
 	// base_path were warned of.
 	outsideBaseWarned int32
-	// nestedWarned is set (atomically) once a request another handler
-	// had taken was warned of.
+	// nestedWarned is set (atomically) once a request passed through
+	// because another handler guards its key in the same store.
 	nestedWarned int32
 }
 
@@ -517,41 +517,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !mutationMethod(r.Method) {
 		// Reads are most of a catalog's traffic, and only one of them
 		// concerns the handler.
-		if r.Method == http.MethodGet && h.isConfigRequest(r) && !h.takenBefore(r) {
+		if r.Method == http.MethodGet && h.isConfigRequest(r) {
 			return h.advertise(w, r, next)
 		}
 		return next.ServeHTTP(w, r)
 	}
 	op, path := h.classifyRequest(r.Method, r.URL.EscapedPath())
-	if op == "" || h.takenBefore(r) {
+	if op == "" {
 		return next.ServeHTTP(w, r)
 	}
 	return h.admit(w, r, next, op, path)
-}
-
-// takenVar names the Caddy request variable that marks a request an
-// iceberg_idempotency handler took charge of.
-const takenVar = "iceberg_idempotency.taken"
-
-// takenBefore reports whether another iceberg_idempotency handler took
-// charge of r before this one (one at site level, one inside a handle
-// block), and marks r as taken otherwise. The second handler passes r
-// through: guarding it again, it would find the key reserved by the first
-// and wait on it until in_flight_wait ran out, and every keyed request
-// would end 503. Caddy's request variables are set by the server on every
-// request, so marking costs a map write, not a copy of the request.
-func (h *Handler) takenBefore(r *http.Request) bool {
-	ctx := r.Context()
-	if caddyhttp.GetVar(ctx, takenVar) == nil {
-		caddyhttp.SetVar(ctx, takenVar, true)
-		return false
-	}
-	if atomic.CompareAndSwapInt32(&h.nestedWarned, 0, 1) {
-		h.logger.Warn("a request reached two iceberg_idempotency handlers: the first one guards it and this one passes it through, "+
-			"so this one's options do not apply to it. Keep one iceberg_idempotency per route",
-			zap.String("path", r.URL.Path))
-	}
-	return true
 }
 
 // classifyRequest is classifyPath of the normalized path or, if that is no

@@ -52,6 +52,7 @@ type guarded struct {
 	hb     heartbeat     // the lease renewals of the execution, then of finalizeLater
 	body   requestBody   // the read body, as the handlers after this one get it
 	cw     captureWriter // the execution's response, held until it is stored
+	active activeGuard   // what guardVar holds while this request runs
 	// detached is the request's context without its cancellation (the
 	// replacer and vars travel along): store writes and the execution run
 	// under it, so that the client's departure cuts neither short.

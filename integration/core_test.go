@@ -980,18 +980,19 @@ func TestCoreForwardAuthThenRejectedBeforeTheCatalog(t *testing.T) {
 	wantCount(t, b, path, 1)
 }
 
-// Two iceberg_idempotency directives on one request: one at site level,
-// one inside the handle block that proxies. The first guards the request
-// and the second passes it through, so a keyed commit executes once and
-// its retry is replayed, and the config is advertised once, with the
-// first one's lifetime. Before, the inner handler found the key reserved
-// by the outer one and waited on it: every keyed commit ended 503 after
-// in_flight_wait.
+// Two iceberg_idempotency directives on one request with one store: one
+// at site level, one inside the handle block that proxies. The first
+// guards the key and the second, once its own checks passed, hands the
+// request on: a keyed commit executes once and its retry is replayed, and
+// the inner require_key still refuses an unkeyed commit. The config is
+// advertised once, the outer lifetime replacing the inner one. Before,
+// the inner handler found the key reserved by the outer one and waited on
+// it: every keyed commit ended 503 after in_flight_wait.
 func TestCoreTwoDirectivesOnOneRequest(t *testing.T) {
 	t.Parallel()
 	b := caddyproc.NewBackend(t)
 	c := caddyproc.Start(t, caddyproc.Caddyfile("",
-		"iceberg_idempotency {\nlifetime 1h\n}\nhandle /v1/* {\niceberg_idempotency {\nlifetime 2h\nin_flight_wait 200ms\n}\nreverse_proxy "+b.Addr()+"\n}"))
+		"iceberg_idempotency {\nlifetime 1h\n}\nhandle /v1/* {\niceberg_idempotency {\nlifetime 2h\nin_flight_wait 200ms\nrequire_key\n}\nreverse_proxy "+b.Addr()+"\n}"))
 	const path = "/v1/twice/namespaces"
 	const body = `{"namespace":["twice"]}`
 	key := newKey(t)
@@ -1001,13 +1002,58 @@ func TestCoreTwoDirectivesOnOneRequest(t *testing.T) {
 	retry := send(t, "POST", c.URL()+path, body, keyHeader, key)
 	wantReplayOf(t, "retry", retry, first)
 	wantCount(t, b, path, 1)
+	unkeyed := send(t, "POST", c.URL()+"/v1/unkeyed/namespaces", body)
+	wantStatus(t, "unkeyed commit under the inner require_key", unkeyed, http.StatusBadRequest)
+	wantCount(t, b, "/v1/unkeyed/namespaces", 0)
 
 	config := send(t, "GET", c.URL()+"/v1/config", "")
 	wantStatus(t, "config", config, 200)
 	if n := strings.Count(string(config.Body), `"idempotency-key-lifetime":"PT1H"`); n != 1 {
 		t.Fatalf("config advertises the outer lifetime %d times, want once: %s", n, config.Body)
 	}
-	if !strings.Contains(c.Logs(), "reached two iceberg_idempotency handlers") {
+	if !strings.Contains(c.Logs(), "guards this request already") {
 		t.Fatalf("no warning about the second handler in the logs:\n%s", c.Logs())
 	}
+}
+
+// The outer directive with the default memory store of each node, the
+// inner one with the PostgreSQL store both nodes share: the two stores
+// cannot wait on each other, so both guard, and a retry on the other node
+// is replayed from PostgreSQL. (A mark that let the first handler alone
+// guard executed that retry again.)
+func TestCoreTwoDirectivesWithTwoStores(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	dsn := postgresDB.dsn(t)
+	site := caddyproc.Caddyfile("", "iceberg_idempotency {\nlifetime 1h\n}\n"+
+		"handle /v1/* {\niceberg_idempotency {\n"+postgresDB.storeBlock(dsn, postgresDB.newTable(t, dsn))+"\n}\nreverse_proxy "+b.Addr()+"\n}")
+	n1, n2 := caddyproc.Start(t, site), caddyproc.Start(t, site)
+	const path = "/v1/twostores/namespaces"
+	const body = `{"namespace":["twostores"]}`
+	key := newKey(t)
+	first := send(t, "POST", n1.URL()+path, body, keyHeader, key)
+	wantStatus(t, "first", first, 200)
+	wantReplayOf(t, "retry on the other node", send(t, "POST", n2.URL()+path, body, keyHeader, key), first)
+	wantCount(t, b, path, 1)
+}
+
+// A directive in handle_errors, behind a standby catalog: the site-level
+// one released the key when the handler after it failed, and is done with
+// the request by the time handle_errors runs, so the inner one guards it.
+// A retry is replayed (by the outer handler, from the one store): the
+// standby executed once. (A mark left on the request after the first
+// handler returned let every retry execute there again.)
+func TestCoreDirectiveInHandleErrors(t *testing.T) {
+	t.Parallel()
+	standby := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency\n"+
+		"handle /v1/* {\nerror \"primary in maintenance\" 503\n}\n"+
+		"handle_errors {\niceberg_idempotency\nreverse_proxy "+standby.Addr()+"\n}"))
+	const path = "/v1/standby/namespaces"
+	const body = `{"namespace":["standby"]}`
+	key := newKey(t)
+	first := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantStatus(t, "first", first, 200)
+	wantReplayOf(t, "retry", send(t, "POST", c.URL()+path, body, keyHeader, key), first)
+	wantCount(t, standby, path, 1)
 }
