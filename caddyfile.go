@@ -1,8 +1,10 @@
 package icebergidempotency
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -69,6 +71,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	given := givenOptions{}
+	var store caddyfile.Unmarshaler
 	for d.NextBlock(0) {
 		opt := d.Val()
 		if err := given.once(d, opt); err != nil {
@@ -88,6 +91,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.StoreRaw = caddyconfig.JSONModuleObject(unm, "backend", name, nil)
+			store = unm
 		case "lifetime":
 			if err := parseDuration(d, &h.Lifetime); err != nil {
 				return err
@@ -230,6 +234,19 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Err(err.Error())
 		}
 	}
+	// The lease against the store's timeouts, as Provision checks it, on
+	// the line of the lease or, when it is the default, of the store.
+	lease := time.Duration(h.Lease)
+	if lease == 0 {
+		lease = DefaultLease
+	}
+	if err := checkLease(lease, store); err != nil {
+		at, ok := given["lease"]
+		if !ok {
+			at = given["store"]
+		}
+		return fmt.Errorf("%w, at %s", err, at)
+	}
 	return nil
 }
 
@@ -238,15 +255,27 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // first, and the one an operator reads first is what they believe runs: a
 // `store memory` below a `store postgres` block would guard every node with
 // its own memory.
-type givenOptions map[string]int
+type givenOptions map[string]optionAt
 
-// once records name (the option, or the name its aliases share) at the
-// dispenser's line, or says where it was given before.
+// optionAt is where an option was given.
+type optionAt struct {
+	file string
+	line int
+}
+
+func (at optionAt) String() string { return fmt.Sprintf("%s:%d", at.file, at.line) }
+
+// once records the option name at the dispenser's position, or says where
+// it was given before: on which line, and in which file when an import
+// brought it from another.
 func (g givenOptions) once(d *caddyfile.Dispenser, name string) error {
-	if line, ok := g[name]; ok {
-		return d.Errf("%s given twice (first on line %d): keep one", d.Val(), line)
+	if at, ok := g[name]; ok {
+		if at.file == d.File() {
+			return d.Errf("%s given twice (first on line %d): keep one", name, at.line)
+		}
+		return d.Errf("%s given twice (first at %s): keep one", name, at)
 	}
-	g[name] = d.Line()
+	g[name] = optionAt{d.File(), d.Line()}
 	return nil
 }
 

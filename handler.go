@@ -481,17 +481,18 @@ func (h *Handler) validateOption(opt string) error {
 
 // unreplayableHeaders are response headers replay_headers refuses, with why.
 var unreplayableHeaders = map[string]string{
-	"Content-Length":     "it is computed from the stored body",
-	"Transfer-Encoding":  "framing belongs to one connection",
-	"Connection":         "it is hop-by-hop",
-	"Keep-Alive":         "it is hop-by-hop",
-	"Proxy-Connection":   "it is hop-by-hop",
-	"Upgrade":            "it is hop-by-hop",
-	"Trailer":            "it is hop-by-hop",
-	"Te":                 "it is hop-by-hop",
-	"Set-Cookie":         "it would keep session credentials in the store and hand them out again",
-	"Authorization":      "it would keep credentials in the store and hand them out again",
-	"Proxy-Authenticate": "it is hop-by-hop",
+	"Content-Length":      "it is computed from the stored body",
+	"Transfer-Encoding":   "framing belongs to one connection",
+	"Connection":          "it is hop-by-hop",
+	"Keep-Alive":          "it is hop-by-hop",
+	"Proxy-Connection":    "it is hop-by-hop",
+	"Upgrade":             "it is hop-by-hop",
+	"Trailer":             "it is hop-by-hop",
+	"Te":                  "it is hop-by-hop",
+	"Set-Cookie":          "it would keep session credentials in the store and hand them out again",
+	"Authorization":       "it would keep credentials in the store and hand them out again",
+	"Proxy-Authenticate":  "it is hop-by-hop",
+	"Proxy-Authorization": "it is hop-by-hop",
 }
 
 func nonNegative(opt string, d caddy.Duration) error {

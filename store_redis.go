@@ -105,19 +105,19 @@ func (r *RedisStore) Provision(caddy.Context) error {
 	return nil
 }
 
-// callTimeout implements callBounder: the store bounds each call by the
-// largest of the three timeouts, named as the option that set it.
-func (r *RedisStore) callTimeout() (time.Duration, string) {
-	c := r.cfg
-	switch longest := max(c.DialTimeout, c.ReadTimeout, c.WriteTimeout); {
-	case c.DialTimeout == c.ReadTimeout && c.ReadTimeout == c.WriteTimeout:
-		return longest, "timeout"
-	case longest == c.ReadTimeout:
-		return longest, "read_timeout"
-	case longest == c.WriteTimeout:
-		return longest, "write_timeout"
-	default:
-		return longest, "dial_timeout"
+// callTimeouts implements callBounder: the store bounds each call by the
+// largest of the three timeouts.
+func (r *RedisStore) callTimeouts() []namedTimeout {
+	or := func(t caddy.Duration) time.Duration {
+		if t == 0 {
+			return redis.DefaultTimeout
+		}
+		return time.Duration(t)
+	}
+	return []namedTimeout{
+		{"dial_timeout", or(r.DialTimeout)},
+		{"read_timeout", or(r.ReadTimeout)},
+		{"write_timeout", or(r.WriteTimeout)},
 	}
 }
 

@@ -71,10 +71,10 @@ type SQLStoreConfig struct {
 	dsn string // DSN with placeholders expanded
 }
 
-// callTimeout implements callBounder: statement_timeout bounds each call,
-// connecting included.
-func (c *SQLStoreConfig) callTimeout() (time.Duration, string) {
-	return c.statementTimeout(), "statement_timeout"
+// callTimeouts implements callBounder: statement_timeout bounds each
+// call, connecting included.
+func (c *SQLStoreConfig) callTimeouts() []namedTimeout {
+	return []namedTimeout{{"statement_timeout", c.statementTimeout()}}
 }
 
 func (c *SQLStoreConfig) statementTimeout() time.Duration {

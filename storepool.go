@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,10 +33,17 @@ type writeSettler interface {
 }
 
 // callBounder is implemented by providers whose store calls are each
-// bounded by a timeout; it is given with the options that set it, for
-// errors.
+// bounded by a timeout: the largest of the options callTimeouts returns,
+// defaults applied. It needs no provisioning, so that the Caddyfile
+// parser can check the lease too, with its line.
 type callBounder interface {
-	callTimeout() (time.Duration, string)
+	callTimeouts() []namedTimeout
+}
+
+// namedTimeout is a timeout and the option that sets it.
+type namedTimeout struct {
+	option  string
+	timeout time.Duration
 }
 
 // minLeaseCalls is how many of the store's call timeouts a lease must last
@@ -48,18 +56,34 @@ const minLeaseCalls = 3
 // under abandoned reexecute another node would then execute the request
 // again while its owner is still waiting on the catalog, and under
 // abandoned unknown its retries would hear "unknown" for a request that
-// is about to finish.
-func checkLease(lease time.Duration, provider StoreProvider) error {
+// is about to finish. A lease that is not positive is Validate's to refuse.
+func checkLease(lease time.Duration, provider any) error {
 	b, ok := provider.(callBounder)
-	if !ok {
+	if !ok || lease <= 0 {
 		return nil
 	}
-	timeout, opts := b.callTimeout()
-	if lease < minLeaseCalls*timeout {
-		return fmt.Errorf("lease %v is shorter than %d times the store's call timeout (%s %v): a renewal that takes the whole timeout would let the lease lapse; raise lease to at least %v or lower %s",
-			lease, minLeaseCalls, opts, timeout, minLeaseCalls*timeout, opts)
+	var longest time.Duration
+	var tooLong []string
+	for _, t := range b.callTimeouts() {
+		longest = max(longest, t.timeout)
+		if minLeaseCalls*t.timeout > lease {
+			tooLong = append(tooLong, fmt.Sprintf("%s (%v)", t.option, t.timeout))
+		}
 	}
-	return nil
+	if len(tooLong) == 0 {
+		return nil
+	}
+	return fmt.Errorf("lease %v is shorter than %d times the store's call timeout %v: a renewal that takes the whole timeout would let the lease lapse; "+
+		"raise lease to at least %v, or lower %s to at most %v",
+		lease, minLeaseCalls, longest, minLeaseCalls*longest, joinAnd(tooLong), (lease / minLeaseCalls).Round(time.Millisecond))
+}
+
+// joinAnd joins names as "a", "a and b", "a, b and c".
+func joinAnd(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }
 
 // settleWindowFor is the settle window of provider's store: at least

@@ -21,16 +21,20 @@ func TestLeaseShorterThanThreeCallsIsRefused(t *testing.T) {
 	}{
 		{"postgres default", `{"backend": "postgres", "dsn": "postgres://caddy@127.0.0.1:1/none"}`, 0, ""},
 		{"postgres short lease", `{"backend": "postgres", "dsn": "postgres://caddy@127.0.0.1:1/none"}`, 10 * time.Second,
-			"lease 10s is shorter than 3 times the store's call timeout (statement_timeout 5s): a renewal that takes the whole timeout would let the lease lapse; raise lease to at least 15s or lower statement_timeout"},
+			"lease 10s is shorter than 3 times the store's call timeout 5s: a renewal that takes the whole timeout would let the lease lapse; raise lease to at least 15s, or lower statement_timeout (5s) to at most 3.333s"},
 		{"postgres timeout lowered", `{"backend": "postgres", "dsn": "postgres://caddy@127.0.0.1:1/none", "statement_timeout": "1s"}`, 3 * time.Second, ""},
 		{"mysql long timeout", `{"backend": "mysql", "dsn": "root@tcp(127.0.0.1:1)/none", "statement_timeout": "20s"}`, 0,
-			"lease 30s is shorter than 3 times the store's call timeout (statement_timeout 20s)"},
+			"lease 30s is shorter than 3 times the store's call timeout 20s"},
 		{"redis default", `{"backend": "redis", "addresses": ["127.0.0.1:1"]}`, 0, ""},
-		{"redis short lease", `{"backend": "redis", "addresses": ["127.0.0.1:1"], "read_timeout": "8s"}`, 20 * time.Second,
-			"(read_timeout 8s): a renewal that takes the whole timeout would let the lease lapse; raise lease to at least 24s or lower read_timeout"},
-		{"redis all timeouts", `{"backend": "redis", "addresses": ["127.0.0.1:1"], "dial_timeout": "2s", "read_timeout": "2s", "write_timeout": "2s"}`, 5 * time.Second,
-			"(timeout 2s)"},
+		{"redis one timeout", `{"backend": "redis", "addresses": ["127.0.0.1:1"], "read_timeout": "8s"}`, 20 * time.Second,
+			"raise lease to at least 24s, or lower read_timeout (8s) to at most 6.667s"},
+		// Only read_timeout set, but the defaults of the other two are too
+		// long as well: lowering read_timeout alone would not do.
+		{"redis defaults too", `{"backend": "redis", "addresses": ["127.0.0.1:1"], "read_timeout": "4s"}`, 10 * time.Second,
+			"or lower dial_timeout (5s), read_timeout (4s) and write_timeout (5s) to at most 3.333s"},
 		{"memory any lease", `{"backend": "memory"}`, 3 * time.Millisecond, ""},
+		// A lease that is not positive gets Validate's error, not this one.
+		{"negative lease", `{"backend": "postgres", "dsn": "postgres://caddy@127.0.0.1:1/none"}`, -time.Second, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			h := &Handler{StoreRaw: json.RawMessage(tt.store), Lease: caddy.Duration(tt.lease)}
@@ -43,5 +47,28 @@ func TestLeaseShorterThanThreeCallsIsRefused(t *testing.T) {
 				t.Fatalf("Provision = %v, want an error containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// The Caddyfile checks the lease against the store's timeouts too, on the
+// lease's line or, with the default lease, the store's.
+func TestLeaseCheckedInTheCaddyfile(t *testing.T) {
+	for _, tt := range []struct{ name, block, want, at string }{
+		{"lease line", "iceberg_idempotency {\n\t\tlease 10s\n\t\tstore postgres {\n\t\t\tdsn x\n\t\t}\n\t}",
+			"lease 10s is shorter than 3 times the store's call timeout 5s", "at Caddyfile:3"},
+		{"store line", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tstatement_timeout 15s\n\t\t}\n\t}",
+			"lease 30s is shorter than 3 times the store's call timeout 15s", "at Caddyfile:3"},
+		{"redis", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1\n\t\t\ttimeout 20s\n\t\t}\n\t\tlease 40s\n\t}",
+			"or lower dial_timeout (20s), read_timeout (20s) and write_timeout (20s) to at most 13.333s", "at Caddyfile:7"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := adapt(t, ":8080 {\n\t"+tt.block+"\n\treverse_proxy 127.0.0.1:1\n}\n")
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasSuffix(err.Error(), tt.at) {
+				t.Fatalf("error = %v, want it to contain %q and end with %q", err, tt.want, tt.at)
+			}
+		})
+	}
+	if _, err := adapt(t, ":8080 {\n\ticeberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn x\n\t\t\tstatement_timeout 1s\n\t\t}\n\t\tlease 3s\n\t}\n\treverse_proxy 127.0.0.1:1\n}\n"); err != nil {
+		t.Fatalf("a lease of 3 statement timeouts refused: %v", err)
 	}
 }
