@@ -232,14 +232,49 @@ func (g *guarded) slowLeaseRenewed(took time.Duration) (held bool, err error) {
 // configured is the exception: its binding was keyed under that secret
 // too, so no comparison can tell a retry from another request, and the
 // answer is the one for a record that cannot be read.
+//
+// A record not final yet carries no key id. When neither its principal nor
+// its fingerprint matches this request under any configured secret (or
+// unkeyed), it may be this very request's record written under a secret
+// no longer configured, as well as another principal's with another body:
+// a 422 would tell a commit client its commit failed, when it may have
+// happened. Such a record gets the answer it would get were it this
+// request's own: in flight, wait; abandoned, outcome unknown.
 func (g *guarded) refuse(rec *stores.Record, msg string) error {
 	if rec.State == stores.StateFinal && rec.Response != nil && rec.Response.KeyID != "" && g.h.keys.byID(rec.Response.KeyID) == nil {
 		return g.unreadable(rec.Response.KeyID, errors.New("no configured secret has this key id"))
+	}
+	if rec.State != stores.StateFinal && g.nothingMatches(rec.Binding) {
+		g.log(zapcore.WarnLevel, "the key's record matches this request under no configured secret: written under a secret no longer "+
+			"configured (keep it in previous_secrets), or reused by another principal with another body; answered as if it were this request's")
+		if !rec.Abandoned {
+			return g.stillInFlight()
+		}
+		g.count(outcomeAbandoned)
+		writeError(g.w, http.StatusInternalServerError, typeCommitStateUnknown,
+			"The original request with this Idempotency-Key was interrupted before it finished; its outcome is unknown. Check the catalog's state before retrying with a new key.", 0)
+		return nil
 	}
 	g.log(zapcore.DebugLevel, "key reused for another request", zap.String("outcome", "mismatch"))
 	g.count(outcomeMismatch)
 	writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
 	return nil
+}
+
+// nothingMatches reports whether stored differs from this request in both
+// principal and fingerprint under the current secret and under each
+// alternative (previous secrets, unkeyed): it is called only for a record
+// already refused, so the extra hashing costs nothing on the common path.
+func (g *guarded) nothingMatches(stored stores.Binding) bool {
+	if stored.Principal == g.own.Principal || stored.Fingerprint == g.own.Fingerprint {
+		return false
+	}
+	for _, k := range g.h.keys.alternatives() {
+		if g.parts.principalHash(k) == stored.Principal || g.parts.fingerprint(k) == stored.Fingerprint {
+			return false
+		}
+	}
+	return true
 }
 
 // execute runs the request as the key's owner, then finalizes, releases, or
@@ -850,6 +885,14 @@ func (hb *heartbeat) stop() {
 // was sealed.
 func (g *guarded) replay(rec *stores.Record) error {
 	resp := rec.Response
+	if resp.KeyID == "" && g.h.keys.current != nil && rec.Binding.Principal != g.parts.principalHash(nil) {
+		// With a secret, every response is sealed; one in clear is
+		// legitimate only in a record written before the secret was set,
+		// whose principal is unkeyed. A clear response under a keyed
+		// binding was written by someone who cannot seal, into the row of
+		// a request that was: replaying it would hand out their body.
+		return g.unreadable("", errors.New("a response in clear under a binding keyed by a secret: the record was altered"))
+	}
 	if resp.KeyID != "" {
 		k := g.h.keys.byID(resp.KeyID)
 		if k == nil {

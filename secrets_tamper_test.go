@@ -1,0 +1,115 @@
+package icebergidempotency
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// bindingUnder is the binding a handler with secret ("" for none) gives
+// the commit sent with auth.
+func bindingUnder(t *testing.T, secret, auth string) stores.Binding {
+	t.Helper()
+	h := newSecretHandler(t, newMemoryStore(t), secret)
+	parts := requestParts{principal: auth, method: http.MethodPost, path: commitPath, body: []byte(commitBody)}
+	return parts.binding("updateTable", h.keys.current)
+}
+
+// A record that is not final yet, written under a secret no longer
+// configured (dropped without keeping it in previous_secrets), matches its
+// retry in nothing: the retry gets the answer its own record would give
+// (in flight: 503; abandoned: outcome unknown), never 422 "another
+// principal", which tells a commit client its commit failed when it may
+// have happened. Another principal sending the same body is still told 422.
+func TestRecordUnderDroppedSecretIsNotAnotherPrincipals(t *testing.T) {
+	secretA := "secret-A-" + randomHex(t, 16)
+	_, auth, up := vendedCredentials(t)
+	for _, abandoned := range []bool{false, true} {
+		for _, now := range []string{"secret-B-" + randomHex(t, 16), ""} {
+			s := newMemoryStore(t)
+			key := storetest.NewKey(t)
+			ctx := context.Background()
+			res, err := s.Reserve(ctx, stores.Reservation{Key: key, Binding: bindingUnder(t, secretA, auth), Owner: "o1", Lease: time.Minute, TTL: time.Hour})
+			if err != nil || !res.Reserved {
+				t.Fatal(res, err)
+			}
+			if abandoned {
+				if err := s.Abandon(ctx, key, "o1"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			h := newSecretHandler(t, s, now)
+			h.InFlightWait = 1
+			r := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth)
+			want, wantType := http.StatusServiceUnavailable, typeUnavailable
+			if abandoned {
+				want, wantType = http.StatusInternalServerError, typeCommitStateUnknown
+			}
+			if r.code() != want || r.errorType() != wantType {
+				t.Errorf("abandoned=%v, a secret now %v: retry answered %d %s, want %d %s", abandoned, now != "", r.code(), r.body, want, wantType)
+			}
+		}
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("the catalog was called %d times", n)
+	}
+
+	// Under the record's own secret, another principal with the same body
+	// is told the key is another principal's.
+	s := newMemoryStore(t)
+	key := storetest.NewKey(t)
+	if res, err := s.Reserve(context.Background(), stores.Reservation{Key: key, Binding: bindingUnder(t, secretA, auth), Owner: "o1", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
+		t.Fatal(res, err)
+	}
+	h := newSecretHandler(t, s, secretA)
+	h.InFlightWait = 1
+	r := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", "Bearer someone-else")
+	if r.code() != http.StatusUnprocessableEntity || !strings.Contains(r.body, "another principal") {
+		t.Fatalf("another principal answered %d %s, want 422 another principal", r.code(), r.body)
+	}
+}
+
+// With a secret set every response is sealed, so a response in clear under
+// a binding keyed by the secret was written by someone who cannot seal (a
+// writer of the database): it is not replayed, and the retry hears the
+// answer for a record that cannot be read. A clear record written before
+// the secret was set, under an unkeyed binding, still replays.
+func TestClearResponseUnderKeyedBindingIsNotReplayed(t *testing.T) {
+	secret := "secret-A-" + randomHex(t, 16)
+	_, auth, up := vendedCredentials(t)
+	forged := `{"metadata-location":"s3://attacker/evil.json"}`
+	for _, tt := range []struct {
+		name, bindSecret string
+		replays          bool
+	}{
+		{"keyed binding, clear response", secret, false},
+		{"written before the secret", "", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemoryStore(t)
+			key := storetest.NewKey(t)
+			ctx := context.Background()
+			if res, err := s.Reserve(ctx, stores.Reservation{Key: key, Binding: bindingUnder(t, tt.bindSecret, auth), Owner: "o", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
+				t.Fatal(res, err)
+			}
+			if err := s.Finalize(ctx, key, "o", stores.Response{Status: 200, Body: []byte(forged)}); err != nil {
+				t.Fatal(err)
+			}
+			r := serve(t, newSecretHandler(t, s, secret), up, "POST", commitPath, key, commitBody, "Authorization", auth)
+			if got := r.body == forged; got != tt.replays {
+				t.Fatalf("answered %d %s, want replayed=%v", r.code(), r.body, tt.replays)
+			}
+			if !tt.replays && (r.code() != http.StatusInternalServerError || r.errorType() != typeCommitStateUnknown) {
+				t.Fatalf("answered %d %s, want 500 CommitStateUnknownException", r.code(), r.body)
+			}
+		})
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("the catalog was called %d times", n)
+	}
+}
