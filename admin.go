@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -71,6 +73,9 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		if r.Method != http.MethodGet {
 			return methodNotAllowed(r)
 		}
+		if err := onlyParams(r); err != nil {
+			return err
+		}
 		return a.stats(w, r)
 	case strings.HasPrefix(rest, "keys/"):
 		key, err := adminKey(strings.TrimPrefix(rest, "keys/"))
@@ -79,13 +84,33 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		}
 		switch r.Method {
 		case http.MethodGet:
+			if err := onlyParams(r); err != nil {
+				return err
+			}
 			return a.getKey(w, r, key)
 		case http.MethodDelete:
+			if err := onlyParams(r, "force"); err != nil {
+				return err
+			}
 			return a.forgetKey(w, r, key)
 		}
 		return methodNotAllowed(r)
 	}
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("resource not found: %s", r.URL.Path)}
+}
+
+// onlyParams refuses a query parameter other than allowed, or given twice:
+// a misspelt force (forse=true) would otherwise be a silent "not forced".
+func onlyParams(r *http.Request, allowed ...string) error {
+	for name, vals := range r.URL.Query() {
+		if !slices.Contains(allowed, name) {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("unknown query parameter %q", name)}
+		}
+		if len(vals) > 1 {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("query parameter %q given %d times", name, len(vals))}
+		}
+	}
+	return nil
 }
 
 func methodNotAllowed(r *http.Request) error {
@@ -293,7 +318,13 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, key string) er
 // lease again in the delete itself, so that a record abandoned when looked
 // at and taken over since (abandoned reexecute) is kept all the same.
 func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string) error {
-	force := r.URL.Query().Get("force") == "true"
+	force := false
+	if v := r.URL.Query().Get("force"); v != "" {
+		var err error
+		if force, err = strconv.ParseBool(v); err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("force must be true or false, got %q", v)}
+		}
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	list, release := inUse()

@@ -371,3 +371,33 @@ func TestAdminForgetKeepsRecordTakenOverSinceLookup(t *testing.T) {
 		t.Fatalf("record after the refused DELETE = %+v, want it in flight under the new owner", rec)
 	}
 }
+
+// Query parameters are checked: a misspelt or unknown one, a force that is
+// no boolean, or one given twice is a 400 that names it, and nothing is
+// forgotten; force=1 is as good as force=true.
+func TestAdminQueryParameters(t *testing.T) {
+	mem := newMemory(t)
+	h := adminFixture(t, map[string]stores.Store{"memory": mem})
+	inflight, _ := reserveKey(t, mem, time.Minute)
+	path := "/iceberg_idempotency/keys/" + inflight
+	for _, tt := range []struct{ method, query, want string }{
+		{http.MethodDelete, "?forse=true", `unknown query parameter \"forse\"`},
+		{http.MethodDelete, "?force=yes", `force must be true or false, got \"yes\"`},
+		{http.MethodDelete, "?force=true&force=true", `query parameter \"force\" given 2 times`},
+		{http.MethodGet, "?force=true", `unknown query parameter \"force\"`},
+	} {
+		status, body := call(t, h, tt.method, path+tt.query)
+		if status != http.StatusBadRequest || !strings.Contains(string(body), tt.want) {
+			t.Errorf("%s %s = %d %s, want 400 with %s", tt.method, tt.query, status, body, tt.want)
+		}
+	}
+	if status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/stats?x=1"); status != http.StatusBadRequest {
+		t.Errorf("stats with an unknown parameter = %d %s, want 400", status, body)
+	}
+	if rec, _ := mem.Load(context.Background(), inflight); rec == nil {
+		t.Fatal("a refused DELETE forgot the record")
+	}
+	if status, body := call(t, h, http.MethodDelete, path+"?force=1"); status != http.StatusOK {
+		t.Fatalf("DELETE ?force=1 = %d %s, want 200", status, body)
+	}
+}
