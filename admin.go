@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -102,7 +103,11 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 // onlyParams refuses a query parameter other than allowed, or given twice:
 // a misspelt force (forse=true) would otherwise be a silent "not forced".
 func onlyParams(r *http.Request, allowed ...string) error {
-	for name, vals := range r.URL.Query() {
+	query, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("query: %w", err)}
+	}
+	for name, vals := range query {
 		if !slices.Contains(allowed, name) {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("unknown query parameter %q", name)}
 		}
@@ -319,10 +324,10 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, key string) er
 // at and taken over since (abandoned reexecute) is kept all the same.
 func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string) error {
 	force := false
-	if v := r.URL.Query().Get("force"); v != "" {
+	if vals, given := r.URL.Query()["force"]; given {
 		var err error
-		if force, err = strconv.ParseBool(v); err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("force must be true or false, got %q", v)}
+		if force, err = strconv.ParseBool(vals[0]); err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("force must be true or false, got %q", vals[0])}
 		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)

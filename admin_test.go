@@ -385,6 +385,9 @@ func TestAdminQueryParameters(t *testing.T) {
 		{http.MethodDelete, "?force=yes", `force must be true or false, got \"yes\"`},
 		{http.MethodDelete, "?force=true&force=true", `query parameter \"force\" given 2 times`},
 		{http.MethodGet, "?force=true", `unknown query parameter \"force\"`},
+		{http.MethodDelete, "?force", `force must be true or false, got \"\"`},
+		{http.MethodDelete, "?force=", `force must be true or false, got \"\"`},
+		{http.MethodDelete, "?force=true;x", `invalid semicolon separator in query`},
 	} {
 		status, body := call(t, h, tt.method, path+tt.query)
 		if status != http.StatusBadRequest || !strings.Contains(string(body), tt.want) {

@@ -63,6 +63,13 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return nil
 	}
 
+	if h.pooled != nil {
+		// The store stays open across a reload until this request is
+		// done, counted from before its body is read: a reload while a
+		// large body uploads must not close the store under it.
+		h.pooled.use()
+		defer h.pooled.done()
+	}
 	body, err := readBody(r, h.MaxRequestSize)
 	if err != nil {
 		return bodyUnread(w, r, err)
@@ -99,71 +106,57 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	r.Body = &g.body
 	r.ContentLength = int64(len(body))
 
-	if h.pooled != nil {
-		// The store stays open across a reload until this request is done.
-		h.pooled.use()
-		defer h.pooled.done()
-	}
 	g.own = g.parts.binding(op, h.keys.current)
 	g.binding = g.own
-	outer, _ := caddyhttp.GetVar(r.Context(), guardVar).(*activeGuard)
-	if outer != nil && outer.store == h.storeIdentity() && outer.key == key {
-		return h.passGuarded(w, r, next, op)
+	g.sealWith = h.keys.current
+	if outer, _ := caddyhttp.GetVar(r.Context(), guardVar).(*activeGuard); outer != nil && outer.key == key {
+		g.outer = outer
 	}
-	g.active = activeGuard{store: h.storeIdentity(), key: key}
-	caddyhttp.SetVar(r.Context(), guardVar, &g.active)
-	defer restoreGuard(r, outer)
 	return g.run()
 }
 
 // guardVar names the Caddy request variable holding the guard that is
-// executing the request right now, if any.
+// executing the request right now, if any: set while its catalog call
+// runs, so that a second iceberg_idempotency handler on the request (one
+// at site level, one inside a handle block) can tell that the record it
+// finds in flight is this very request's.
 const guardVar = "iceberg_idempotency.guard"
 
-// activeGuard is what guardVar holds: the store and key a handler has
-// reserved for the request while it runs.
+// activeGuard is what guardVar holds: the key an executing handler holds,
+// and the owner token it holds it under.
 type activeGuard struct {
-	store any
-	key   string
+	key, owner string
 }
 
-// restoreGuard puts back the guard that was active before this handler's:
-// the mark says "guarded right now", not "guarded once".
-func restoreGuard(r *http.Request, outer *activeGuard) {
-	if outer == nil {
-		caddyhttp.SetVar(r.Context(), guardVar, nil)
-		return
-	}
-	caddyhttp.SetVar(r.Context(), guardVar, outer)
-}
-
-// String keeps the variable's placeholder from printing the store.
+// String keeps the variable's placeholder from printing the owner token.
 func (*activeGuard) String() string { return "guarded" }
 
-// storeIdentity is the store h's records are in: handlers with one
-// identity share records.
-func (h *Handler) storeIdentity() any {
-	if h.pooled != nil {
-		return h.pooled
-	}
-	return h.store
+// markExecuting sets guardVar for the catalog call of g, and returns what
+// puts back the mark that was there before.
+func (g *guarded) markExecuting() (restore func()) {
+	ctx := g.r.Context()
+	before := caddyhttp.GetVar(ctx, guardVar)
+	g.active = activeGuard{key: g.key, owner: g.owner}
+	caddyhttp.SetVar(ctx, guardVar, &g.active)
+	return func() { caddyhttp.SetVar(ctx, guardVar, before) }
 }
 
-// passGuarded hands on a request whose key another iceberg_idempotency
-// handler (at site level, say, with this one inside a handle block) holds
-// in the same store right now, once this handler's own checks passed.
-// Guarding it again, this handler would find the key reserved and wait on
-// it until in_flight_wait ran out: every keyed request would end 503.
-// With another store the two cannot wait on each other, and both guard;
-// once the other handler is done (handle_errors runs after it), this one
+// passGuarded hands on a request whose key's record, found in flight, is
+// held by another iceberg_idempotency handler executing this very request
+// (at site level, say, with this one inside a handle block), once this
+// handler's own checks passed. Guarding it again, this handler would wait
+// on that record until in_flight_wait ran out: every keyed request would
+// end 503. With another store the two cannot meet, and both guard; once
+// the other handler's call is over (handle_errors runs after it), this one
 // guards as any.
-func (h *Handler) passGuarded(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, op string) error {
+func (g *guarded) passGuarded() error {
+	h := g.h
 	if atomic.CompareAndSwapInt32(&h.nestedWarned, 0, 1) {
-		h.logger.Warn("another iceberg_idempotency handler with the same store guards this request already: passed through, "+
+		h.logger.Warn("another iceberg_idempotency handler on the same records executes this request: passed through, "+
 			"after this handler's own checks. Keep one iceberg_idempotency per route",
-			zap.String("operation", op))
+			zap.String("operation", g.own.Operation))
 	}
-	return next.ServeHTTP(w, r)
+	return g.next.ServeHTTP(g.w, g.r)
 }
 
 // bodyUnread answers a keyed request whose body could not be read, before
@@ -384,6 +377,7 @@ func (g *guarded) bind(stored stores.Binding) string {
 	msg := mismatch(stored, g.own)
 	if msg == "" {
 		g.binding = g.own
+		g.sealWith = g.h.keys.current
 		return ""
 	}
 	for _, k := range g.h.keys.alternatives() {
@@ -401,6 +395,12 @@ func (g *guarded) bind(stored stores.Binding) string {
 		altMsg := mismatch(stored, alt)
 		if altMsg == "" {
 			g.binding = stored
+			// Sealed under the current secret, which outlives the one
+			// matched; with none, under the matched one (nil: unkeyed).
+			g.sealWith = g.h.keys.current
+			if g.sealWith == nil {
+				g.sealWith = k
+			}
 			return ""
 		}
 		// The same principal under an older secret: its explanation (the

@@ -52,7 +52,15 @@ type guarded struct {
 	hb     heartbeat     // the lease renewals of the execution, then of finalizeLater
 	body   requestBody   // the read body, as the handlers after this one get it
 	cw     captureWriter // the execution's response, held until it is stored
-	active activeGuard   // what guardVar holds while this request runs
+	active activeGuard   // what guardVar holds while this request's catalog call runs
+	// outer is the guard executing this request in another handler, when
+	// it holds this request's key: see passGuarded.
+	outer *activeGuard
+	// sealWith is the secret this request's answer is sealed under: the
+	// current one or, with none, for a record adopted under a previous
+	// secret (a takeover with encryption turned off, the old secret kept)
+	// that one, so that no answer under a keyed binding is stored in clear.
+	sealWith *secretKeys
 	// detached is the request's context without its cancellation (the
 	// replacer and vars travel along): store writes and the execution run
 	// under it, so that the client's departure cuts neither short.
@@ -86,7 +94,7 @@ func (g *guarded) run() error {
 		// A record matched under an older secret in an earlier round
 		// (then released) binds nothing here: a record this request
 		// creates is its own, bound and sealed under the current secret.
-		g.binding = g.own
+		g.binding, g.sealWith = g.own, h.keys.current
 		// A write cut off half-way may commit all the same (drivers
 		// give up on the reply, not on the statement), and this request
 		// could then no longer tell whether it holds the key: the
@@ -134,6 +142,9 @@ func (g *guarded) run() error {
 			return g.execute()
 		}
 		rec := res.Existing
+		if g.outer != nil && rec.State == stores.StateInFlight && rec.Owner == g.outer.owner {
+			return g.passGuarded()
+		}
 		if msg := g.bind(rec.Binding); msg != "" {
 			return g.refuse(rec, msg)
 		}
@@ -297,7 +308,9 @@ func (g *guarded) execute() error {
 
 	g.cw = captureWriter{w: g.w, limit: h.MaxResponseSize}
 	cw := &g.cw
+	unmark := g.markExecuting()
 	err := g.callUpstream(cw, g.r.WithContext(ctx), detached)
+	unmark()
 	hb.stop()
 
 	if err != nil {
@@ -352,7 +365,7 @@ func (g *guarded) execute() error {
 	default:
 		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}
 		g.status = status
-		if k := h.keys.current; k != nil {
+		if k := g.sealWith; k != nil {
 			sealed, err := k.seal(g.key, g.binding, resp)
 			if err != nil {
 				// Nothing can be stored in clear once a secret is set.

@@ -113,3 +113,39 @@ func TestClearResponseUnderKeyedBindingIsNotReplayed(t *testing.T) {
 		t.Fatalf("the catalog was called %d times", n)
 	}
 }
+
+// Encryption turned off the README's way (secret dropped, kept in
+// previous_secrets) under abandoned reexecute: a takeover of a record
+// bound under the old secret seals its answer under that secret, so that
+// a node that still has it as secret (a rolling deploy) replays it too.
+// Before, the answer was stored in clear under the keyed binding, which a
+// node with the secret takes for an altered record: 500 unknown.
+func TestTakeoverWithEncryptionOffSealsUnderTheMatchedSecret(t *testing.T) {
+	old := "secret-A-" + randomHex(t, 16)
+	_, auth, up := vendedCredentials(t)
+	s := newMemoryStore(t)
+	key := storetest.NewKey(t)
+	ctx := context.Background()
+	if res, err := s.Reserve(ctx, stores.Reservation{Key: key, Binding: bindingUnder(t, old, auth), Owner: "o1", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
+		t.Fatal(res, err)
+	}
+	if err := s.Abandon(ctx, key, "o1"); err != nil {
+		t.Fatal(err)
+	}
+	off := newSecretHandler(t, s, "", old)
+	off.Abandoned = abandonedReexecute
+	if first := serve(t, off, up, "POST", commitPath, key, commitBody, "Authorization", auth); first.code() != 200 {
+		t.Fatalf("takeover answered %d %s", first.code(), first.body)
+	}
+	if rec, _ := s.Load(ctx, key); rec == nil || rec.Response == nil || rec.Response.KeyID == "" {
+		t.Fatalf("the taken-over answer is stored in clear under a keyed binding: %+v", rec)
+	}
+	for name, h := range map[string]*Handler{"encryption off": off, "secret still on": newSecretHandler(t, s, old)} {
+		if r := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth); r.header.Get(ReplayedHeader) != "true" {
+			t.Errorf("%s: retry answered %d %s, want the replay", name, r.code(), r.body)
+		}
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("the catalog was called %d times, want 1", n)
+	}
+}

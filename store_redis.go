@@ -114,10 +114,14 @@ func (r *RedisStore) callTimeouts() []namedTimeout {
 		}
 		return time.Duration(t)
 	}
+	dial, read, write := or(r.DialTimeout), or(r.ReadTimeout), or(r.WriteTimeout)
+	if dial == read && read == write {
+		return []namedTimeout{{"timeout", dial}} // as timeout sets them
+	}
 	return []namedTimeout{
-		{"dial_timeout", or(r.DialTimeout)},
-		{"read_timeout", or(r.ReadTimeout)},
-		{"write_timeout", or(r.WriteTimeout)},
+		{"dial_timeout", dial},
+		{"read_timeout", read},
+		{"write_timeout", write},
 	}
 }
 

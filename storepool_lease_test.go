@@ -59,7 +59,7 @@ func TestLeaseCheckedInTheCaddyfile(t *testing.T) {
 		{"store line", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tstatement_timeout 15s\n\t\t}\n\t}",
 			"lease 30s is shorter than 3 times the store's call timeout 15s", "at Caddyfile:3"},
 		{"redis", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1\n\t\t\ttimeout 20s\n\t\t}\n\t\tlease 40s\n\t}",
-			"or lower dial_timeout (20s), read_timeout (20s) and write_timeout (20s) to at most 13.333s", "at Caddyfile:7"},
+			"or lower timeout (20s) to at most 13.333s", "at Caddyfile:7"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := adapt(t, ":8080 {\n\t"+tt.block+"\n\treverse_proxy 127.0.0.1:1\n}\n")

@@ -1011,7 +1011,7 @@ func TestCoreTwoDirectivesOnOneRequest(t *testing.T) {
 	if n := strings.Count(string(config.Body), `"idempotency-key-lifetime":"PT1H"`); n != 1 {
 		t.Fatalf("config advertises the outer lifetime %d times, want once: %s", n, config.Body)
 	}
-	if !strings.Contains(c.Logs(), "guards this request already") {
+	if !strings.Contains(c.Logs(), "executes this request: passed through") {
 		t.Fatalf("no warning about the second handler in the logs:\n%s", c.Logs())
 	}
 }
@@ -1034,6 +1034,28 @@ func TestCoreTwoDirectivesWithTwoStores(t *testing.T) {
 	first := send(t, "POST", n1.URL()+path, body, keyHeader, key)
 	wantStatus(t, "first", first, 200)
 	wantReplayOf(t, "retry on the other node", send(t, "POST", n2.URL()+path, body, keyHeader, key), first)
+	wantCount(t, b, path, 1)
+}
+
+// Two directives on one PostgreSQL table, their store blocks tuned apart
+// (the inner one sets max_conns): two connection pools on the same
+// records. The inner handler finds the key in flight under the owner token
+// of the outer one, executing this very request, and hands it on. Before,
+// two pools meant two guards on one row, the inner one waiting on the
+// outer one's reservation: 503 to every keyed commit.
+func TestCoreTwoDirectivesOnOneTable(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	dsn := postgresDB.dsn(t)
+	table := postgresDB.newTable(t, dsn)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency {\n"+postgresDB.storeBlock(dsn, table)+"\n}\n"+
+		"handle /v1/* {\niceberg_idempotency {\nin_flight_wait 300ms\n"+postgresDB.storeBlock(dsn, table, "max_conns 7")+"\n}\nreverse_proxy "+b.Addr()+"\n}"))
+	const path = "/v1/onetable/namespaces"
+	const body = `{"namespace":["onetable"]}`
+	key := newKey(t)
+	first := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantStatus(t, "first", first, 200)
+	wantReplayOf(t, "retry", send(t, "POST", c.URL()+path, body, keyHeader, key), first)
 	wantCount(t, b, path, 1)
 }
 
