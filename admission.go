@@ -109,9 +109,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	g.own = g.parts.binding(op, h.keys.current)
 	g.binding = g.own
 	g.sealWith = h.keys.current
-	if outer, _ := caddyhttp.GetVar(r.Context(), guardVar).(*activeGuard); outer != nil && outer.key == key {
-		g.outer = outer
-	}
+	g.outer, _ = caddyhttp.GetVar(r.Context(), guardVar).(*activeGuard)
 	return g.run()
 }
 
@@ -123,9 +121,23 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 const guardVar = "iceberg_idempotency.guard"
 
 // activeGuard is what guardVar holds: the key an executing handler holds,
-// and the owner token it holds it under.
+// and the owner token it holds it under, and the guard executing around
+// it, if any: with three handlers on two stores, the innermost one must
+// recognise the outermost one's record, not only the nearest guard's.
 type activeGuard struct {
 	key, owner string
+	parent     *activeGuard
+}
+
+// holds reports whether a guard executing this request, a or one around
+// it, holds key under owner.
+func (a *activeGuard) holds(key, owner string) bool {
+	for ; a != nil; a = a.parent {
+		if a.key == key && a.owner == owner {
+			return true
+		}
+	}
+	return false
 }
 
 // String keeps the variable's placeholder from printing the owner token.
@@ -136,7 +148,8 @@ func (*activeGuard) String() string { return "guarded" }
 func (g *guarded) markExecuting() (restore func()) {
 	ctx := g.r.Context()
 	before := caddyhttp.GetVar(ctx, guardVar)
-	g.active = activeGuard{key: g.key, owner: g.owner}
+	parent, _ := before.(*activeGuard)
+	g.active = activeGuard{key: g.key, owner: g.owner, parent: parent}
 	caddyhttp.SetVar(ctx, guardVar, &g.active)
 	return func() { caddyhttp.SetVar(ctx, guardVar, before) }
 }

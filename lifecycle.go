@@ -142,7 +142,7 @@ func (g *guarded) run() error {
 			return g.execute()
 		}
 		rec := res.Existing
-		if g.outer != nil && rec.State == stores.StateInFlight && rec.Owner == g.outer.owner {
+		if rec.State == stores.StateInFlight && g.outer.holds(g.key, rec.Owner) {
 			return g.passGuarded()
 		}
 		if msg := g.bind(rec.Binding); msg != "" {
@@ -308,9 +308,11 @@ func (g *guarded) execute() error {
 
 	g.cw = captureWriter{w: g.w, limit: h.MaxResponseSize}
 	cw := &g.cw
-	unmark := g.markExecuting()
-	err := g.callUpstream(cw, g.r.WithContext(ctx), detached)
-	unmark()
+	var err error
+	func() {
+		defer g.markExecuting()() // put back even when reverse_proxy panics
+		err = g.callUpstream(cw, g.r.WithContext(ctx), detached)
+	}()
 	hb.stop()
 
 	if err != nil {
@@ -354,6 +356,11 @@ func (g *guarded) execute() error {
 	switch {
 	case !h.shouldFinalize(status):
 		g.release(detached, "status "+strconv.Itoa(status))
+	case status == http.StatusConflict && caddyhttp.GetVar(g.r.Context(), inFlightAnswerVar) != nil:
+		// Another iceberg_idempotency handler after this one answered
+		// that the key is in flight elsewhere, without the catalog: a
+		// retry must be able to hear the outcome, not this 409 again.
+		g.release(detached, "in flight behind another handler")
 	case cw.overflowed:
 		// The catalog executed and answered; only the answer cannot be
 		// kept. Releasing the key would let a retry (or a duplicate
@@ -969,11 +976,18 @@ func (g *guarded) unreadable(keyID string, cause error) error {
 	return nil
 }
 
+// inFlightAnswerVar names the Caddy request variable set when a handler
+// answered 409 "still in flight" (in_flight_status 409).
+const inFlightAnswerVar = "iceberg_idempotency.in_flight_answer"
+
 func (g *guarded) stillInFlight() error {
 	g.log(zapcore.DebugLevel, "key still in flight after waiting", zap.String("outcome", "in_flight"))
 	g.count(outcomeInFlight)
 	msg := "A request with this Idempotency-Key is still being processed; retry with the same key"
 	if g.h.InFlightStatus == http.StatusConflict {
+		// A 4xx, which a guard around this handler would store and
+		// replay for good: the mark tells it this one is for now only.
+		caddyhttp.SetVar(g.r.Context(), inFlightAnswerVar, true)
 		writeError(g.w, http.StatusConflict, typeConflict, msg, 0)
 		return nil
 	}

@@ -4,20 +4,23 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
-// Two handlers on one request, in process: outer's next runs inner, whose
-// next is the catalog. (The integration tests run the same layouts in a
-// real Caddy, from the Caddyfile.)
-func nested(outer, inner *Handler, catalog caddyhttp.Handler) caddyhttp.Handler {
-	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return inner.ServeHTTP(w, r, catalog) })
+// nested is inner as the next handler of another one, with next after it:
+// handlers on one request, in process. (The integration tests run such
+// layouts in a real Caddy, from the Caddyfile.)
+func nested(inner *Handler, next caddyhttp.Handler) caddyhttp.Handler {
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return inner.ServeHTTP(w, r, next) })
 }
 
 // otherWrapper is the same records behind another store value, as two
@@ -43,8 +46,8 @@ func TestNestedHandlersOnOneRecordExecuteOnce(t *testing.T) {
 			inner.InFlightWait = 1
 			up := answering(200, `{"ok":true}`)
 			key := storetest.NewKey(t)
-			first := serve(t, outer, nested(outer, inner, up), "POST", commitPath, key, commitBody)
-			retry := serve(t, outer, nested(outer, inner, up), "POST", commitPath, key, commitBody)
+			first := serve(t, outer, nested(inner, up), "POST", commitPath, key, commitBody)
+			retry := serve(t, outer, nested(inner, up), "POST", commitPath, key, commitBody)
 			if first.code() != 200 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
 				t.Fatalf("first %d %s, retry %d replayed=%q, catalog called %d times; want 200, a replay, 1",
 					first.code(), first.body, retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
@@ -78,10 +81,97 @@ func TestFailOpenOuterLeavesTheInnerToGuard(t *testing.T) {
 	outer.FailOpen = true
 	up := answering(200, `{"ok":true}`)
 	key := storetest.NewKey(t)
-	first := serve(t, outer, nested(outer, inner, up), "POST", commitPath, key, commitBody)
-	retry := serve(t, outer, nested(outer, inner, up), "POST", commitPath, key, commitBody)
+	first := serve(t, outer, nested(inner, up), "POST", commitPath, key, commitBody)
+	retry := serve(t, outer, nested(inner, up), "POST", commitPath, key, commitBody)
 	if first.code() != 200 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
 		t.Fatalf("first %d, retry %d replayed=%q, catalog called %d times; want 200, a replay, 1",
 			first.code(), retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
+	}
+}
+
+// Three handlers, A and C on one store and B between them on another: C
+// finds the key in flight under A's owner token, not B's, and must know
+// it for its own request's. Before, the mark held the nearest guard only:
+// C waited on A until in_flight_wait ran out, and every keyed request
+// ended 503 (or, with in_flight_status 409, 409 stored and replayed for
+// good by B and A, for a commit that never ran).
+func TestThreeHandlersRecogniseTheOutermostGuard(t *testing.T) {
+	for _, status := range []int{http.StatusServiceUnavailable, http.StatusConflict} {
+		s1, s2 := newMemoryStore(t), newMemoryStore(t)
+		a, b, c := newTestHandler(t, s1), newTestHandler(t, s2), newTestHandler(t, s1)
+		c.InFlightWait, c.InFlightStatus = 1, status
+		up := answering(200, `{"ok":true}`)
+		chain := nested(b, nested(c, up))
+		key := storetest.NewKey(t)
+		first := serve(t, a, chain, "POST", commitPath, key, commitBody)
+		retry := serve(t, a, chain, "POST", commitPath, key, commitBody)
+		if first.code() != 200 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+			t.Errorf("in_flight_status %d: first %d %s, retry %d replayed=%q, catalog called %d times; want 200, a replay, 1",
+				status, first.code(), first.body, retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
+		}
+	}
+}
+
+// With in_flight_status 409, the 409 an inner handler answers for a key in
+// flight elsewhere is not stored by the guard around it: the commit runs
+// through a route with the inner handler only; its retry through a route
+// with a handler on another store in front hears 409 while it runs, and
+// the outcome once it is done. Before, the outer handler stored the 409,
+// and every later retry on that route heard "conflict" for a commit that
+// happened.
+func TestInFlightConflictIsNotStoredByTheGuardAround(t *testing.T) {
+	s1, s2 := newMemoryStore(t), newMemoryStore(t)
+	front, shared := newTestHandler(t, s1), newTestHandler(t, s2)
+	shared.InFlightWait, shared.InFlightStatus = 1, http.StatusConflict
+	up, arrived, release := holdingUpstream()
+	key := storetest.NewKey(t)
+	done := make(chan result, 1)
+	go func() { done <- serve(t, shared, up, "POST", commitPath, key, commitBody) }()
+	<-arrived
+	during := serve(t, front, nested(shared, up), "POST", commitPath, key, commitBody)
+	close(release)
+	if first := <-done; first.code() != 200 {
+		t.Fatalf("the commit answered %d %s", first.code(), first.body)
+	}
+	after := serve(t, front, nested(shared, up), "POST", commitPath, key, commitBody)
+	if during.code() != http.StatusConflict || after.code() != 200 || after.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+		t.Fatalf("retry while running %d, after %d %s replayed=%q, catalog called %d times; want 409, then the replay, 1",
+			during.code(), after.code(), after.body, after.header.Get(ReplayedHeader), up.calls.Load())
+	}
+}
+
+// The mark is put back when the catalog call panics (reverse_proxy does,
+// when an answer breaks off), so a handler that recovered and served the
+// request on through another iceberg_idempotency handler would not find
+// the abandoned record passed on as its own: with the mark left, it was,
+// and the commit ran again.
+func TestMarkPutBackWhenTheCallPanics(t *testing.T) {
+	s := newMemoryStore(t)
+	a, d := newTestHandler(t, s), newTestHandler(t, s)
+	calls := 0
+	panicky := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		calls++
+		replacerOf(r).Set(upstreamVar, "catalog:8181") // it reached the catalog
+		panic(http.ErrAbortHandler)
+	})
+	req := httptest.NewRequest("POST", commitPath, strings.NewReader(commitBody))
+	req.Header.Set(IdempotencyKeyHeader, storetest.NewKey(t))
+	rec := httptest.NewRecorder()
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+	func() {
+		defer func() { _ = recover() }()
+		_ = a.ServeHTTP(rec, req, panicky)
+	}()
+	if mark := caddyhttp.GetVar(req.Context(), guardVar); mark != nil {
+		t.Fatalf("mark left after the panic: %v", mark)
+	}
+	again := httptest.NewRecorder()
+	_ = d.ServeHTTP(again, req, caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		calls++
+		w.WriteHeader(200)
+		return nil
+	}))
+	if calls != 1 {
+		t.Fatalf("the catalog was called %d times, want 1 (the record is abandoned: outcome unknown)", calls)
 	}
 }
