@@ -143,15 +143,20 @@ func (a *activeGuard) holds(key, owner string) bool {
 // String keeps the variable's placeholder from printing the owner token.
 func (*activeGuard) String() string { return "guarded" }
 
-// markExecuting sets guardVar for the catalog call of g, and returns what
-// puts back the mark that was there before.
-func (g *guarded) markExecuting() (restore func()) {
+// markExecuting sets guardVar for the catalog call of g, and returns the
+// mark that was there before, for unmarkExecuting to put back. (Two
+// methods, not a closure: the request path allocates nothing for it.)
+func (g *guarded) markExecuting() (before any) {
 	ctx := g.r.Context()
-	before := caddyhttp.GetVar(ctx, guardVar)
+	before = caddyhttp.GetVar(ctx, guardVar)
 	parent, _ := before.(*activeGuard)
 	g.active = activeGuard{key: g.key, owner: g.owner, parent: parent}
 	caddyhttp.SetVar(ctx, guardVar, &g.active)
-	return func() { caddyhttp.SetVar(ctx, guardVar, before) }
+	return before
+}
+
+func (g *guarded) unmarkExecuting(before any) {
+	caddyhttp.SetVar(g.r.Context(), guardVar, before)
 }
 
 // passGuarded hands on a request whose key's record, found in flight, is

@@ -310,7 +310,7 @@ func (g *guarded) execute() error {
 	cw := &g.cw
 	var err error
 	func() {
-		defer g.markExecuting()() // put back even when reverse_proxy panics
+		defer g.unmarkExecuting(g.markExecuting()) // put back even when reverse_proxy panics
 		err = g.callUpstream(cw, g.r.WithContext(ctx), detached)
 	}()
 	hb.stop()
