@@ -40,7 +40,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 // UnmarshalCaddyfile parses the iceberg_idempotency directive:
 //
 //	iceberg_idempotency {
-//	    store memory|postgres|mysql [{ ... }]
+//	    store memory|postgres|mysql|redis [{ ... }]
 //	    lifetime           <duration>
 //	    grace              <duration>
 //	    in_flight_wait     <duration>
