@@ -35,9 +35,7 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 // the key to it, then hands the request to its lifecycle (lifecycle.go). path is the request's
 // normalized path, which the key is bound to.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, op, path string) error {
-	// The header's name is canonical, as are the names of received
-	// headers: indexing saves Values its canonicalization.
-	values := r.Header[IdempotencyKeyHeader]
+	values := keyHeaderValues(r)
 	if len(values) == 0 {
 		if h.RequireKey {
 			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header is required for "+op, 0)

@@ -471,7 +471,33 @@ func hideKeyFromTransport(r *http.Request) (hidden hiddenKey) {
 		}
 	}
 	hidden.header = r.Header
+	if v := hidden.values[0]; v != nil {
+		// Another iceberg_idempotency handler after this one still reads
+		// the key: see keyHeaderValues.
+		hidden.ctx = r.Context()
+		caddyhttp.SetVar(hidden.ctx, hiddenKeyVar, v)
+	}
 	return hidden
+}
+
+// hiddenKeyVar names the Caddy request variable holding the
+// Idempotency-Key values hideKeyFromTransport took off the header, while
+// they are off it.
+const hiddenKeyVar = "iceberg_idempotency.hidden_key"
+
+// keyHeaderValues are r's Idempotency-Key values: from its header or,
+// while a handler before this one hid them from the transport (a request
+// without a body, in that handler's catalog call or fail_open pass), from
+// hiddenKeyVar. Without it a second handler on the request would take a
+// keyed DELETE for one without a key.
+func keyHeaderValues(r *http.Request) []string {
+	// The header's name is canonical, as are the names of received
+	// headers: indexing saves Values its canonicalization.
+	if values := r.Header[IdempotencyKeyHeader]; len(values) > 0 || r.ContentLength != 0 {
+		return values
+	}
+	values, _ := caddyhttp.GetVar(r.Context(), hiddenKeyVar).([]string)
+	return values
 }
 
 // hiddenKey is what hideKeyFromTransport took off a request's header.
@@ -479,11 +505,15 @@ type hiddenKey struct {
 	header http.Header
 	values [len(transportReplayHeaders)][]string
 	any    bool
+	ctx    context.Context // where hiddenKeyVar was set, if it was
 }
 
 func (k hiddenKey) restore() {
 	if !k.any {
 		return
+	}
+	if k.ctx != nil {
+		caddyhttp.SetVar(k.ctx, hiddenKeyVar, nil)
 	}
 	for i, name := range transportReplayHeaders {
 		if v := k.values[i]; v != nil {

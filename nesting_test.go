@@ -175,3 +175,70 @@ func TestMarkPutBackWhenTheCallPanics(t *testing.T) {
 		t.Fatalf("the catalog was called %d times, want 1 (the record is abandoned: outcome unknown)", calls)
 	}
 }
+
+// A keyed DELETE (dropTable: no body) through two handlers. The outer one
+// takes the key off the header for its catalog call (or its fail_open
+// pass), so that Go's transport never resends the request by itself; the
+// inner one still reads it, and guards or hands on as for any request.
+// Before, it saw no key: with require_key it answered 400, which the outer
+// one stored for good; on another store it did not guard, and a retry on
+// another node dropped the table again; behind a fail_open outer handler
+// whose store failed, the retry dropped it again too.
+func TestNestedHandlersSeeTheKeyOfABodylessRequest(t *testing.T) {
+	for _, tt := range []struct {
+		name         string
+		outer, retry func(s stores.Store) *Handler // the first request's outer handler, the retry's
+		inner        func(s stores.Store) *Handler
+		outerStore   func() stores.Store // nil: the inner one's
+	}{
+		{"one store, inner require_key", nil, nil, func(s stores.Store) *Handler {
+			h := newTestHandler(t, s)
+			h.RequireKey = true
+			return h
+		}, nil},
+		{"memory of each node outside, a shared store inside", nil, nil, nil, func() stores.Store { return newMemoryStore(t) }},
+		{"fail_open outside, its store failing once", func(s stores.Store) *Handler {
+			h := newTestHandler(t, &failFirstReserve{Store: s})
+			h.FailOpen = true
+			return h
+		}, nil, nil, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			shared := newMemoryStore(t)
+			handler := func(make func(stores.Store) *Handler, s stores.Store) *Handler {
+				if make != nil {
+					return make(s)
+				}
+				return newTestHandler(t, s)
+			}
+			outerStore := func() stores.Store {
+				if tt.outerStore != nil {
+					return tt.outerStore() // each node its own
+				}
+				return shared
+			}
+			inner := handler(tt.inner, shared)
+			firstOuter := handler(tt.outer, outerStore())
+			retryOuter := firstOuter
+			if tt.outerStore != nil {
+				retryOuter = handler(tt.outer, outerStore()) // the other node
+			}
+			var sawKey atomic.Bool
+			up := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+				sawKey.Store(sawKey.Load() || r.Header.Get(IdempotencyKeyHeader) != "")
+				w.WriteHeader(http.StatusNoContent)
+				return nil
+			}}
+			key := storetest.NewKey(t)
+			first := serve(t, firstOuter, nested(inner, up), "DELETE", commitPath, key, "")
+			retry := serve(t, retryOuter, nested(inner, up), "DELETE", commitPath, key, "")
+			if first.code() != 204 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+				t.Fatalf("first %d %s, retry %d replayed=%q, catalog called %d times; want 204, a replay, 1",
+					first.code(), first.body, retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
+			}
+			if sawKey.Load() {
+				t.Fatal("the catalog got the Idempotency-Key of a request without a body")
+			}
+		})
+	}
+}
