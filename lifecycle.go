@@ -493,9 +493,11 @@ const hiddenKeyVar = "iceberg_idempotency.hidden_key"
 func keyHeaderValues(r *http.Request) []string {
 	// The header's name is canonical, as are the names of received
 	// headers: indexing saves Values its canonicalization.
-	if values := r.Header[IdempotencyKeyHeader]; len(values) > 0 || r.ContentLength != 0 {
+	if values := r.Header[IdempotencyKeyHeader]; len(values) > 0 {
 		return values
 	}
+	// Whatever the body now: a handler in between (request_body's set)
+	// may have given the request one since the key was hidden.
 	values, _ := caddyhttp.GetVar(r.Context(), hiddenKeyVar).([]string)
 	return values
 }

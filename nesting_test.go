@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -240,5 +241,34 @@ func TestNestedHandlersSeeTheKeyOfABodylessRequest(t *testing.T) {
 				t.Fatal("the catalog got the Idempotency-Key of a request without a body")
 			}
 		})
+	}
+}
+
+// setBody gives the request a body, as request_body's set does, before
+// next.
+func setBody(body string, next caddyhttp.Handler) caddyhttp.Handler {
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		r.Body = io.NopCloser(strings.NewReader(body))
+		r.ContentLength = int64(len(body))
+		return next.ServeHTTP(w, r)
+	})
+}
+
+// The hidden key is read however the request changed in between: a
+// handler between the two gives the body-less DELETE a body (request_body
+// set), and the inner handler on the shared store still guards it, so the
+// retry on another node is replayed. Before, the fallback was for
+// body-less requests only: the retry dropped the table again.
+func TestInnerHandlerReadsTheHiddenKeyAfterABodyWasSet(t *testing.T) {
+	shared := newMemoryStore(t)
+	inner := newTestHandler(t, shared)
+	inner.RequireKey = true
+	up := answering(204, "")
+	key := storetest.NewKey(t)
+	first := serve(t, newTestHandler(t, newMemoryStore(t)), setBody("{}", nested(inner, up)), "DELETE", commitPath, key, "")
+	retry := serve(t, newTestHandler(t, newMemoryStore(t)), setBody("{}", nested(inner, up)), "DELETE", commitPath, key, "")
+	if first.code() != 204 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+		t.Fatalf("first %d %s, retry on the other node %d replayed=%q, catalog called %d times; want 204, a replay, 1",
+			first.code(), first.body, retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
 	}
 }
