@@ -241,11 +241,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		lease = DefaultLease
 	}
 	if err := checkLease(lease, store); err != nil {
-		at, ok := given["lease"]
-		if !ok {
-			at = given["store"]
+		if at, ok := given["lease"]; ok {
+			return fmt.Errorf("%w, at %s", err, at)
 		}
-		return fmt.Errorf("%w, at %s", err, at)
+		return fmt.Errorf("%w (%v is the default lease), at %s", err, DefaultLease, given["store"])
 	}
 	return nil
 }
@@ -256,6 +255,12 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // `store memory` below a `store postgres` block would guard every node with
 // its own memory.
 type givenOptions map[string]optionAt
+
+// listOptions are the options that take several values.
+var listOptions = map[string]bool{
+	"key_versions": true, "finalize_statuses": true, "release_statuses": true,
+	"replay_headers": true, "previous_secrets": true,
+}
 
 // optionAt is where an option was given.
 type optionAt struct {
@@ -270,10 +275,16 @@ func (at optionAt) String() string { return fmt.Sprintf("%s:%d", at.file, at.lin
 // brought it from another.
 func (g givenOptions) once(d *caddyfile.Dispenser, name string) error {
 	if at, ok := g[name]; ok {
-		if at.file == d.File() {
-			return d.Errf("%s given twice (first on line %d): keep one", name, at.line)
+		where := fmt.Sprintf("first on line %d", at.line)
+		if at.file != d.File() {
+			where = "first at " + at.String()
 		}
-		return d.Errf("%s given twice (first at %s): keep one", name, at)
+		if listOptions[name] {
+			// "Keep one" would tell an operator to drop, say, an old
+			// secret whose records then stop replaying.
+			return d.Errf("%s given twice (%s): it takes several values, give them all on one line", name, where)
+		}
+		return d.Errf("%s given twice (%s): keep one", name, where)
 	}
 	g[name] = optionAt{d.File(), d.Line()}
 	return nil

@@ -195,7 +195,11 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"finalize some successes", "iceberg_idempotency {\n\t\tfinalize_statuses 200 201 204 4xx\n\t}", `finalize_statuses: leaves out 202: a success that is not stored is executed again on retry; give 2xx`, "at Caddyfile:3"},
 		{"finalize no successes", "iceberg_idempotency {\n\t\tfinalize_statuses 409\n\t}", `finalize_statuses: leaves out 200`, "at Caddyfile:3"},
 		{"finalize 1xx", "iceberg_idempotency {\n\t\tfinalize_statuses 2xx 1xx\n\t}", `finalize_statuses: has 1xx: a 1xx response is never final`, "at Caddyfile:3"},
-		{"principal without placeholder", "iceberg_idempotency {\n\t\tprincipal http.auth.user.id\n\t}", `principal "http.auth.user.id" has no placeholder, so every caller would be one principal`, "at Caddyfile:3"},
+		{"principal without placeholder", "iceberg_idempotency {\n\t\tprincipal http.auth.user.id\n\t}", `principal "http.auth.user.id" has no placeholder that differs from request to request, so every caller would be one principal`, "at Caddyfile:3"},
+		{"principal brace unclosed", "iceberg_idempotency {\n\t\tprincipal {http.request.header.Authorization\n\t}", `principal "{http.request.header.Authorization" has no placeholder that differs`, "at Caddyfile:3"},
+		{"principal spaced braces", "iceberg_idempotency {\n\t\tprincipal \"{ http.auth.user.id }\"\n\t}", `has no placeholder that differs`, "at Caddyfile:3"},
+		{"principal process-wide", "iceberg_idempotency {\n\t\tprincipal {env.TENANT}\n\t}", `principal "{env.TENANT}" has no placeholder that differs`, "at Caddyfile:3"},
+		{"list option twice", "iceberg_idempotency {\n\t\tsecret {env.A}\n\t\tprevious_secrets {env.B}\n\t\tprevious_secrets {env.C}\n\t}", `previous_secrets given twice (first on line 4): it takes several values, give them all on one line`, "at Caddyfile:5"},
 		{"replay Set-Cookie", "iceberg_idempotency {\n\t\treplay_headers Content-Type set-cookie\n\t}", `replay_headers cannot hold set-cookie: it would keep session credentials in the store`, "at Caddyfile:3"},
 		{"replay Content-Length", "iceberg_idempotency {\n\t\treplay_headers Content-Length\n\t}", `replay_headers cannot hold Content-Length: it is computed from the stored body`, "at Caddyfile:3"},
 		// An option given twice would silently replace the first.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -452,8 +453,8 @@ func (h *Handler) validateOption(opt string) error {
 		// A value without a placeholder is the same for every caller, who
 		// could then replay each other's answers: most likely a
 		// placeholder written without its braces.
-		if h.Principal != "" && !strings.Contains(h.Principal, "{") {
-			return fmt.Errorf("principal %q has no placeholder, so every caller would be one principal and could replay another's answers: write a placeholder such as {http.auth.user.id}", h.Principal)
+		if h.Principal != "" && !perRequestPlaceholder(h.Principal) {
+			return fmt.Errorf("principal %q has no placeholder that differs from request to request, so every caller would be one principal and could replay another's answers: write one such as {http.auth.user.id} or {http.request.header.Authorization}", h.Principal)
 		}
 	case "replay_headers":
 		for _, name := range h.ReplayHeaders {
@@ -477,6 +478,25 @@ func (h *Handler) validateOption(opt string) error {
 		}
 	}
 	return nil
+}
+
+// placeholderPattern matches a Caddy placeholder: a name between braces.
+var placeholderPattern = regexp.MustCompile(`\{([^{}\s]+)\}`)
+
+// perRequestPlaceholder reports whether expr holds a placeholder that can
+// differ between requests: not only the process-wide ones ({env.*},
+// {file.*}, {system.*}, {time.*}), which are the same for every caller,
+// and not a brace left unclosed.
+func perRequestPlaceholder(expr string) bool {
+	for _, m := range placeholderPattern.FindAllStringSubmatch(expr, -1) {
+		switch name := m[1]; {
+		case strings.HasPrefix(name, "env."), strings.HasPrefix(name, "file."),
+			strings.HasPrefix(name, "system."), strings.HasPrefix(name, "time."):
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // unreplayableHeaders are response headers replay_headers refuses, with why.

@@ -57,7 +57,7 @@ func TestLeaseCheckedInTheCaddyfile(t *testing.T) {
 		{"lease line", "iceberg_idempotency {\n\t\tlease 10s\n\t\tstore postgres {\n\t\t\tdsn x\n\t\t}\n\t}",
 			"lease 10s is shorter than 3 times the store's call timeout 5s", "at Caddyfile:3"},
 		{"store line", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tstatement_timeout 15s\n\t\t}\n\t}",
-			"lease 30s is shorter than 3 times the store's call timeout 15s", "at Caddyfile:3"},
+			"lease 30s is shorter than 3 times the store's call timeout 15s: a renewal that takes the whole timeout would let the lease lapse; raise lease to at least 45s, or lower statement_timeout (15s) to at most 10s (30s is the default lease)", "at Caddyfile:3"},
 		{"redis", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1\n\t\t\ttimeout 20s\n\t\t}\n\t\tlease 40s\n\t}",
 			"or lower timeout (20s) to at most 13.333s", "at Caddyfile:7"},
 	} {
