@@ -311,13 +311,10 @@ func (set keyVersionSet) String() string {
 			names = append(names, strconv.Itoa(v))
 		}
 	}
-	switch len(names) {
-	case 0:
+	if len(names) == 0 {
 		return "version (none allowed)"
-	case 1:
-		return "version " + names[0]
 	}
-	return "version " + strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+	return "version " + joinWords(names, "or")
 }
 
 func hexValue(c byte) int {

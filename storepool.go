@@ -75,15 +75,16 @@ func checkLease(lease time.Duration, provider any) error {
 	}
 	return fmt.Errorf("lease %v is shorter than %d times the store's call timeout %v: a renewal that takes the whole timeout would let the lease lapse; "+
 		"raise lease to at least %v, or lower %s to at most %v",
-		lease, minLeaseCalls, longest, minLeaseCalls*longest, joinAnd(tooLong), (lease / minLeaseCalls).Round(time.Millisecond))
+		lease, minLeaseCalls, longest, minLeaseCalls*longest, joinWords(tooLong, "and"), (lease / minLeaseCalls).Round(time.Millisecond))
 }
 
-// joinAnd joins names as "a", "a and b", "a, b and c".
-func joinAnd(names []string) string {
+// joinWords joins names for a message: "a", "a and b", "a, b and c" (or
+// with "or").
+func joinWords(names []string, last string) string {
 	if len(names) < 2 {
 		return strings.Join(names, "")
 	}
-	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+	return strings.Join(names[:len(names)-1], ", ") + " " + last + " " + names[len(names)-1]
 }
 
 // settleWindowFor is the settle window of provider's store: at least
@@ -126,10 +127,9 @@ type pooledStore struct {
 
 	logger *zap.Logger
 
-	active   atomic.Int64 // requests using the store
-	mu       sync.Mutex
-	idle     *sync.Cond // signalled, under mu, when active drops to 0
-	draining bool
+	active atomic.Int64 // requests using the store
+	mu     sync.Mutex
+	idle   *sync.Cond // signalled, under mu, when active drops to 0
 }
 
 func newPooledStore(s stores.Store) *pooledStore {
@@ -164,9 +164,6 @@ func (p *pooledStore) enter() (leave func()) {
 // Caddy calls it from the old config's Cleanup, which must not hold up a
 // reload.
 func (p *pooledStore) Destruct() error {
-	p.mu.Lock()
-	p.draining = true
-	p.mu.Unlock()
 	go func() {
 		for !p.waitIdle(drainReportInterval) {
 			p.logger.Warn("a store no config uses any more stays open for the requests still using it",
