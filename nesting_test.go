@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,6 +23,21 @@ import (
 // layouts in a real Caddy, from the Caddyfile.)
 func nested(inner *Handler, next caddyhttp.Handler) caddyhttp.Handler {
 	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return inner.ServeHTTP(w, r, next) })
+}
+
+// wantOnceThenReplayed sends a keyed request to commitPath through first
+// and its retry through retry (the same handler, or another node's), each
+// with next after it, and fails t unless the first got want, the retry a
+// replay, and up was called once.
+func wantOnceThenReplayed(t *testing.T, first, retry *Handler, next caddyhttp.Handler, up *upstream, method, body string, want int) {
+	t.Helper()
+	key := storetest.NewKey(t)
+	f := serve(t, first, next, method, commitPath, key, body)
+	r := serve(t, retry, next, method, commitPath, key, body)
+	if f.code() != want || r.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+		t.Errorf("first %d %s, retry %d replayed=%q, catalog called %d times; want %d, a replay, 1",
+			f.code(), f.body, r.code(), r.header.Get(ReplayedHeader), up.calls.Load(), want)
+	}
 }
 
 // otherWrapper is the same records behind another store value, as two
@@ -46,13 +62,7 @@ func TestNestedHandlersOnOneRecordExecuteOnce(t *testing.T) {
 			outer, inner := newTestHandler(t, s), newTestHandler(t, tt.inner(s))
 			inner.InFlightWait = 1
 			up := answering(200, `{"ok":true}`)
-			key := storetest.NewKey(t)
-			first := serve(t, outer, nested(inner, up), "POST", commitPath, key, commitBody)
-			retry := serve(t, outer, nested(inner, up), "POST", commitPath, key, commitBody)
-			if first.code() != 200 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
-				t.Fatalf("first %d %s, retry %d replayed=%q, catalog called %d times; want 200, a replay, 1",
-					first.code(), first.body, retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
-			}
+			wantOnceThenReplayed(t, outer, outer, nested(inner, up), up, "POST", commitBody, 200)
 		})
 	}
 }
@@ -81,13 +91,7 @@ func TestFailOpenOuterLeavesTheInnerToGuard(t *testing.T) {
 	outer, inner := newTestHandler(t, s), newTestHandler(t, s)
 	outer.FailOpen = true
 	up := answering(200, `{"ok":true}`)
-	key := storetest.NewKey(t)
-	first := serve(t, outer, nested(inner, up), "POST", commitPath, key, commitBody)
-	retry := serve(t, outer, nested(inner, up), "POST", commitPath, key, commitBody)
-	if first.code() != 200 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
-		t.Fatalf("first %d, retry %d replayed=%q, catalog called %d times; want 200, a replay, 1",
-			first.code(), retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
-	}
+	wantOnceThenReplayed(t, outer, outer, nested(inner, up), up, "POST", commitBody, 200)
 }
 
 // Three handlers, A and C on one store and B between them on another: C
@@ -102,14 +106,9 @@ func TestThreeHandlersRecogniseTheOutermostGuard(t *testing.T) {
 		a, b, c := newTestHandler(t, s1), newTestHandler(t, s2), newTestHandler(t, s1)
 		c.InFlightWait, c.InFlightStatus = 1, status
 		up := answering(200, `{"ok":true}`)
-		chain := nested(b, nested(c, up))
-		key := storetest.NewKey(t)
-		first := serve(t, a, chain, "POST", commitPath, key, commitBody)
-		retry := serve(t, a, chain, "POST", commitPath, key, commitBody)
-		if first.code() != 200 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
-			t.Errorf("in_flight_status %d: first %d %s, retry %d replayed=%q, catalog called %d times; want 200, a replay, 1",
-				status, first.code(), first.body, retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
-		}
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			wantOnceThenReplayed(t, a, a, nested(b, nested(c, up)), up, "POST", commitBody, 200)
+		})
 	}
 }
 
@@ -230,13 +229,7 @@ func TestNestedHandlersSeeTheKeyOfABodylessRequest(t *testing.T) {
 				w.WriteHeader(http.StatusNoContent)
 				return nil
 			}}
-			key := storetest.NewKey(t)
-			first := serve(t, firstOuter, nested(inner, up), "DELETE", commitPath, key, "")
-			retry := serve(t, retryOuter, nested(inner, up), "DELETE", commitPath, key, "")
-			if first.code() != 204 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
-				t.Fatalf("first %d %s, retry %d replayed=%q, catalog called %d times; want 204, a replay, 1",
-					first.code(), first.body, retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
-			}
+			wantOnceThenReplayed(t, firstOuter, retryOuter, nested(inner, up), up, "DELETE", "", 204)
 			if sawKey.Load() {
 				t.Fatal("the catalog got the Idempotency-Key of a request without a body")
 			}
@@ -264,11 +257,6 @@ func TestInnerHandlerReadsTheHiddenKeyAfterABodyWasSet(t *testing.T) {
 	inner := newTestHandler(t, shared)
 	inner.RequireKey = true
 	up := answering(204, "")
-	key := storetest.NewKey(t)
-	first := serve(t, newTestHandler(t, newMemoryStore(t)), setBody("{}", nested(inner, up)), "DELETE", commitPath, key, "")
-	retry := serve(t, newTestHandler(t, newMemoryStore(t)), setBody("{}", nested(inner, up)), "DELETE", commitPath, key, "")
-	if first.code() != 204 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
-		t.Fatalf("first %d %s, retry on the other node %d replayed=%q, catalog called %d times; want 204, a replay, 1",
-			first.code(), first.body, retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
-	}
+	wantOnceThenReplayed(t, newTestHandler(t, newMemoryStore(t)), newTestHandler(t, newMemoryStore(t)),
+		setBody("{}", nested(inner, up)), up, "DELETE", "", 204)
 }

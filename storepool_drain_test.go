@@ -1,11 +1,8 @@
 package icebergidempotency
 
 import (
-	"context"
-	"errors"
 	"io"
 	"net/http/httptest"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,24 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
-
-// closeTracking refuses calls once closed, as a closed connection pool does.
-type closeTracking struct {
-	stores.Store
-	closed atomic.Bool
-}
-
-func (c *closeTracking) Close() error { c.closed.Store(true); return c.Store.Close() }
-
-func (c *closeTracking) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
-	if c.closed.Load() {
-		return stores.ReserveResult{}, errors.New("store closed")
-	}
-	return c.Store.Reserve(ctx, r)
-}
 
 // A reload drops the store while a keyed request of the old config is
 // still uploading its body: the store stays open for it, which executes
@@ -38,7 +19,7 @@ func (c *closeTracking) Reserve(ctx context.Context, r stores.Reservation) (stor
 // as using the store only once its body was read, so the drain saw nobody,
 // closed the store, and the request got 503.
 func TestStoreStaysOpenForARequestStillUploading(t *testing.T) {
-	inner := &closeTracking{Store: newMemoryStore(t)}
+	inner := &closeCounter{Store: newMemoryStore(t)}
 	p := newPooledStore(inner)
 	h := &Handler{store: p, pooled: p, logger: zap.NewNop()}
 	if err := h.prepare(); err != nil {
@@ -59,7 +40,7 @@ func TestStoreStaysOpenForARequestStillUploading(t *testing.T) {
 	}
 	_ = p.Destruct() // the reload drops the store mid-upload
 	time.Sleep(50 * time.Millisecond)
-	if inner.closed.Load() {
+	if inner.closed.Load() != 0 {
 		t.Fatal("the store closed while a request was uploading its body")
 	}
 	_, _ = upload.Write([]byte(commitBody[half:]))
@@ -67,11 +48,5 @@ func TestStoreStaysOpenForARequestStillUploading(t *testing.T) {
 	if err := <-done; err != nil || rec.Code != 200 || up.calls.Load() != 1 {
 		t.Fatalf("request answered %d (error %v), catalog called %d times; want 200 once", rec.Code, err, up.calls.Load())
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !inner.closed.Load() && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if !inner.closed.Load() {
-		t.Fatal("the store did not close after its last request")
-	}
+	waitClosed(t, inner, 1) // after its last request
 }

@@ -193,6 +193,19 @@ func wantCount(t *testing.T, b *caddyproc.Backend, path string, n int) {
 }
 
 // wantIcebergError checks the spec's IcebergErrorResponse shape.
+// wantCommittedOnce sends a keyed POST of body to path on first and its
+// retry on retry (the same node, or another), and wants 200, then the
+// replay of it, and one execution at b. It returns the first answer.
+func wantCommittedOnce(t *testing.T, b *caddyproc.Backend, first, retry *caddyproc.Instance, path, body string) response {
+	t.Helper()
+	key := newKey(t)
+	orig := send(t, "POST", first.URL()+path, body, keyHeader, key)
+	wantStatus(t, "first", orig, 200)
+	wantReplayOf(t, "retry", send(t, "POST", retry.URL()+path, body, keyHeader, key), orig)
+	wantCount(t, b, path, 1)
+	return orig
+}
+
 func wantIcebergError(t *testing.T, what string, r response, status int, typ string) {
 	t.Helper()
 	wantStatus(t, what, r, status)
@@ -993,15 +1006,8 @@ func TestCoreTwoDirectivesOnOneRequest(t *testing.T) {
 	b := caddyproc.NewBackend(t)
 	c := caddyproc.Start(t, caddyproc.Caddyfile("",
 		"iceberg_idempotency {\nlifetime 1h\n}\nhandle /v1/* {\niceberg_idempotency {\nlifetime 2h\nin_flight_wait 200ms\nrequire_key\n}\nreverse_proxy "+b.Addr()+"\n}"))
-	const path = "/v1/twice/namespaces"
 	const body = `{"namespace":["twice"]}`
-	key := newKey(t)
-	first := send(t, "POST", c.URL()+path, body, keyHeader, key)
-	wantStatus(t, "first", first, 200)
-	wantExecuted(t, "first", first)
-	retry := send(t, "POST", c.URL()+path, body, keyHeader, key)
-	wantReplayOf(t, "retry", retry, first)
-	wantCount(t, b, path, 1)
+	wantExecuted(t, "first", wantCommittedOnce(t, b, c, c, "/v1/twice/namespaces", body))
 	unkeyed := send(t, "POST", c.URL()+"/v1/unkeyed/namespaces", body)
 	wantStatus(t, "unkeyed commit under the inner require_key", unkeyed, http.StatusBadRequest)
 	wantCount(t, b, "/v1/unkeyed/namespaces", 0)
@@ -1027,14 +1033,7 @@ func TestCoreTwoDirectivesWithTwoStores(t *testing.T) {
 	dsn := postgresDB.dsn(t)
 	site := caddyproc.Caddyfile("", "iceberg_idempotency {\nlifetime 1h\n}\n"+
 		"handle /v1/* {\niceberg_idempotency {\n"+postgresDB.storeBlock(dsn, postgresDB.newTable(t, dsn))+"\n}\nreverse_proxy "+b.Addr()+"\n}")
-	n1, n2 := caddyproc.Start(t, site), caddyproc.Start(t, site)
-	const path = "/v1/twostores/namespaces"
-	const body = `{"namespace":["twostores"]}`
-	key := newKey(t)
-	first := send(t, "POST", n1.URL()+path, body, keyHeader, key)
-	wantStatus(t, "first", first, 200)
-	wantReplayOf(t, "retry on the other node", send(t, "POST", n2.URL()+path, body, keyHeader, key), first)
-	wantCount(t, b, path, 1)
+	wantCommittedOnce(t, b, caddyproc.Start(t, site), caddyproc.Start(t, site), "/v1/twostores/namespaces", `{"namespace":["twostores"]}`)
 }
 
 // Two directives on one PostgreSQL table, their store blocks tuned apart
@@ -1050,13 +1049,7 @@ func TestCoreTwoDirectivesOnOneTable(t *testing.T) {
 	table := postgresDB.newTable(t, dsn)
 	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency {\n"+postgresDB.storeBlock(dsn, table)+"\n}\n"+
 		"handle /v1/* {\niceberg_idempotency {\nin_flight_wait 300ms\n"+postgresDB.storeBlock(dsn, table, "max_conns 7")+"\n}\nreverse_proxy "+b.Addr()+"\n}"))
-	const path = "/v1/onetable/namespaces"
-	const body = `{"namespace":["onetable"]}`
-	key := newKey(t)
-	first := send(t, "POST", c.URL()+path, body, keyHeader, key)
-	wantStatus(t, "first", first, 200)
-	wantReplayOf(t, "retry", send(t, "POST", c.URL()+path, body, keyHeader, key), first)
-	wantCount(t, b, path, 1)
+	wantCommittedOnce(t, b, c, c, "/v1/onetable/namespaces", `{"namespace":["onetable"]}`)
 }
 
 // A directive in handle_errors, behind a standby catalog: the site-level
@@ -1071,11 +1064,5 @@ func TestCoreDirectiveInHandleErrors(t *testing.T) {
 	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency\n"+
 		"handle /v1/* {\nerror \"primary in maintenance\" 503\n}\n"+
 		"handle_errors {\niceberg_idempotency\nreverse_proxy "+standby.Addr()+"\n}"))
-	const path = "/v1/standby/namespaces"
-	const body = `{"namespace":["standby"]}`
-	key := newKey(t)
-	first := send(t, "POST", c.URL()+path, body, keyHeader, key)
-	wantStatus(t, "first", first, 200)
-	wantReplayOf(t, "retry", send(t, "POST", c.URL()+path, body, keyHeader, key), first)
-	wantCount(t, standby, path, 1)
+	wantCommittedOnce(t, standby, c, c, "/v1/standby/namespaces", `{"namespace":["standby"]}`)
 }
