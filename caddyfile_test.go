@@ -252,3 +252,58 @@ func TestExamplesAdapt(t *testing.T) {
 		}
 	}
 }
+
+// The README's Caddyfile snippets must stay valid too: an operator copies
+// them. Fragments are wrapped the way the README places them: a store
+// block inside the directive, the directive inside a site, a global block
+// before one. The option summary (its values are alternatives) is skipped.
+func TestReadmeCaddyfilesAdapt(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const fence = "```caddyfile\n"
+	rest, n := string(readme), 0
+	for {
+		i := strings.Index(rest, fence)
+		if i < 0 {
+			break
+		}
+		rest = rest[i+len(fence):]
+		end := strings.Index(rest, "\n```")
+		if end < 0 {
+			t.Fatal("unclosed caddyfile block")
+		}
+		block := rest[:end+1]
+		rest = rest[end:]
+		n++
+		if strings.Contains(block, "|") {
+			continue
+		}
+		// One block may show the store blocks of several kinds, one
+		// after the other: each is its own snippet.
+		for i, snippet := range strings.Split(block, "\n\nstore ") {
+			if i > 0 {
+				snippet = "store " + snippet
+			}
+			if !strings.HasSuffix(snippet, "\n") {
+				snippet += "\n"
+			}
+			src := snippet
+			switch {
+			case strings.HasPrefix(snippet, "store "):
+				src = ":8080 {\n\ticeberg_idempotency {\n" + snippet + "\t}\n\treverse_proxy 127.0.0.1:8181\n}\n"
+			case strings.HasPrefix(snippet, "iceberg_idempotency "):
+				src = ":8080 {\n" + snippet + "\treverse_proxy 127.0.0.1:8181\n}\n"
+			case strings.HasPrefix(snippet, "{"):
+				src = snippet + ":8080 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:8181\n}\n"
+			}
+			if _, err := adapt(t, src); err != nil {
+				t.Errorf("README caddyfile block %d:\n%s\n%v", n, snippet, err)
+			}
+		}
+	}
+	if n < 5 {
+		t.Fatalf("found %d caddyfile blocks in README.md, want the README's snippets", n)
+	}
+}
