@@ -219,3 +219,62 @@ func TestNoRenewalAfterMarkedUnknown(t *testing.T) {
 		t.Fatalf("after 'response too large: outcome unknown' the record is %+v, want abandoned", rec)
 	}
 }
+
+// slowRenewals is one node's view of a shared store whose call timeout is
+// a third of the lease, the shortest lease checkLease accepts: its first
+// renewal hangs for the whole timeout and fails (a database hiccup), the
+// later ones take a third of the timeout and succeed. A stand-in: no real
+// store stalls one renewal on cue.
+type slowRenewals struct {
+	stores.Store
+	timeout time.Duration
+	calls   atomic.Int32
+}
+
+func (s *slowRenewals) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	if s.calls.Add(1) == 1 {
+		time.Sleep(s.timeout)
+		return context.DeadlineExceeded
+	}
+	time.Sleep(s.timeout / 3)
+	return s.Store.ExtendLease(ctx, key, owner, lease)
+}
+
+// One renewal that fails by taking its whole timeout must not let the
+// lease of a live owner lapse. It ends two thirds of the lease after the
+// lease was taken; the retry used to wait another third, reached the store
+// as the lease ran out, and a duplicate on another node (abandoned
+// reexecute) took the key over and executed the commit a second time.
+func TestOneTimedOutRenewalKeepsTheLease(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	shared := newMemoryStore(t) // one store, two nodes
+	nodeA, nodeB := newTestHandler(t, &slowRenewals{Store: shared, timeout: timeout}), newTestHandler(t, shared)
+	for _, h := range []*Handler{nodeA, nodeB} {
+		h.Lease = caddy.Duration(3 * timeout)
+		h.Abandoned = abandonedReexecute
+		h.InFlightWait = caddy.Duration(10 * time.Second)
+	}
+	var executed atomic.Int32
+	catalog := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		executed.Add(1)
+		time.Sleep(7 * timeout) // past the failed renewal's retry, and two more
+		_, _ = io.WriteString(w, `{"namespace":["a"]}`)
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	var wg sync.WaitGroup
+	var first, duplicate result
+	wg.Add(2)
+	go func() { defer wg.Done(); first = serve(t, nodeA, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	time.Sleep(timeout / 2)
+	go func() { defer wg.Done(); duplicate = serve(t, nodeB, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	wg.Wait()
+	if n := executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed the commit %d times after one timed-out renewal of its live owner, want 1 (first %d, duplicate %d %s)",
+			n, first.code(), duplicate.code(), duplicate.body)
+	}
+	if first.code() != http.StatusOK || duplicate.header.Get(ReplayedHeader) != "true" {
+		t.Fatalf("first %d, duplicate %d (replayed %q) %s; want 200 and its replay", first.code(), duplicate.code(),
+			duplicate.header.Get(ReplayedHeader), duplicate.body)
+	}
+}

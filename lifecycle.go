@@ -868,10 +868,12 @@ type heartbeat struct {
 	// finalizing is set while Finalize may be committing: a renewal then
 	// refused as not the owner's most likely lost to that commit.
 	finalizing bool
-	gen        int // of the heartbeat started last; its timer's ticks carry it
-	stopped    bool
-	renewing   sync.WaitGroup
-	timer      *time.Timer
+	// failing is set from a failed renewal to the next one that succeeds.
+	failing  bool
+	gen      int // of the heartbeat started last; its timer's ticks carry it
+	stopped  bool
+	renewing sync.WaitGroup
+	timer    *time.Timer
 }
 
 // untilDue is how long until the next renewal is due. Caller holds hb.mu.
@@ -905,21 +907,41 @@ func (hb *heartbeat) beat(gen int) {
 		g.log(zapcore.WarnLevel, "lost ownership of key while executing", zap.Error(err))
 		return
 	}
-	if err != nil {
-		g.log(zapcore.ErrorLevel, "lease renewal failed", zap.Error(err))
-	}
 	hb.mu.Lock()
+	defer hb.mu.Unlock()
 	if err == nil {
 		hb.renewedAt = start
+		hb.failing = false
+	} else {
+		// Logged once a streak: retried every retryAfterFailedRenewal,
+		// a store outage would log a line a second per request.
+		level := zapcore.ErrorLevel
+		if hb.failing {
+			level = zapcore.DebugLevel
+		}
+		hb.failing = true
+		g.log(level, "lease renewal failed: retrying", zap.Error(err))
 	}
 	if !hb.stopped && hb.gen == gen {
-		next := lease / 3 // after a failure, a third of the lease from now
-		if err == nil {
-			next = hb.untilDue()
+		next := hb.untilDue()
+		if err != nil {
+			next = retryAfterFailedRenewal(lease)
 		}
 		hb.timer.Reset(next)
 	}
-	hb.mu.Unlock()
+}
+
+// retryAfterFailedRenewal is how soon a failed renewal is tried again. A
+// renewal that failed by taking the store's whole call timeout T (at most a
+// third of the lease, see checkLease) ended up to a third of the lease plus
+// T, two thirds, after the lease was taken: waiting another third, as
+// between renewals that succeed, put the retry at the lease's very end,
+// where it lands too late, and another node may take the key over from an
+// owner still executing. Retried soon, it has the last third to land; the
+// short pause keeps a store that fails at once (connection refused) from
+// being asked in a loop.
+func retryAfterFailedRenewal(lease time.Duration) time.Duration {
+	return lease / 30
 }
 
 // stop ends the heartbeat; one never started (executionLease) has no timer.
