@@ -342,9 +342,21 @@ func (g *guarded) execute() error {
 			"The request reached the catalog but no response came back; its outcome is unknown. Check the catalog's state before retrying.", 0)
 		return nil
 	}
+	if !cw.wroteHeader && cw.buf.Len() == 0 && upstreamChosen(g.r) {
+		// reverse_proxy sent the request, and a handle_response route
+		// that writes nothing let the answer fall through: the catalog
+		// may well have executed, and its answer is gone.
+		g.log(zapcore.ErrorLevel, "reverse_proxy reached the catalog but no response was written (a handle_response route that writes nothing?): "+
+			"the key's outcome is unknown")
+		g.markUnknown(detached, nil)
+		writeError(g.w, http.StatusBadGateway, typeCommitStateUnknown,
+			"The request reached the catalog but the proxy wrote no response from its answer; its outcome is unknown. Check the catalog's state before retrying.", 0)
+		return nil
+	}
 	if !cw.wroteHeader && cw.buf.Len() == 0 {
-		// Nothing after this handler wrote a response: most likely no
-		// reverse_proxy follows it. That is not a final response.
+		// Nothing after this handler wrote a response, and no upstream
+		// was chosen: most likely no reverse_proxy follows it. That is
+		// not a final response, and nothing reached the catalog.
 		g.log(zapcore.ErrorLevel, "the handlers after iceberg_idempotency wrote no response: is reverse_proxy missing after it? "+
 			"(Inside a route block the written order rules.) Key released")
 		g.release(detached, "no response")

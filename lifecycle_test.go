@@ -308,6 +308,29 @@ func TestNoResponseIsNotFinal(t *testing.T) {
 	}
 }
 
+// A handle_response route that writes nothing lets reverse_proxy return
+// with nothing written after the catalog answered: the catalog may have
+// executed, so the key is unknown, not released. Before, it was released
+// as if no reverse_proxy followed, the client was told to retry with the
+// same key, and the retry executed the commit a second time.
+func TestNothingWrittenAfterTheCatalogAnsweredIsUnknown(t *testing.T) {
+	catalog := newCountingCatalog(t, answerOK)
+	h := newTestHandler(t, newMemoryStore(t))
+	writesNothing := func(rp *reverseproxy.Handler) {
+		rp.HandleResponse = []caddyhttp.ResponseHandler{{Match: &caddyhttp.ResponseMatcher{StatusCode: []int{2}}}}
+	}
+	proxy := newReverseProxy(t, catalog.addr(), writesNothing)
+	key := storetest.NewKey(t)
+	first := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
+		t.Fatalf("first answer = %d %q, want 502 %s", first.code(), first.body, typeCommitStateUnknown)
+	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if n := catalog.executed.Load(); n != 1 || retry.errorType() != typeCommitStateUnknown {
+		t.Fatalf("catalog executed %d times, retry %d %q; want once, and the retry told the outcome is unknown", n, retry.code(), retry.body)
+	}
+}
+
 // flakyStore injects store failures that a real database produces only
 // under rare timing.
 type flakyStore struct {
