@@ -20,7 +20,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/google/uuid"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -52,6 +51,7 @@ type guarded struct {
 	hb     heartbeat     // the lease renewals of the execution, then of finalizeLater
 	body   requestBody   // the read body, as the handlers after this one get it
 	cw     captureWriter // the execution's response, held until it is stored
+	conns  connTrace     // the connections the catalog call took: see howMuchSent
 	active activeGuard   // what guardVar holds while this request's catalog call runs
 	// outer is the guard executing this request in another handler, when
 	// it holds this request's key: see passGuarded.
@@ -311,13 +311,13 @@ func (g *guarded) execute() error {
 	var err error
 	func() {
 		defer g.unmarkExecuting(g.markExecuting()) // put back even when reverse_proxy panics
-		err = g.callUpstream(cw, g.r.WithContext(ctx), detached)
+		err = g.callUpstream(cw, g.r.WithContext(g.conns.attach(ctx)), detached)
 	}()
 	hb.stop()
 
 	if err != nil {
 		status := errorStatus(err)
-		switch howMuchSent(g.r, err) {
+		switch howMuchSent(g.r, err, &g.conns) {
 		case sentNothing:
 			// A handler before reverse_proxy failed: its error is the
 			// answer, as without this module.
@@ -439,20 +439,6 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 	return g.next.ServeHTTP(w, r)
 }
 
-// upstreamVar is where reverse_proxy notes the upstream it chose.
-const upstreamVar = "http.reverse_proxy.upstream.address"
-
-// upstreamChosen reports whether reverse_proxy chose an upstream for r
-// during the call; without a replacer it cannot tell, and says yes.
-func upstreamChosen(r *http.Request) bool {
-	repl := replacerOf(r)
-	if repl == nil {
-		return true
-	}
-	_, chosen := repl.Get(upstreamVar)
-	return chosen
-}
-
 func replacerOf(r *http.Request) *caddy.Replacer {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	return repl
@@ -539,39 +525,6 @@ func (k hiddenKey) restore() {
 // transportReplayHeaders are the headers that make net/http's transport
 // replay a request (net/http.Request.isReplayable).
 var transportReplayHeaders = [...]string{IdempotencyKeyHeader, "X-Idempotency-Key"}
-
-// How much of a request reached the catalog, as far as an error from the
-// handlers after this one proves.
-const (
-	sentMaybe        = iota // the request may have reached the catalog
-	sentNothing             // no upstream was chosen: a handler before reverse_proxy failed
-	sentNoConnection        // reverse_proxy chose an upstream but could not connect, or had none
-)
-
-// howMuchSent tells how much of the request err proves did not reach the
-// catalog. reverse_proxy sets the upstream placeholders just before it
-// sends, so without them no upstream was even chosen; a dial error means no
-// connection existed; "no upstreams available" means none was chosen. Any
-// other error (connection broken after sending, the execution timeout)
-// leaves the outcome unknown.
-//
-// With lb_retry_match configured to retry POSTs after a transport error,
-// reverse_proxy may end with a dial error after an earlier attempt reached
-// the catalog; such a configuration defeats idempotency on its own.
-func howMuchSent(r *http.Request, err error) int {
-	var dialErr reverseproxy.DialError
-	if errors.As(err, &dialErr) {
-		return sentNoConnection
-	}
-	var herr caddyhttp.HandlerError
-	if errors.As(err, &herr) && herr.Err != nil && herr.Err.Error() == "no upstreams available" {
-		return sentNoConnection
-	}
-	if !upstreamChosen(r) {
-		return sentNothing
-	}
-	return sentMaybe
-}
 
 // errorStatus is the status Caddy would answer err with.
 func errorStatus(err error) int {

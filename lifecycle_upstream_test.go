@@ -2,8 +2,10 @@ package icebergidempotency
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -327,5 +330,104 @@ func TestTrailersStayTrailers(t *testing.T) {
 	if res.StatusCode != http.StatusOK || res.Header.Get("X-Checksum") != "" || res.Trailer.Get("X-Checksum") != "42" {
 		t.Fatalf("status %d, header X-Checksum %q, trailer X-Checksum %q; want 200, none, 42",
 			res.StatusCode, res.Header.Get("X-Checksum"), res.Trailer.Get("X-Checksum"))
+	}
+}
+
+// trusting makes reverse_proxy speak HTTPS verifying the catalog's
+// certificate against the system roots, which do not hold the test
+// catalog's self-signed one: the handshake fails, as with an expired
+// certificate or a wrong name.
+func trusting(rp *reverseproxy.Handler) {
+	rp.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
+		TLS: &reverseproxy.TLSConfig{},
+	}, "protocol", "http", nil)
+}
+
+// A TLS handshake that fails sends nothing: the key is released, and once
+// the certificate is trusted the retry executes. Before, the handshake's
+// error was not a dial error, so the key was marked unknown, and every
+// retry heard 500 "outcome unknown" for lifetime + grace, where without
+// the module it would simply have run.
+func TestFailedTLSHandshakeReleasesTheKey(t *testing.T) {
+	catalog := newCountingCatalogTLS(t, answerOK)
+	h := newTestHandler(t, newMemoryStore(t))
+	key := storetest.NewKey(t)
+	first := serve(t, h, newReverseProxy(t, catalog.addr(), trusting), http.MethodPost, commitPath, key, commitBody)
+	if first.code() != http.StatusBadGateway || first.errorType() != typeServiceFailure || catalog.executed.Load() != 0 {
+		t.Fatalf("first = %d %q, catalog executed %d; want 502 %s and nothing executed",
+			first.code(), first.body, catalog.executed.Load(), typeServiceFailure)
+	}
+	retry := serve(t, h, newReverseProxy(t, catalog.addr(), overTLS), http.MethodPost, commitPath, key, commitBody)
+	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "" || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %q (replayed %q), catalog executed %d; want it to execute once",
+			retry.code(), retry.body, retry.header.Get(ReplayedHeader), catalog.executed.Load())
+	}
+}
+
+// A handshake that times out sent nothing either. The catalog here
+// accepts connections and never answers the handshake (a fake: a real
+// catalog stalls like this only when it hangs).
+func TestTimedOutTLSHandshakeReleasesTheKey(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+		}
+	}()
+	quickHandshake := func(rp *reverseproxy.Handler) {
+		rp.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
+			TLS: &reverseproxy.TLSConfig{InsecureSkipVerify: true, HandshakeTimeout: caddy.Duration(200 * time.Millisecond)},
+		}, "protocol", "http", nil)
+	}
+	h := newTestHandler(t, newMemoryStore(t))
+	key := storetest.NewKey(t)
+	first := serve(t, h, newReverseProxy(t, ln.Addr().String(), quickHandshake), http.MethodPost, commitPath, key, commitBody)
+	if first.errorType() != typeServiceFailure {
+		t.Fatalf("first = %d %q, want %s: the handshake timed out, nothing was sent", first.code(), first.body, typeServiceFailure)
+	}
+	catalog := newCountingCatalog(t, answerOK)
+	if retry := serve(t, h, newReverseProxy(t, catalog.addr()), http.MethodPost, commitPath, key, commitBody); retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %q, catalog executed %d; want it to execute once", retry.code(), retry.body, catalog.executed.Load())
+	}
+}
+
+// With lb_retry_match retrying POSTs after a transport error, the catalog
+// executes, the connection breaks, and the retried attempt cannot dial
+// (the catalog went down meanwhile): reverse_proxy ends with a dial error
+// although the first attempt reached the catalog. The key is unknown, not
+// released. Before, the dial error alone released it, and the client's
+// retry executed the commit again.
+func TestDialErrorAfterAnAttemptThatSentIsUnknown(t *testing.T) {
+	var catalog *countingCatalog
+	catalog = newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		_ = catalog.srv.Listener.Close() // the retried attempt's dial is refused
+		answerNothing(w, r)
+	})
+	retryPOSTs := func(rp *reverseproxy.Handler) {
+		rp.LoadBalancing = &reverseproxy.LoadBalancing{
+			Retries:       2,
+			RetryMatchRaw: caddyhttp.RawMatcherSets{{"method": json.RawMessage(`["POST"]`)}},
+		}
+	}
+	h := newTestHandler(t, newMemoryStore(t))
+	key := storetest.NewKey(t)
+	first := serve(t, h, newReverseProxy(t, catalog.addr(), retryPOSTs), http.MethodPost, commitPath, key, commitBody)
+	if catalog.executed.Load() != 1 || first.errorType() != typeCommitStateUnknown {
+		t.Fatalf("first = %d %q, catalog executed %d; want %s after one execution",
+			first.code(), first.body, catalog.executed.Load(), typeCommitStateUnknown)
+	}
+	again := newCountingCatalog(t, answerOK)
+	retry := serve(t, h, newReverseProxy(t, again.addr()), http.MethodPost, commitPath, key, commitBody)
+	if again.executed.Load() != 0 || retry.errorType() != typeCommitStateUnknown {
+		t.Fatalf("retry = %d %q, executed again %d times; want outcome unknown and no second execution",
+			retry.code(), retry.body, again.executed.Load())
 	}
 }

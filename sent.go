@@ -1,0 +1,103 @@
+package icebergidempotency
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net/http"
+	"net/http/httptrace"
+	"sync/atomic"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+// How much of a request reached the catalog, as far as an error from the
+// handlers after this one proves.
+const (
+	sentMaybe        = iota // the request may have reached the catalog
+	sentNothing             // no upstream was chosen: a handler before reverse_proxy failed
+	sentNoConnection        // reverse_proxy chose an upstream but had no connection to send it on, or had none
+)
+
+// howMuchSent tells how much of the request err proves did not reach the
+// catalog. reverse_proxy sets the upstream placeholders just before it
+// sends, so without them no upstream was even chosen; a dial error, or a
+// TLS handshake that failed, means no connection existed; "no upstreams
+// available" means none was chosen. Any other error (connection broken
+// after sending, the execution timeout) leaves the outcome unknown, and so
+// does any of these once the call had a connection: with lb_retry_match
+// retrying POSTs after a transport error, reverse_proxy may end with a dial
+// error after an earlier attempt reached the catalog.
+func howMuchSent(r *http.Request, err error, conns *connTrace) int {
+	var herr caddyhttp.HandlerError
+	if errors.As(err, &herr) && herr.Err != nil && herr.Err.Error() == "no upstreams available" && !conns.gotConn.Load() {
+		return sentNoConnection
+	}
+	if !upstreamChosen(r) {
+		return sentNothing
+	}
+	if conns.gotConn.Load() {
+		return sentMaybe
+	}
+	var dialErr reverseproxy.DialError
+	if errors.As(err, &dialErr) || conns.onlyFailedHandshakes() {
+		return sentNoConnection
+	}
+	return sentMaybe
+}
+
+// connTrace follows the connections Go's HTTP transport takes for one
+// catalog call (reverse_proxy's own trace composes with it). A request is
+// written only on a connection the transport handed it, which it reports
+// with GotConn first, over HTTP/1 and HTTP/2 alike; the TLS handshake of a
+// connection being dialled comes before that. So a call that got no
+// connection and saw handshakes fail, none succeed, sent nothing: the
+// catalog's certificate was not trusted, had the wrong name or expired, or
+// the handshake timed out. A transport that reports none of this (HTTP/3,
+// or the TLS dialer reverse_proxy uses for a tls_server_name with
+// placeholders, whose handshake errors arrive as plain errors) leaves the
+// outcome unknown, the safe side.
+//
+// The hooks may run after the call returned (a dial the transport goes on
+// with in the background), hence the atomics.
+type connTrace struct {
+	gotConn, handshakeOK, handshakeFailed atomic.Bool
+	trace                                 httptrace.ClientTrace
+}
+
+// attach returns ctx with the trace's hooks, composed with any trace ctx
+// already carries.
+func (c *connTrace) attach(ctx context.Context) context.Context {
+	c.trace = httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { c.gotConn.Store(true) },
+		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
+			if err != nil {
+				c.handshakeFailed.Store(true)
+			} else {
+				c.handshakeOK.Store(true)
+			}
+		},
+	}
+	return httptrace.WithClientTrace(ctx, &c.trace)
+}
+
+// onlyFailedHandshakes reports whether the call's TLS handshakes all failed
+// and it never had a connection.
+func (c *connTrace) onlyFailedHandshakes() bool {
+	return c.handshakeFailed.Load() && !c.handshakeOK.Load() && !c.gotConn.Load()
+}
+
+// upstreamVar is where reverse_proxy notes the upstream it chose.
+const upstreamVar = "http.reverse_proxy.upstream.address"
+
+// upstreamChosen reports whether reverse_proxy chose an upstream for r
+// during the call; without a replacer it cannot tell, and says yes.
+func upstreamChosen(r *http.Request) bool {
+	repl := replacerOf(r)
+	if repl == nil {
+		return true
+	}
+	_, chosen := repl.Get(upstreamVar)
+	return chosen
+}
