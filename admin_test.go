@@ -404,3 +404,24 @@ func TestAdminQueryParameters(t *testing.T) {
 		t.Fatalf("DELETE ?force=1 = %d %s, want 200", status, body)
 	}
 }
+
+// Two handlers on one table whose pool options differ use two pools on the
+// same records. The delete through the first pool takes the record; the
+// second then finds none, which is no error. Before, it was reported as
+// "not forgotten … add force=true", and the CLI's forget failed, for a key
+// that was gone.
+func TestForgetThroughTwoPoolsOnOneTable(t *testing.T) {
+	s := newMemory(t) // one set of records, as one table is
+	h := adminFixture(t, map[string]stores.Store{
+		"postgres/iceberg_idempotency_records/aaaa": s,
+		"postgres/iceberg_idempotency_records/bbbb": s,
+	})
+	key, owner := reserveKey(t, s, time.Minute)
+	if err := s.Finalize(context.Background(), key, owner, stores.Response{Status: 200, Body: []byte("{}")}); err != nil {
+		t.Fatal(err)
+	}
+	code, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key)
+	if code != http.StatusOK || strings.Contains(string(body), `"errors"`) || !strings.Contains(string(body), `"forgotten":1`) {
+		t.Fatalf("forget = %d %s; want 200, forgotten once, no errors", code, body)
+	}
+}
