@@ -74,7 +74,8 @@ type Handler struct {
 	ExecutionTimeout caddy.Duration `json:"execution_timeout,omitempty"`
 
 	// How long a reservation holds without a heartbeat. The owner renews it
-	// every third of it while the upstream call runs; a record whose lease
+	// every quarter of it while the upstream call runs (a failed renewal
+	// again a thirtieth of it later); a record whose lease
 	// lapsed was abandoned (its node died). On the PostgreSQL and MySQL
 	// stores it must be at least 3 times statement_timeout, on Redis 3
 	// times the largest of its timeouts, so that a renewal taking its whole

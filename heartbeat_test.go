@@ -278,3 +278,123 @@ func TestOneTimedOutRenewalKeepsTheLease(t *testing.T) {
 			duplicate.header.Get(ReplayedHeader), duplicate.body)
 	}
 }
+
+// slowRetry is slowRenewals whose second renewal, the retry of the failed
+// first, also takes nearly the whole timeout (it queues for a connection
+// behind the same hiccup) and succeeds; the later ones are quick.
+type slowRetry struct {
+	stores.Store
+	timeout time.Duration
+	calls   atomic.Int32
+}
+
+func (s *slowRetry) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	switch s.calls.Add(1) {
+	case 1:
+		time.Sleep(s.timeout)
+		return context.DeadlineExceeded
+	case 2:
+		time.Sleep(s.timeout * 97 / 100)
+	default:
+		time.Sleep(s.timeout / 10)
+	}
+	return s.Store.ExtendLease(ctx, key, owner, lease)
+}
+
+// A renewal that fails after its whole timeout, then a retry that takes
+// nearly as long, must both fit in the lease. Renewed every third of the
+// lease, the two calls filled the two thirds left, and the retry landed
+// after the lease ran out: another node (abandoned reexecute) executed the
+// commit again. Renewed every quarter, they end by 0.95 of it.
+func TestFailedRenewalAndSlowRetryKeepTheLease(t *testing.T) {
+	const timeout = 600 * time.Millisecond
+	shared := newMemoryStore(t) // one store, two nodes
+	nodeA, nodeB := newTestHandler(t, &slowRetry{Store: shared, timeout: timeout}), newTestHandler(t, shared)
+	for _, h := range []*Handler{nodeA, nodeB} {
+		h.Lease = caddy.Duration(3 * timeout) // the shortest lease checkLease accepts
+		h.Abandoned = abandonedReexecute
+		h.InFlightWait = caddy.Duration(20 * time.Second)
+	}
+	var executed atomic.Int32
+	catalog := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		executed.Add(1)
+		time.Sleep(5 * timeout)
+		_, _ = io.WriteString(w, `{"namespace":["a"]}`)
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	var wg sync.WaitGroup
+	var first, duplicate result
+	wg.Add(2)
+	go func() { defer wg.Done(); first = serve(t, nodeA, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	time.Sleep(timeout / 2)
+	go func() { defer wg.Done(); duplicate = serve(t, nodeB, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	wg.Wait()
+	if n := executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed the commit %d times (first %d, duplicate %d %s), want 1", n, first.code(), duplicate.code(), duplicate.body)
+	}
+}
+
+// lostReplyTakeOver is a store client that resends a TakeOver whose reply
+// was lost (go-redis's cluster client does): the first run committed, the
+// resend finds the owner changed and reports false, a whole call later.
+// Its renewals are slowRenewals'. A stand-in: no real store loses a reply
+// on cue.
+type lostReplyTakeOver struct {
+	*slowRenewals
+}
+
+func (s *lostReplyTakeOver) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	ok, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+	if err != nil || !ok {
+		return ok, err
+	}
+	time.Sleep(s.timeout * 95 / 100)
+	return false, nil
+}
+
+// A request that finds its own record (its TakeOver committed though it
+// reported false) adopts a lease taken a call before its Reserve was sent.
+// It renews it before executing; here that renewal times out, and node B
+// gives the key back with a 503 rather than execute on a lease it cannot
+// vouch for. Before, the heartbeat counted from the Reserve, the first
+// renewal came a call late, and its timing out let the lease lapse while B
+// executed: a duplicate on node C executed the commit again.
+func TestAdoptedRecordRenewsBeforeExecuting(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	shared := newMemoryStore(t) // one store, three nodes
+	nodeA := newTestHandler(t, shared)
+	nodeB := newTestHandler(t, &lostReplyTakeOver{&slowRenewals{Store: shared, timeout: timeout}})
+	nodeC := newTestHandler(t, shared)
+	for _, h := range []*Handler{nodeA, nodeB, nodeC} {
+		h.Lease = caddy.Duration(3 * timeout)
+		h.Abandoned = abandonedReexecute
+		h.InFlightWait = caddy.Duration(10 * time.Second)
+	}
+	key := storetest.NewKey(t)
+	// Node A reaches the catalog and loses the connection: abandoned.
+	broken := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		replacerOf(r).Set(upstreamVar, "catalog:8181")
+		return io.ErrUnexpectedEOF
+	}}
+	if res := serve(t, nodeA, broken, "POST", "/v1/namespaces", key, nsBody); res.code() != http.StatusBadGateway {
+		t.Fatalf("node A: %d %s, want 502", res.code(), res.body)
+	}
+	var executed atomic.Int32
+	catalog := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		executed.Add(1)
+		time.Sleep(6 * timeout)
+		_, _ = io.WriteString(w, `{"namespace":["a"]}`)
+		return nil
+	}}
+	var wg sync.WaitGroup
+	var retryB, retryC result
+	wg.Add(2)
+	go func() { defer wg.Done(); retryB = serve(t, nodeB, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	time.Sleep(timeout / 3)
+	go func() { defer wg.Done(); retryC = serve(t, nodeC, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	wg.Wait()
+	if n := executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed the retried commit %d times (B %d, C %d %s), want 1", n, retryB.code(), retryC.code(), retryC.body)
+	}
+}

@@ -120,10 +120,19 @@ func (g *guarded) run() error {
 			// or a TakeOver that reported false had committed. The key
 			// is this request's; waiting for it would be waiting for
 			// itself, and then hearing "unknown" for a request never sent.
-			res = stores.ReserveResult{Reserved: true}
+			res = stores.ReserveResult{Reserved: true, Existing: own}
 		}
 		if res.Reserved {
 			g.hb.renewedAt = sent // the store measures the lease from no earlier
+			took := time.Since(sent)
+			if res.Existing != nil {
+				// Adopted: its lease was set by that earlier write, a
+				// whole call or more before this Reserve was sent.
+				// Renewed before the request executes, as after a slow
+				// Reserve, so that the heartbeat counts from a lease it
+				// knows the start of.
+				took = h.executionLease()
+			}
 			if g.r.Context().Err() != nil {
 				// The client left while the key was reserved. Nothing
 				// was sent to the catalog, as reverse_proxy sends
@@ -132,7 +141,7 @@ func (g *guarded) run() error {
 				g.release(g.detached, "the client left before the request was sent")
 				return nil
 			}
-			switch held, err := g.slowLeaseRenewed(time.Since(sent)); {
+			switch held, err := g.slowLeaseRenewed(took); {
 			case err != nil:
 				g.release(g.detached, "its lease could not be renewed")
 				return g.storeFailed("extend lease", err)
@@ -213,7 +222,7 @@ func (g *guarded) run() error {
 }
 
 // slowLeaseRenewed renews, before the request executes, the lease of a
-// Reserve or TakeOver that took a third of the lease or more to come back
+// Reserve or TakeOver that took renewalInterval or more to come back
 // (took): the store set the lease from the moment its statement began (on
 // PostgreSQL from its transaction's start, which a combined batch shares),
 // so a write held up by a lock or a busy server can return with its lease
@@ -222,7 +231,7 @@ func (g *guarded) run() error {
 // request's any more; err, when the store could not tell.
 func (g *guarded) slowLeaseRenewed(took time.Duration) (held bool, err error) {
 	lease := g.h.executionLease()
-	if took < lease/3 {
+	if took < renewalInterval(lease) {
 		return true, nil
 	}
 	start := time.Now()
@@ -796,9 +805,9 @@ func (h *Handler) executionLease() time.Duration {
 	return time.Duration(h.Lease)
 }
 
-// startHeartbeat renews the lease every third of it until stopped, so that
-// other nodes can tell a long upstream call (or a slow Finalize: finalizing)
-// from a dead owner. A renewal is due a third of the lease after the last
+// startHeartbeat renews the lease every renewalInterval until stopped, so
+// that other nodes can tell a long upstream call (or a slow Finalize:
+// finalizing) from a dead owner. A renewal is due renewalInterval after the last
 // one began (the store measures the lease from then), also across a stop
 // and a restart: a heartbeat started again (for Finalize, then for
 // finalizeLater) keeps the rhythm, where one that began counting afresh
@@ -843,7 +852,18 @@ type heartbeat struct {
 
 // untilDue is how long until the next renewal is due. Caller holds hb.mu.
 func (hb *heartbeat) untilDue() time.Duration {
-	return max(0, hb.lease/3-time.Since(hb.renewedAt))
+	return max(0, renewalInterval(hb.lease)-time.Since(hb.renewedAt))
+}
+
+// renewalInterval is how often a lease is renewed: a quarter of it. A
+// store call may take its whole timeout T, at most a third of the lease
+// (checkLease). A renewal that does, and fails, followed by the retry's
+// pause (retryAfterFailedRenewal) and a retry that takes T too, then ends
+// by 1/4 + 1/3 + 1/30 + 1/3 = 0.95 of the lease: in time. Renewed every
+// third, the two calls alone filled the two thirds left, and any pause
+// let the lease lapse under a live owner.
+func renewalInterval(lease time.Duration) time.Duration {
+	return lease / 4
 }
 
 // beat renews the lease for the heartbeat of generation gen, unless it was
@@ -877,9 +897,10 @@ func (hb *heartbeat) beat(gen int) {
 	if err == nil {
 		hb.renewedAt = start
 		hb.failing = false
-	} else {
+	} else if ctx.Err() == nil {
 		// Logged once a streak: retried every retryAfterFailedRenewal,
-		// a store outage would log a line a second per request.
+		// a store outage would log a line a second per request. One cut
+		// off by the execution's end is no failure.
 		level := zapcore.ErrorLevel
 		if hb.failing {
 			level = zapcore.DebugLevel
@@ -896,15 +917,10 @@ func (hb *heartbeat) beat(gen int) {
 	}
 }
 
-// retryAfterFailedRenewal is how soon a failed renewal is tried again. A
-// renewal that failed by taking the store's whole call timeout T (at most a
-// third of the lease, see checkLease) ended up to a third of the lease plus
-// T, two thirds, after the lease was taken: waiting another third, as
-// between renewals that succeed, put the retry at the lease's very end,
-// where it lands too late, and another node may take the key over from an
-// owner still executing. Retried soon, it has the last third to land; the
-// short pause keeps a store that fails at once (connection refused) from
-// being asked in a loop.
+// retryAfterFailedRenewal is how soon a failed renewal is tried again: soon,
+// since it has what is left of the lease to land in (see renewalInterval);
+// the short pause keeps a store that fails at once (connection refused)
+// from being asked in a loop.
 func retryAfterFailedRenewal(lease time.Duration) time.Duration {
 	return lease / 30
 }

@@ -47,9 +47,10 @@ type namedTimeout struct {
 }
 
 // minLeaseCalls is how many of the store's call timeouts a lease must last
-// at least. A renewal is due a third of the lease after the last one began;
-// one that takes its whole timeout and then succeeds must still land
-// before the lease it renews runs out.
+// at least. A renewal is due a quarter of the lease after the last one
+// began; one that takes its whole timeout and fails, and the retry that
+// follows and takes its whole timeout too, must still land before the
+// lease they renew runs out (see renewalInterval).
 const minLeaseCalls = 3
 
 // checkLease refuses a lease that a single slow renewal could let lapse:
