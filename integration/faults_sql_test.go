@@ -36,8 +36,8 @@ func forEachSQLFaultDB(t *testing.T, test func(t *testing.T, db *sqlDB, dsn stri
 // reached the catalog once and never again.
 func TestFaultSQLNodeKilled(t *testing.T) {
 	forEachSQLFaultDB(t, func(t *testing.T, db *sqlDB, dsn string) {
-		// The owner renews its lease every lease/3, so at its death at
-		// least 2/3 of it (1.33s) is left: the retries "during the lease"
+		// The owner renews its lease every lease/4, so at its death at
+		// least 3/4 of it (1.5s) is left: the retries "during the lease"
 		// each wait in_flight_wait (300ms) and fit in that.
 		const lease = 2 * time.Second
 		b := caddyproc.NewBackend(t)

@@ -240,8 +240,8 @@ func TestMultiNodeCrash(t *testing.T) {
 // "in flight" while the dead owner's lease runs, then applies policy —
 // unknown: never execute again; reexecute: exactly once more.
 func testCrash(t *testing.T, store, policy string) {
-	// The owner renews its lease every lease/3, so at its death the lease
-	// has between 2/3 and all of it left: with 3s, at least 2s. The two
+	// The owner renews its lease every lease/4, so at its death the lease
+	// has between 3/4 and all of it left: with 3s, at least 2.25s. The two
 	// retries right after the kill wait in_flight_wait (0.5s) each, well
 	// inside that.
 	const lease = 3 * time.Second
