@@ -346,19 +346,36 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 			}
 		}
 	}
-	held := make(map[string]bool, len(ans.Records))
+	held := make(map[string]keyRecord, len(ans.Records))
 	for _, rec := range ans.Records {
-		held[rec.Store] = true
+		held[rec.Store] = rec
 	}
 	forgotten, kept := 0, 0
 	for _, u := range list {
-		if !held[u.key] {
+		seen, ok := held[u.key]
+		if !ok {
 			continue
 		}
 		f, ok := u.store.(stores.Forgetter)
 		if !ok {
 			ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend, Error: "this store cannot forget records"})
 			continue
+		}
+		if force && forgotten > 0 {
+			// Two pools on one table hold the same records: the delete
+			// through an earlier one took this record, and a retry may
+			// have reserved the key since. A forced delete would take
+			// that live record too, and a later retry would execute the
+			// commit while this one runs. Only the record looked up is
+			// the operator's to force.
+			if now, err := inspect(ctx, u, key); err == nil && (now == nil || !now.CreatedAt.Equal(seen.CreatedAt)) {
+				if now != nil {
+					kept++
+					ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend,
+						Error: "not forgotten: the key was reserved again since it was looked up; look it up again"})
+				}
+				continue
+			}
 		}
 		deleted, err := f.Forget(ctx, key, force)
 		if err != nil {

@@ -425,3 +425,45 @@ func TestForgetThroughTwoPoolsOnOneTable(t *testing.T) {
 		t.Fatalf("forget = %d %s; want 200, forgotten once, no errors", code, body)
 	}
 }
+
+// reservedAgain deletes through Forget and, as a retry arriving right
+// then would, reserves the key anew: a stand-in for the race between two
+// pools' deletes, which no real store shows on cue.
+type reservedAgain struct {
+	*memory.Store
+	t *testing.T
+}
+
+func (s reservedAgain) Forget(ctx context.Context, key string, force bool) (bool, error) {
+	deleted, err := s.Store.Forget(ctx, key, force)
+	if err == nil && deleted {
+		res, err := s.Store.Reserve(ctx, stores.Reservation{Key: key, Owner: "the retry", Lease: time.Minute, TTL: time.Hour,
+			Binding: stores.Binding{Operation: "updateTable", Path: "/v1/namespaces/ns/tables/t", Principal: "p", Fingerprint: "f"}})
+		if err != nil || !res.Reserved {
+			s.t.Errorf("the retry's reservation: %+v, %v", res, err)
+		}
+	}
+	return deleted, err
+}
+
+// A forced forget through two pools on one table deletes the record it
+// looked up once: a retry that reserved the key between the two deletes
+// keeps its live record. Before, the second forced delete took it too,
+// and a later retry could execute the commit while the first retry ran.
+func TestForcedForgetKeepsARecordReservedSince(t *testing.T) {
+	s := newMemory(t)
+	key, _ := reserveKey(t, s, time.Minute)
+	h := adminFixture(t, map[string]stores.Store{
+		"postgres/iceberg_idempotency_records/aaaa": reservedAgain{Store: s, t: t},
+		"postgres/iceberg_idempotency_records/bbbb": reservedAgain{Store: s, t: t},
+	})
+	time.Sleep(time.Millisecond) // the retry's record is created at another instant
+	code, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key+"?force=true")
+	if code != http.StatusOK || !strings.Contains(string(body), `"forgotten":1`) {
+		t.Fatalf("forced forget = %d %s; want 200, forgotten once", code, body)
+	}
+	rec, err := s.Load(context.Background(), key)
+	if err != nil || rec == nil || rec.State != stores.StateInFlight || rec.Owner != "the retry" {
+		t.Fatalf("after the forget the key holds %+v (%v); want the retry's live reservation", rec, err)
+	}
+}

@@ -51,13 +51,14 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 // catalog call (reverse_proxy's own trace composes with it). A request is
 // written only on a connection the transport handed it, which it reports
 // with GotConn first, over HTTP/1 and HTTP/2 alike; the TLS handshake of a
-// connection being dialled comes before that. So a call that got no
-// connection and saw handshakes fail, none succeed, sent nothing: the
-// catalog's certificate was not trusted, had the wrong name or expired, or
-// the handshake timed out. A transport that reports none of this (HTTP/3,
-// or the TLS dialer reverse_proxy uses for a tls_server_name with
-// placeholders, whose handshake errors arrive as plain errors) leaves the
-// outcome unknown, the safe side.
+// connection being dialled comes before that (quic-go reports both for
+// HTTP/3 too). So a call that got no connection and saw handshakes fail,
+// none succeed, sent nothing: the catalog's certificate was not trusted,
+// had the wrong name or expired, or the handshake timed out. A handshake
+// the transport does not report (the TLS dialer reverse_proxy uses for a
+// tls_server_name with placeholders or for proxy_protocol, whose errors
+// arrive as plain errors), or one after a successful one (an HTTPS
+// forward proxy's), leaves the outcome unknown, the safe side.
 //
 // The hooks may run after the call returned (a dial the transport goes on
 // with in the background), hence the atomics.
