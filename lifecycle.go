@@ -89,6 +89,11 @@ func (g *guarded) run() error {
 	// The wait's deadline is made when a wait begins: most keyed requests
 	// reserve at once and never need its timer.
 	var waitCtx context.Context
+	// shown is set once the store has shown the key to be another
+	// request's: from then on a store failure does not pass the request
+	// through under fail_open, since the other one may be executing it
+	// (a duplicate woken with this one by a release, say, reserved it).
+	shown := false
 
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		// A record matched under an older secret in an earlier round
@@ -111,6 +116,9 @@ func (g *guarded) run() error {
 		if err != nil {
 			// The reservation may have committed with its reply lost.
 			g.undoLostReply(releaseReservation)
+			if shown {
+				return g.storeFailedOnHeldKey("reserve", err)
+			}
 			return g.storeFailed("reserve", err)
 		}
 		if own := res.Existing; own != nil && own.State == stores.StateInFlight && !own.Abandoned && own.Owner == g.owner {
@@ -143,14 +151,18 @@ func (g *guarded) run() error {
 			}
 			switch held, err := g.slowLeaseRenewed(took); {
 			case err != nil:
+				// Released, the key may go to a duplicate waiting on it:
+				// this request must not then pass through as well.
 				g.release(g.detached, "its lease could not be renewed")
-				return g.storeFailed("extend lease", err)
+				return g.storeFailedOnHeldKey("extend lease", err)
 			case !held:
+				shown = true
 				continue // taken over meanwhile: see what the new owner makes of it
 			}
 			return g.execute()
 		}
 		rec := res.Existing
+		shown = true
 		if rec.State == stores.StateInFlight && g.outer.holds(g.key, rec.Owner) {
 			return g.passGuarded()
 		}

@@ -1,0 +1,169 @@
+package icebergidempotency
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// reserveFailsAfterWait is a memory store whose fifth Reserve fails (a
+// store blip): the first three reserve / find the key in flight, and of the
+// two duplicates woken by the owner's release, the first to Reserve again
+// wins the key and the second hits the blip.
+type reserveFailsAfterWait struct {
+	stores.Store
+	reserves atomic.Int32
+	awaiting atomic.Int32
+	awoken   atomic.Int32
+	won      chan struct{} // closed once the winner holds the key
+}
+
+func (s *reserveFailsAfterWait) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	switch s.reserves.Add(1) {
+	case 4:
+		// Both duplicates saw the release (two nodes' waiters wake
+		// together): the first to Reserve again wins the key.
+		for deadline := time.Now().Add(5 * time.Second); s.awoken.Load() < 2 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		res, err := s.Store.Reserve(ctx, r)
+		close(s.won)
+		return res, err
+	case 5:
+		// The blip hits the other duplicate once the key is held again.
+		<-s.won
+		return stores.ReserveResult{}, errInjected
+	}
+	return s.Store.Reserve(ctx, r)
+}
+
+func (s *reserveFailsAfterWait) Await(ctx context.Context, key string) (*stores.Record, error) {
+	s.awaiting.Add(1)
+	defer s.awoken.Add(1)
+	return s.Store.Await(ctx, key)
+}
+
+// Two duplicates wait for an owner whose catalog answered 503 (released).
+// One reserves the key and executes; the other's Reserve fails. The store
+// has shown this request the key held by others, so fail_open must not
+// apply: passing it through ran the commit a second time beside the
+// duplicate that now holds the key. It gets 503 + Retry-After instead.
+// (The store failing on cue is a stand-in: no real store does.)
+func TestFailOpenDoesNotPassAKeyAnotherWokeWith(t *testing.T) {
+	s := &reserveFailsAfterWait{Store: newMemoryStore(t), won: make(chan struct{})}
+	h := newTestHandler(t, s)
+	h.FailOpen = true
+	h.InFlightWait = caddy.Duration(10 * time.Second)
+	var executions atomic.Int32
+	release := make(chan struct{})
+	up := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		if executions.Add(1) == 1 {
+			<-release
+			w.WriteHeader(http.StatusServiceUnavailable) // released: not final
+			return nil
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"namespace":["a"],"properties":{}}`)
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	results := make(chan result, 3)
+	go func() { results <- serve(t, h, up, "POST", "/v1/namespaces", key, nsBody) }()
+	for s.reserves.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	for i := 0; i < 2; i++ {
+		go func() { results <- serve(t, h, up, "POST", "/v1/namespaces", key, nsBody) }()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.awaiting.Load() < 2 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	var codes []int
+	for i := 0; i < 3; i++ {
+		codes = append(codes, (<-results).code())
+	}
+	if n := executions.Load(); n != 2 {
+		t.Fatalf("catalog executed %d times (answers %v); want 2: the owner's (503, released) and one duplicate's. "+
+			"The duplicate whose Reserve failed after its wait was passed through by fail_open beside the one holding the key", n, codes)
+	}
+}
+
+// slowReserveThenExtendFails is a memory store whose first Reserve comes
+// back slowly (a lock, a busy database: past a quarter of the lease), and
+// whose renewal of that lease then fails once, once a duplicate is waiting
+// on the record.
+type slowReserveThenExtendFails struct {
+	stores.Store
+	reserves atomic.Int32
+	extends  atomic.Int32
+	awaiting atomic.Int32
+	slow     time.Duration
+}
+
+func (s *slowReserveThenExtendFails) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	res, err := s.Store.Reserve(ctx, r)
+	if s.reserves.Add(1) == 1 {
+		time.Sleep(s.slow)
+	}
+	return res, err
+}
+
+func (s *slowReserveThenExtendFails) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+	if s.extends.Add(1) == 1 {
+		for deadline := time.Now().Add(5 * time.Second); s.awaiting.Load() < 1 && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+		}
+		return errInjected
+	}
+	return s.Store.ExtendLease(ctx, key, owner, lease)
+}
+
+func (s *slowReserveThenExtendFails) Await(ctx context.Context, key string) (*stores.Record, error) {
+	s.awaiting.Add(1)
+	return s.Store.Await(ctx, key)
+}
+
+// A request that reserved its key (a duplicate waits on it) and then
+// failed to renew the lease releases the key. With fail_open it went to the
+// catalog unguarded all the same, while the release woke the duplicate,
+// which reserved and executed the same commit beside it. It gets 503 +
+// Retry-After instead; nothing of it was sent.
+func TestFailOpenDoesNotPassAKeyItReleased(t *testing.T) {
+	s := &slowReserveThenExtendFails{Store: newMemoryStore(t), slow: 120 * time.Millisecond}
+	h := newTestHandler(t, s)
+	h.FailOpen = true
+	h.Lease = caddy.Duration(400 * time.Millisecond) // renewed before executing after 100 ms
+	h.InFlightWait = caddy.Duration(10 * time.Second)
+	var executions atomic.Int32
+	up := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		executions.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"namespace":["a"],"properties":{}}`)
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	results := make(chan result, 2)
+	go func() { results <- serve(t, h, up, "POST", "/v1/namespaces", key, nsBody) }()
+	for s.reserves.Load() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	go func() { results <- serve(t, h, up, "POST", "/v1/namespaces", key, nsBody) }()
+	codes := []int{(<-results).code(), (<-results).code()}
+	if n := executions.Load(); n != 1 {
+		t.Fatalf("catalog executed %d times (answers %v); want 1: the owner released its key and passed through unguarded (fail_open), "+
+			"and the duplicate waiting on it reserved and executed too", n, codes)
+	}
+}
