@@ -233,18 +233,38 @@ func headerPlaceholder(principal string) string {
 
 // readBody reads the request body, or limit+1 bytes of it when it is
 // larger. A body that announces its length within the limit is read into
-// one buffer of that size instead of one grown by doubling: net/http (and
-// HTTP/2) end such a body at its Content-Length, or fail it.
+// one buffer of that size instead of one grown by doubling (net/http and
+// HTTP/2 end such a body at its Content-Length, or fail it), up to
+// presizedBody: past that the buffer grows as bytes arrive, so that a
+// client announcing a large body and sending little holds no more of the
+// proxy's memory than it sent (with a large max_request_size, a buffer
+// allocated for what is announced could exhaust the process's memory).
 func readBody(r *http.Request, limit int64) ([]byte, error) {
-	if n := r.ContentLength; n >= 0 && n <= limit {
+	n := r.ContentLength
+	if n >= 0 && n <= min(limit, presizedBody) {
 		body := make([]byte, n)
 		if _, err := io.ReadFull(r.Body, body); err != nil {
 			return nil, err
 		}
 		return body, nil
 	}
-	return io.ReadAll(io.LimitReader(r.Body, limit+1))
+	buf := bytes.NewBuffer(make([]byte, 0, presizedBody))
+	if _, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1)); err != nil {
+		return nil, err
+	}
+	if n >= 0 && n <= limit && int64(buf.Len()) < n {
+		return nil, io.ErrUnexpectedEOF // as io.ReadFull says of a body cut short
+	}
+	return buf.Bytes(), nil
 }
+
+// presizedBody is the largest body read into a buffer of its announced
+// size; Iceberg commits are mostly smaller.
+const presizedBody = 64 << 10
+
+// maxSize bounds max_request_size and max_response_size, as the Caddyfile
+// does: a limit one byte beyond which is read must stay an int64.
+const maxSize = 1 << 40
 
 // parseKey checks that s is a UUID in the 36-character hyphenated form the
 // spec requires, of a version in allowed, with the RFC 9562 variant, and

@@ -5,8 +5,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/iotest"
 
@@ -192,5 +194,54 @@ func TestUnreadableBodyGetsAnIcebergError(t *testing.T) {
 				t.Fatalf("%d %q (error %v), %d executions; want %d %s and none", res.code(), res.body, err, up.calls.Load(), c.status, c.typ)
 			}
 		})
+	}
+}
+
+// A body announced far larger than what arrives holds only what arrived:
+// the buffer grows with the bytes, past the first 64 KiB. Before, the
+// whole announced length (up to max_request_size) was allocated at once,
+// and a large max_request_size let one request exhaust the process's
+// memory, where reverse_proxy alone streams the body.
+func TestAnnouncedLengthIsNotAllocatedUpFront(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.MaxRequestSize = 1 << 30 // an operator allowing large commits
+	catalog := newCountingCatalog(t, answerOK)
+	req := httptest.NewRequest(http.MethodPost, "/v1/namespaces", io.NopCloser(strings.NewReader(`{"x":1}`)))
+	req.ContentLength = 1 << 30 // announced, never sent
+	req.Header.Set(IdempotencyKeyHeader, storetest.NewKey(t))
+	rec := httptest.NewRecorder()
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_ = h.ServeHTTP(rec, req, newReverseProxy(t, catalog.addr()))
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<20 {
+		t.Fatalf("a 7-byte body announced as 1 GiB allocated %d MiB", alloc>>20)
+	}
+	if rec.Code != http.StatusBadRequest || catalog.executed.Load() != 0 {
+		t.Fatalf("answer %d, catalog executed %d; want 400 for a body cut short, nothing sent", rec.Code, catalog.executed.Load())
+	}
+}
+
+// A body larger than presizedBody reaches the catalog whole, and one cut
+// short of its Content-Length is refused as before.
+func TestLargeAnnouncedBodyIsReadWhole(t *testing.T) {
+	body := `{"updates":[` + strings.Repeat(`{"action":"set-properties","updates":{"k":"v"}},`, 4000) + `{}]}`
+	var got atomic.Value
+	got.Store("")
+	catalog := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got.Store(string(b))
+		answerOK(w, r)
+	}))
+	t.Cleanup(catalog.Close)
+	h := newTestHandler(t, newMemoryStore(t))
+	if res := serve(t, h, newReverseProxy(t, strings.TrimPrefix(catalog.URL, "http://")), http.MethodPost, commitPath, storetest.NewKey(t), body); res.code() != http.StatusOK || got.Load() != body {
+		t.Fatalf("answer %d; catalog got %d bytes, want the %d sent", res.code(), len(got.Load().(string)), len(body))
+	}
+	short := httptest.NewRequest(http.MethodPost, commitPath, io.NopCloser(strings.NewReader(body[:100<<10])))
+	short.ContentLength = int64(len(body))
+	if _, err := readBody(short, h.MaxRequestSize); err != io.ErrUnexpectedEOF {
+		t.Fatalf("a body cut short of its length: %v, want io.ErrUnexpectedEOF", err)
 	}
 }

@@ -420,12 +420,12 @@ func (h *Handler) validateOption(opt string) error {
 			}
 		}
 	case "max_request_size":
-		if h.MaxRequestSize < 0 {
-			return fmt.Errorf("max_request_size must be positive, got %d", h.MaxRequestSize)
+		if h.MaxRequestSize < 0 || h.MaxRequestSize > maxSize {
+			return fmt.Errorf("max_request_size must be positive and at most 1TiB, got %d", h.MaxRequestSize)
 		}
 	case "max_response_size":
-		if h.MaxResponseSize < 0 {
-			return fmt.Errorf("max_response_size must be positive, got %d", h.MaxResponseSize)
+		if h.MaxResponseSize < 0 || h.MaxResponseSize > maxSize {
+			return fmt.Errorf("max_response_size must be positive and at most 1TiB, got %d", h.MaxResponseSize)
 		}
 	case "base_path":
 		if h.BasePath != "" && (len(h.BasePath) < 2 || !strings.HasPrefix(h.BasePath, "/") || strings.HasSuffix(h.BasePath, "/")) {

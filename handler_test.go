@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -407,6 +408,10 @@ func TestValidateNamesTheOption(t *testing.T) {
 		{func(h *Handler) { h.InFlightStatus = 429 }, "in_flight_status must be 503 or 409"},
 		{func(h *Handler) { h.Abandoned = "retry" }, "abandoned must be"},
 		{func(h *Handler) { h.MaxResponseSize = -1 }, "max_response_size must be positive"},
+		// "No limit" in JSON: one byte beyond it is read, which overflowed,
+		// and a chunked body reached the catalog empty.
+		{func(h *Handler) { h.MaxRequestSize = math.MaxInt64 }, "max_request_size must be positive and at most 1TiB"},
+		{func(h *Handler) { h.MaxResponseSize = math.MaxInt64 }, "max_response_size must be positive and at most 1TiB"},
 		{func(h *Handler) { h.BasePath = "api/" }, "base_path must start with /"},
 		{func(h *Handler) { h.ReleaseStatuses = []string{"7xx"} }, "release_statuses: invalid status"},
 		// JSON can give what the Caddyfile cannot: an empty list.
