@@ -361,13 +361,14 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 			ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend, Error: "this store cannot forget records"})
 			continue
 		}
-		if force && forgotten > 0 {
-			// Two pools on one table hold the same records: the delete
-			// through an earlier one took this record, and a retry may
-			// have reserved the key since. A forced delete would take
-			// that live record too, and a later retry would execute the
-			// commit while this one runs. Only the record looked up is
-			// the operator's to force.
+		if forgotten > 0 {
+			// Two pools on one table (handlers whose pool options
+			// differ) hold the same records: the delete through an
+			// earlier one took this record too, and a retry may have
+			// reserved the key since. Gone is gone; a record made since
+			// the lookup is not the operator's to forget (forced, its
+			// delete would take a live record, and a later retry would
+			// execute the commit while that one runs).
 			if now, err := inspect(ctx, u, key); err == nil && (now == nil || !now.CreatedAt.Equal(seen.CreatedAt)) {
 				if now != nil {
 					kept++
@@ -381,14 +382,6 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 		if err != nil {
 			ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend, Error: err.Error()})
 			continue
-		}
-		if !deleted && forgotten > 0 {
-			// Two pools on one table (handlers whose pool options
-			// differ) hold the same records: the delete through the
-			// first one took this store's record too. Gone is gone.
-			if rec, err := inspect(ctx, u, key); err == nil && rec == nil {
-				continue
-			}
 		}
 		if !deleted && !force {
 			kept++
