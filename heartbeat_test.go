@@ -223,21 +223,56 @@ func TestNoRenewalAfterMarkedUnknown(t *testing.T) {
 // slowRenewals is one node's view of a shared store whose call timeout is
 // a third of the lease, the shortest lease checkLease accepts: its first
 // renewal hangs for the whole timeout and fails (a database hiccup), the
-// later ones take a third of the timeout and succeed. A stand-in: no real
-// store stalls one renewal on cue.
+// second, the retry, takes retry when set (it queues for a connection
+// behind the same hiccup), and the others a third of the timeout; all but
+// the first succeed. A stand-in: no real store stalls a renewal on cue.
 type slowRenewals struct {
 	stores.Store
-	timeout time.Duration
-	calls   atomic.Int32
+	timeout, retry time.Duration
+	calls          atomic.Int32
 }
 
 func (s *slowRenewals) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
-	if s.calls.Add(1) == 1 {
+	switch n := s.calls.Add(1); {
+	case n == 1:
 		time.Sleep(s.timeout)
 		return context.DeadlineExceeded
+	case n == 2 && s.retry > 0:
+		time.Sleep(s.retry)
+	default:
+		time.Sleep(s.timeout / 3)
 	}
-	time.Sleep(s.timeout / 3)
 	return s.Store.ExtendLease(ctx, key, owner, lease)
+}
+
+// executeOnTwoNodes sends a keyed commit to node A, whose view of the
+// shared store is slowNode, and half a timeout later its duplicate to node
+// B, both under abandoned reexecute with a lease of three timeouts; the
+// catalog takes executeFor. It returns both answers and how often the
+// catalog executed.
+func executeOnTwoNodes(t *testing.T, slowNode, shared stores.Store, timeout, executeFor time.Duration) (first, duplicate result, executed int32) {
+	t.Helper()
+	nodeA, nodeB := newTestHandler(t, slowNode), newTestHandler(t, shared)
+	for _, h := range []*Handler{nodeA, nodeB} {
+		h.Lease = caddy.Duration(3 * timeout) // the shortest lease checkLease accepts
+		h.Abandoned = abandonedReexecute
+		h.InFlightWait = caddy.Duration(20 * time.Second)
+	}
+	var n atomic.Int32
+	catalog := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		n.Add(1)
+		time.Sleep(executeFor)
+		_, _ = io.WriteString(w, `{"namespace":["a"]}`)
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); first = serve(t, nodeA, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	time.Sleep(timeout / 2)
+	go func() { defer wg.Done(); duplicate = serve(t, nodeB, catalog, "POST", "/v1/namespaces", key, nsBody) }()
+	wg.Wait()
+	return first, duplicate, n.Load()
 }
 
 // One renewal that fails by taking its whole timeout must not let the
@@ -248,28 +283,9 @@ func (s *slowRenewals) ExtendLease(ctx context.Context, key, owner string, lease
 func TestOneTimedOutRenewalKeepsTheLease(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	shared := newMemoryStore(t) // one store, two nodes
-	nodeA, nodeB := newTestHandler(t, &slowRenewals{Store: shared, timeout: timeout}), newTestHandler(t, shared)
-	for _, h := range []*Handler{nodeA, nodeB} {
-		h.Lease = caddy.Duration(3 * timeout)
-		h.Abandoned = abandonedReexecute
-		h.InFlightWait = caddy.Duration(10 * time.Second)
-	}
-	var executed atomic.Int32
-	catalog := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
-		executed.Add(1)
-		time.Sleep(7 * timeout) // past the failed renewal's retry, and two more
-		_, _ = io.WriteString(w, `{"namespace":["a"]}`)
-		return nil
-	}}
-	key := storetest.NewKey(t)
-	var wg sync.WaitGroup
-	var first, duplicate result
-	wg.Add(2)
-	go func() { defer wg.Done(); first = serve(t, nodeA, catalog, "POST", "/v1/namespaces", key, nsBody) }()
-	time.Sleep(timeout / 2)
-	go func() { defer wg.Done(); duplicate = serve(t, nodeB, catalog, "POST", "/v1/namespaces", key, nsBody) }()
-	wg.Wait()
-	if n := executed.Load(); n != 1 {
+	// The catalog runs past the failed renewal's retry, and two more.
+	first, duplicate, n := executeOnTwoNodes(t, &slowRenewals{Store: shared, timeout: timeout}, shared, timeout, 7*timeout)
+	if n != 1 {
 		t.Fatalf("the catalog executed the commit %d times after one timed-out renewal of its live owner, want 1 (first %d, duplicate %d %s)",
 			n, first.code(), duplicate.code(), duplicate.body)
 	}
@@ -277,28 +293,6 @@ func TestOneTimedOutRenewalKeepsTheLease(t *testing.T) {
 		t.Fatalf("first %d, duplicate %d (replayed %q) %s; want 200 and its replay", first.code(), duplicate.code(),
 			duplicate.header.Get(ReplayedHeader), duplicate.body)
 	}
-}
-
-// slowRetry is slowRenewals whose second renewal, the retry of the failed
-// first, also takes nearly the whole timeout (it queues for a connection
-// behind the same hiccup) and succeeds; the later ones are quick.
-type slowRetry struct {
-	stores.Store
-	timeout time.Duration
-	calls   atomic.Int32
-}
-
-func (s *slowRetry) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
-	switch s.calls.Add(1) {
-	case 1:
-		time.Sleep(s.timeout)
-		return context.DeadlineExceeded
-	case 2:
-		time.Sleep(s.timeout * 97 / 100)
-	default:
-		time.Sleep(s.timeout / 10)
-	}
-	return s.Store.ExtendLease(ctx, key, owner, lease)
 }
 
 // A renewal that fails after its whole timeout, then a retry that takes
@@ -309,28 +303,9 @@ func (s *slowRetry) ExtendLease(ctx context.Context, key, owner string, lease ti
 func TestFailedRenewalAndSlowRetryKeepTheLease(t *testing.T) {
 	const timeout = 600 * time.Millisecond
 	shared := newMemoryStore(t) // one store, two nodes
-	nodeA, nodeB := newTestHandler(t, &slowRetry{Store: shared, timeout: timeout}), newTestHandler(t, shared)
-	for _, h := range []*Handler{nodeA, nodeB} {
-		h.Lease = caddy.Duration(3 * timeout) // the shortest lease checkLease accepts
-		h.Abandoned = abandonedReexecute
-		h.InFlightWait = caddy.Duration(20 * time.Second)
-	}
-	var executed atomic.Int32
-	catalog := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
-		executed.Add(1)
-		time.Sleep(5 * timeout)
-		_, _ = io.WriteString(w, `{"namespace":["a"]}`)
-		return nil
-	}}
-	key := storetest.NewKey(t)
-	var wg sync.WaitGroup
-	var first, duplicate result
-	wg.Add(2)
-	go func() { defer wg.Done(); first = serve(t, nodeA, catalog, "POST", "/v1/namespaces", key, nsBody) }()
-	time.Sleep(timeout / 2)
-	go func() { defer wg.Done(); duplicate = serve(t, nodeB, catalog, "POST", "/v1/namespaces", key, nsBody) }()
-	wg.Wait()
-	if n := executed.Load(); n != 1 {
+	slow := &slowRenewals{Store: shared, timeout: timeout, retry: timeout * 97 / 100}
+	first, duplicate, n := executeOnTwoNodes(t, slow, shared, timeout, 5*timeout)
+	if n != 1 {
 		t.Fatalf("the catalog executed the commit %d times (first %d, duplicate %d %s), want 1", n, first.code(), duplicate.code(), duplicate.body)
 	}
 }
