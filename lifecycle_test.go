@@ -71,9 +71,14 @@ func (c *countingCatalog) addr() string {
 // overTLS makes reverse_proxy speak HTTPS to a catalog with a self-signed
 // certificate.
 func overTLS(rp *reverseproxy.Handler) {
-	rp.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
-		TLS: &reverseproxy.TLSConfig{InsecureSkipVerify: true},
-	}, "protocol", "http", nil)
+	withTLS(reverseproxy.TLSConfig{InsecureSkipVerify: true})(rp)
+}
+
+// withTLS makes reverse_proxy speak HTTPS configured as cfg.
+func withTLS(cfg reverseproxy.TLSConfig) func(*reverseproxy.Handler) {
+	return func(rp *reverseproxy.Handler) {
+		rp.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{TLS: &cfg}, "protocol", "http", nil)
+	}
 }
 
 // answerOK answers like a catalog that committed.

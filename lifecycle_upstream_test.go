@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -337,11 +336,7 @@ func TestTrailersStayTrailers(t *testing.T) {
 // certificate against the system roots, which do not hold the test
 // catalog's self-signed one: the handshake fails, as with an expired
 // certificate or a wrong name.
-func trusting(rp *reverseproxy.Handler) {
-	rp.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
-		TLS: &reverseproxy.TLSConfig{},
-	}, "protocol", "http", nil)
-}
+var trusting = withTLS(reverseproxy.TLSConfig{})
 
 // A TLS handshake that fails sends nothing: the key is released, and once
 // the certificate is trusted the retry executes. Before, the handshake's
@@ -382,11 +377,7 @@ func TestTimedOutTLSHandshakeReleasesTheKey(t *testing.T) {
 			t.Cleanup(func() { _ = conn.Close() })
 		}
 	}()
-	quickHandshake := func(rp *reverseproxy.Handler) {
-		rp.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
-			TLS: &reverseproxy.TLSConfig{InsecureSkipVerify: true, HandshakeTimeout: caddy.Duration(200 * time.Millisecond)},
-		}, "protocol", "http", nil)
-	}
+	quickHandshake := withTLS(reverseproxy.TLSConfig{InsecureSkipVerify: true, HandshakeTimeout: caddy.Duration(200 * time.Millisecond)})
 	h := newTestHandler(t, newMemoryStore(t))
 	key := storetest.NewKey(t)
 	first := serve(t, h, newReverseProxy(t, ln.Addr().String(), quickHandshake), http.MethodPost, commitPath, key, commitBody)
