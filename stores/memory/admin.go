@@ -26,8 +26,8 @@ func (s *Store) Forget(_ context.Context, key string, force bool) (bool, error) 
 		s.notify(key)
 		return true, nil
 	}
-	if e, ok := s.final[key]; ok {
-		s.dropFinal(key, e)
+	if f, ok := s.final[key]; ok {
+		s.dropFinal(f)
 		return true, nil
 	}
 	return false, nil
@@ -49,8 +49,8 @@ func (s *Store) Count(context.Context) (stores.Counts, error) {
 			c.Abandoned++
 		}
 	}
-	for _, e := range s.final {
-		if e.rec.ExpiresAt.After(now) {
+	for _, f := range s.final {
+		if !f.expiredAt(now) {
 			c.Final++
 		}
 	}
@@ -63,16 +63,19 @@ func (s *Store) Inspect(_ context.Context, key string) (*stores.Record, time.Dur
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	e, ok := s.inflight[key]
-	if !ok {
-		e, ok = s.final[key]
+	if f, ok := s.final[key]; ok {
+		if f.expiredAt(now) {
+			return nil, 0, nil
+		}
+		return f.snapshot(), 0, nil
 	}
+	e, ok := s.inflight[key]
 	if !ok || !e.rec.ExpiresAt.After(now) {
 		return nil, 0, nil
 	}
-	rec := snapshot(e, now)
+	rec := snapshot(e, nil, now)
 	var left time.Duration
-	if rec.State == stores.StateInFlight && !rec.Abandoned {
+	if !rec.Abandoned {
 		left = e.leaseUntil.Sub(now)
 	}
 	return rec, left, nil

@@ -13,19 +13,19 @@ import "time"
 // clock moves past it. A bound drops only records expired a second ago or
 // more: the records of the current second would take a walk to tell apart.
 type expiryIndex struct {
-	buckets map[int64]*entry // each second's records, linked by expPrev/expNext
+	buckets map[int64]*finalEntry // each second's records, linked by expPrev/expNext
 	// oldest is no later than the second of the oldest record filed: the
 	// search for expired records starts there.
 	oldest int64
 }
 
 func newExpiryIndex() expiryIndex {
-	return expiryIndex{buckets: make(map[int64]*entry)}
+	return expiryIndex{buckets: make(map[int64]*finalEntry)}
 }
 
 // add files e under the second its record expires in.
-func (x *expiryIndex) add(e *entry) {
-	sec := e.rec.ExpiresAt.Unix()
+func (x *expiryIndex) add(e *finalEntry) {
+	sec := e.expiry().Unix()
 	if len(x.buckets) == 0 || sec < x.oldest {
 		x.oldest = sec
 	}
@@ -39,7 +39,7 @@ func (x *expiryIndex) add(e *entry) {
 }
 
 // remove unfiles e.
-func (x *expiryIndex) remove(e *entry) {
+func (x *expiryIndex) remove(e *finalEntry) {
 	if e.expPrev != nil {
 		e.expPrev.expNext = e.expNext
 	} else if e.expNext != nil {
@@ -57,7 +57,7 @@ func (x *expiryIndex) remove(e *entry) {
 // expired a second ago or more), or nil: one lookup per second the clock
 // has moved past, whatever the number of records. Records expiring in the
 // current second are left for the next call (or for inSecond).
-func (x *expiryIndex) expired(now time.Time) *entry {
+func (x *expiryIndex) expired(now time.Time) *finalEntry {
 	for last := now.Unix(); len(x.buckets) > 0 && x.oldest < last; x.oldest++ {
 		if e := x.buckets[x.oldest]; e != nil {
 			return e
@@ -68,10 +68,10 @@ func (x *expiryIndex) expired(now time.Time) *entry {
 
 // inSecond returns the records filed under now's second that have expired
 // at now.
-func (x *expiryIndex) inSecond(now time.Time) []*entry {
-	var out []*entry
+func (x *expiryIndex) inSecond(now time.Time) []*finalEntry {
+	var out []*finalEntry
 	for e := x.buckets[now.Unix()]; e != nil; e = e.expNext {
-		if !e.rec.ExpiresAt.After(now) {
+		if e.expiredAt(now) {
 			out = append(out, e)
 		}
 	}

@@ -22,10 +22,10 @@ const headerValueOverhead = 32
 // linked list, most recently used at head, least recently used at tail. It
 // needs no allocation per record, and expiry can scan it oldest first.
 type finalList struct {
-	head, tail *entry
+	head, tail *finalEntry
 }
 
-func (l *finalList) pushFront(e *entry) {
+func (l *finalList) pushFront(e *finalEntry) {
 	e.prev, e.next = nil, l.head
 	if l.head != nil {
 		l.head.prev = e
@@ -36,7 +36,7 @@ func (l *finalList) pushFront(e *entry) {
 	}
 }
 
-func (l *finalList) unlink(e *entry) {
+func (l *finalList) unlink(e *finalEntry) {
 	if e.prev != nil {
 		e.prev.next = e.next
 	} else {
@@ -50,7 +50,7 @@ func (l *finalList) unlink(e *entry) {
 	e.prev, e.next = nil, nil
 }
 
-func (l *finalList) moveToFront(e *entry) {
+func (l *finalList) moveToFront(e *finalEntry) {
 	if l.head == e {
 		return
 	}
@@ -95,24 +95,24 @@ func exactFit(resp stores.Response) stores.Response {
 	return resp
 }
 
-// addFinal makes e, whose size is set, a final record at the head of the
-// recency order, first evicting least recently used final records until it
-// fits both bounds. Caller holds s.mu and has checked that e alone fits
-// max_bytes.
-func (s *Store) addFinal(key string, e *entry, now time.Time) {
+// addFinal makes f a final record at the head of the recency order, first
+// evicting least recently used final records until it fits both bounds.
+// Caller holds s.mu and has checked that f alone fits max_bytes.
+func (s *Store) addFinal(f *finalEntry, now time.Time) {
+	key := f.key()
 	if old, ok := s.final[key]; ok { // cannot happen: Reserve saw no live record
-		s.dropFinal(key, old)
+		s.dropFinal(old)
 	}
 	for len(s.final) >= s.limits.MaxEntries && s.lru.tail != nil {
 		s.evictOldest(ReasonEntries, now)
 	}
-	for s.bytes+e.size > s.limits.MaxBytes && s.lru.tail != nil {
+	for s.bytes+f.size > s.limits.MaxBytes && s.lru.tail != nil {
 		s.evictOldest(ReasonBytes, now)
 	}
-	s.final[key] = e
-	s.lru.pushFront(e)
-	s.expiry.add(e)
-	s.bytes += e.size
+	s.final[key] = f
+	s.lru.pushFront(f)
+	s.expiry.add(f)
+	s.bytes += f.size
 }
 
 // fit evicts least recently used final records until the bounds hold, after
@@ -135,21 +135,22 @@ func (s *Store) fit(now time.Time) int {
 // not expired yet is reported: its key will execute again on retry, which
 // is what the bounds being too small costs.
 func (s *Store) evictOldest(reason EvictReason, now time.Time) {
-	e := s.expiry.expired(now)
-	if e == nil {
-		e = s.lru.tail
+	f := s.expiry.expired(now)
+	if f == nil {
+		f = s.lru.tail
 	}
-	s.dropFinal(e.rec.Key, e)
-	if e.rec.ExpiresAt.After(now) && s.onEvict != nil {
+	s.dropFinal(f)
+	if !f.expiredAt(now) && s.onEvict != nil {
 		s.onEvict(Eviction{Reason: reason, Limits: s.limits})
 	}
 }
 
 // dropFinal removes a final record and wakes its waiters. Caller holds s.mu.
-func (s *Store) dropFinal(key string, e *entry) {
-	s.lru.unlink(e)
-	s.expiry.remove(e)
+func (s *Store) dropFinal(f *finalEntry) {
+	key := f.key()
+	s.lru.unlink(f)
+	s.expiry.remove(f)
 	delete(s.final, key)
-	s.bytes -= e.size
+	s.bytes -= f.size
 	s.notify(key)
 }

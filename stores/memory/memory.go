@@ -91,18 +91,10 @@ type Options struct {
 	Now func() time.Time
 }
 
+// entry is a record in flight; a final record is a finalEntry.
 type entry struct {
-	rec stores.Record
-	// resp is a final record's response; rec.Response points at it, so
-	// that a record takes one allocation, not two.
-	resp       stores.Response
+	rec        stores.Record
 	leaseUntil time.Time
-	size       int64  // counted bytes, for final records
-	prev, next *entry // recency order, for final records
-	// expPrev and expNext link a final record into its bucket of the
-	// expiry index, expSec.
-	expPrev, expNext *entry
-	expSec           int64
 }
 
 // Store is an in-memory stores.Store. The zero value is not usable; use New.
@@ -116,7 +108,7 @@ type entry struct {
 type Store struct {
 	mu       sync.Mutex
 	inflight map[string]*entry
-	final    map[string]*entry
+	final    map[string]*finalEntry
 	lru      finalList
 	expiry   expiryIndex
 	bytes    int64 // counted bytes of the final records
@@ -136,7 +128,7 @@ func New(opts Options) (*Store, error) {
 	}
 	s := &Store{
 		inflight: make(map[string]*entry),
-		final:    make(map[string]*entry),
+		final:    make(map[string]*finalEntry),
 		expiry:   newExpiryIndex(),
 		limits:   limits,
 		changed:  make(map[string]chan struct{}),
@@ -157,33 +149,40 @@ func (s *Store) notify(key string) {
 	}
 }
 
-// live returns key's unexpired record, dropping an expired one. A final
-// record read becomes the most recently used. Caller holds s.mu.
-func (s *Store) live(key string, now time.Time) *entry {
+// live returns key's unexpired record, in flight (e) or final (f), dropping
+// an expired one. A final record read becomes the most recently used.
+// Caller holds s.mu.
+func (s *Store) live(key string, now time.Time) (e *entry, f *finalEntry) {
 	if e, ok := s.inflight[key]; ok {
 		if !e.rec.ExpiresAt.After(now) {
 			delete(s.inflight, key)
 			s.notify(key)
-			return nil
+			return nil, nil
 		}
-		return e
+		return e, nil
 	}
-	if e, ok := s.final[key]; ok {
-		if !e.rec.ExpiresAt.After(now) {
-			s.dropFinal(key, e)
-			return nil
+	if f, ok := s.final[key]; ok {
+		if f.expiredAt(now) {
+			s.dropFinal(f)
+			return nil, nil
 		}
-		s.lru.moveToFront(e)
-		return e
+		s.lru.moveToFront(f)
+		return nil, f
 	}
-	return nil
+	return nil, nil
 }
 
-// snapshot copies a record for a caller. Response bodies are shared: stored
-// responses are never mutated.
-func snapshot(e *entry, now time.Time) *stores.Record {
+// snapshot copies a record for a caller: e's or f's, nil when both are.
+// Response bodies are shared: stored responses are never mutated.
+func snapshot(e *entry, f *finalEntry, now time.Time) *stores.Record {
+	if f != nil {
+		return f.snapshot()
+	}
+	if e == nil {
+		return nil
+	}
 	r := e.rec
-	r.Abandoned = r.State == stores.StateInFlight && !e.leaseUntil.After(now)
+	r.Abandoned = !e.leaseUntil.After(now)
 	return &r
 }
 
@@ -193,8 +192,8 @@ func (s *Store) Reserve(_ context.Context, r stores.Reservation) (stores.Reserve
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	if e := s.live(r.Key, now); e != nil {
-		return stores.ReserveResult{Existing: snapshot(e, now)}, nil
+	if e, f := s.live(r.Key, now); e != nil || f != nil {
+		return stores.ReserveResult{Existing: snapshot(e, f, now)}, nil
 	}
 	s.inflight[r.Key] = &entry{
 		rec: stores.Record{
@@ -215,10 +214,8 @@ func (s *Store) Load(_ context.Context, key string) (*stores.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	if e := s.live(key, now); e != nil {
-		return snapshot(e, now), nil
-	}
-	return nil, nil
+	e, f := s.live(key, now)
+	return snapshot(e, f, now), nil
 }
 
 // Await implements stores.Store. It needs no polling: Finalize, Release,
@@ -228,13 +225,9 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 	for {
 		s.mu.Lock()
 		now := s.now()
-		e := s.live(key, now)
-		if e == nil {
-			s.mu.Unlock()
-			return nil, nil
-		}
-		rec := snapshot(e, now)
-		if rec.State != stores.StateInFlight || rec.Abandoned {
+		e, f := s.live(key, now)
+		if e == nil || !e.leaseUntil.After(now) { // gone, final or abandoned
+			rec := snapshot(e, f, now)
 			s.mu.Unlock()
 			return rec, nil
 		}
@@ -260,8 +253,8 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 
 // owned returns key's record if it is in flight under owner. Caller holds s.mu.
 func (s *Store) owned(key, owner string, now time.Time) *entry {
-	e := s.live(key, now)
-	if e == nil || e.rec.State != stores.StateInFlight || e.rec.Owner != owner {
+	e, _ := s.live(key, now)
+	if e == nil || e.rec.Owner != owner {
 		return nil
 	}
 	return e
@@ -289,12 +282,7 @@ func (s *Store) Finalize(_ context.Context, key, owner string, resp stores.Respo
 		return fmt.Errorf("%w: %d bytes counted, max_bytes is %d", stores.ErrResponseTooLarge, size, s.limits.MaxBytes)
 	}
 	delete(s.inflight, key)
-	e.rec.State = stores.StateFinal
-	e.rec.Owner = ""
-	e.resp = stored
-	e.rec.Response = &e.resp
-	e.size = size
-	s.addFinal(key, e, now)
+	s.addFinal(packFinal(&e.rec, stored, size), now)
 	s.notify(key)
 	return nil
 }
@@ -383,19 +371,19 @@ func (s *Store) PurgeExpired(_ context.Context, limit int) (int, error) {
 		}
 	}
 	for n < limit {
-		e := s.expiry.expired(now)
-		if e == nil {
+		f := s.expiry.expired(now)
+		if f == nil {
 			break
 		}
-		s.dropFinal(e.rec.Key, e)
+		s.dropFinal(f)
 		n++
 	}
 	if n < limit {
-		for _, e := range s.expiry.inSecond(now) {
+		for _, f := range s.expiry.inSecond(now) {
 			if n >= limit {
 				break
 			}
-			s.dropFinal(e.rec.Key, e)
+			s.dropFinal(f)
 			n++
 		}
 	}
