@@ -76,6 +76,9 @@ if has proxy; then
 		run "$root/integration" 'Benchmark(Proxy|Secret)$' "$benchtime" 1 ./bench/
 		run "$root/integration" 'BenchmarkPaired$' 1x 1 ./bench/
 	done
+	# GC CPU per request, from gctrace: one run says it, as it does not
+	# depend on the CPU's speed.
+	run "$root/integration" 'BenchmarkGCCost$' 1x 1 ./bench/
 fi
 # Bursts and phases that are one measurement each.
 if has bursts; then

@@ -34,6 +34,10 @@ const (
 // memory store against plain reverse_proxy sending the very same requests
 // (a fresh Idempotency-Key on each keyed one, which plain reverse_proxy
 // passes through), and a SQL store's fresh keys against its floor loop.
+// memory/fresh_key_vs_plain_process takes its plain side from a second
+// Caddy that has no iceberg_idempotency at all: the plain routes of the
+// module's own process share the memory store's heap, whose collection
+// every request of the process pays for.
 //
 // On a machine whose speed drifts by ±25% from minute to minute, as the
 // shared 2-core one this was written on, cases measured one after the
@@ -63,6 +67,10 @@ func BenchmarkPaired(b *testing.B) {
 	}
 	caddy := caddyproc.Start(b, routedCaddyfile(up, routes))
 	url := caddy.URL()
+	// A Caddy without the module, for the pair that compares with what a
+	// user without it runs: plain routes in the module's process share its
+	// heap, and so its garbage collector's cost (see BenchmarkGCCost).
+	plainCaddy := caddyproc.Start(b, routedCaddyfile(up, nil))
 	floors := map[string]func(string) error{}
 	for _, s := range sqls {
 		// The first keyed request makes the store's first contact, which
@@ -77,7 +85,7 @@ func BenchmarkPaired(b *testing.B) {
 		}
 	}
 
-	post := func(route string, keyed bool) func(int) error {
+	postTo := func(url, route string, keyed bool) func(int) error {
 		return func(int) error {
 			key := ""
 			if keyed {
@@ -86,24 +94,26 @@ func BenchmarkPaired(b *testing.B) {
 			return send(http.MethodPost, url+floorPath, route, key, http.StatusOK)
 		}
 	}
+	post := func(route string, keyed bool) func(int) error { return postTo(url, route, keyed) }
 	get := func(route string) func(int) error {
 		return func(int) error { return send(http.MethodGet, url+workload.ReadPath, route, "", http.StatusOK) }
 	}
 	for _, clients := range concurrencies(b) {
 		b.Run(fmt.Sprintf("c=%d", clients), func(b *testing.B) {
-			vsPlain := func(name string, plain, module func(int) error) {
+			vsPlain := func(name string, plainPid int, plain, module func(int) error) {
 				b.Run(name, func(b *testing.B) {
-					p := runPaired(b, clients, pairTime, slice, caddy.Pid(), plain, module)
+					p := runPaired(b, clients, pairTime, slice, [2]int{plainPid, caddy.Pid()}, plain, module)
 					p.report(b, "vs-plain", true)
 				})
 			}
-			vsPlain("memory/fresh_key", post("", true), post("memory", true))
-			vsPlain("memory/no_key", post("", false), post("memory", false))
-			vsPlain("memory/get", get(""), get("memory"))
+			vsPlain("memory/fresh_key", caddy.Pid(), post("", true), post("memory", true))
+			vsPlain("memory/fresh_key_vs_plain_process", plainCaddy.Pid(), postTo(plainCaddy.URL(), "", true), post("memory", true))
+			vsPlain("memory/no_key", caddy.Pid(), post("", false), post("memory", false))
+			vsPlain("memory/get", caddy.Pid(), get(""), get("memory"))
 			for _, s := range sqls {
 				floor := floors[s.name]
 				b.Run(s.name+"/fresh_key", func(b *testing.B) {
-					p := runPaired(b, clients, pairTime, slice, caddy.Pid(), func(int) error { return floor(newKey()) }, post(s.name, true))
+					p := runPaired(b, clients, pairTime, slice, [2]int{caddy.Pid(), caddy.Pid()}, func(int) error { return floor(newKey()) }, post(s.name, true))
 					p.report(b, "vs-floor", false)
 				})
 			}
@@ -155,16 +165,16 @@ type paired struct{ a, b side }
 
 // runPaired runs a and b from clients goroutines each, in slices of
 // length slice alternating ABBA, for pairTime in all, and measures each
-// side (pid is the Caddy process whose CPU time is read).
-func runPaired(tb *testing.B, clients int, pairTime, slice time.Duration, pid int, a, b func(int) error) *paired {
+// side (pids are the Caddy processes whose CPU time is read, a's and b's).
+func runPaired(tb *testing.B, clients int, pairTime, slice time.Duration, pids [2]int, a, b func(int) error) *paired {
 	tb.Helper()
 	p := &paired{}
 	tb.ResetTimer()
 	n := max(4, int(pairTime/slice)/4*4)
 	for k := range n {
-		s, op := &p.a, a
+		s, op, pid := &p.a, a, pids[0]
 		if k%4 == 1 || k%4 == 2 {
-			s, op = &p.b, b
+			s, op, pid = &p.b, b, pids[1]
 		}
 		cpu0 := processCPU(tb, pid)
 		reqs, elapsed, lat := runSlice(tb, clients, slice, op)
