@@ -2,6 +2,7 @@ package memory
 
 import (
 	"encoding/binary"
+	"math"
 	"net/http"
 	"time"
 	"unsafe"
@@ -61,8 +62,8 @@ func packFinal(rec *stores.Record, resp stores.Response, size int64) *finalEntry
 		body:      resp.Body,
 		status:    int32(resp.Status),
 		hasHeader: resp.Header != nil,
-		createdAt: rec.CreatedAt.UnixNano(),
-		expiresAt: rec.ExpiresAt.UnixNano(),
+		createdAt: unixNano(rec.CreatedAt),
+		expiresAt: unixNano(rec.ExpiresAt),
 		size:      size,
 	}
 	for i, s := range [6]string{rec.Key, rec.Operation, rec.Path, rec.Principal, rec.Fingerprint, resp.KeyID} {
@@ -83,6 +84,24 @@ func packFinal(rec *stores.Record, resp stores.Response, size int64) *finalEntry
 	f.packed = buf
 	return f
 }
+
+// unixNano is t in Unix nanoseconds, held to the range they cover (years
+// 1678 to 2262): past it UnixNano wraps, and a record kept for a lifetime
+// of centuries would read as long expired.
+func unixNano(t time.Time) int64 {
+	switch {
+	case t.After(maxUnixNano):
+		return math.MaxInt64
+	case t.Before(minUnixNano):
+		return math.MinInt64
+	}
+	return t.UnixNano()
+}
+
+var (
+	maxUnixNano = time.Unix(0, math.MaxInt64)
+	minUnixNano = time.Unix(0, math.MinInt64)
+)
 
 func appendText(buf []byte, s string) []byte {
 	buf = binary.AppendUvarint(buf, uint64(len(s)))
@@ -158,6 +177,10 @@ func (f *finalEntry) header(at uint32) http.Header {
 	for range names {
 		name := str()
 		n := uvarint()
+		if n == 0 {
+			h[name] = nil // as replayHeaders keeps a name without values
+			continue
+		}
 		vals := values[:n:n]
 		values = values[n:]
 		for i := range vals {
