@@ -18,12 +18,16 @@ func hexSum(s string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func heapInUse() uint64 {
+func heapInUse() uint64 { return settledHeap().HeapAlloc }
+
+// settledHeap is the heap's statistics once two collections have freed
+// what nothing holds.
+func settledHeap() runtime.MemStats {
 	runtime.GC()
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
+	return m
 }
 
 // The byte count is an estimate of heap use; this keeps it honest for the

@@ -142,10 +142,4 @@ func TestFinalRecordIsFewObjects(t *testing.T) {
 	runtime.KeepAlive(s)
 }
 
-func heapObjects() uint64 {
-	runtime.GC()
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapObjects
-}
+func heapObjects() uint64 { return settledHeap().HeapObjects }
