@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 
 	"github.com/go-sql-driver/mysql"
@@ -20,10 +19,12 @@ import (
 const maxCombined = 64
 
 // write is one of the hot path's statements: prepared for running alone,
-// as text for a combined batch.
+// as text for a combined batch, where statements of a mergeable kind go
+// together as one (see batchQuery).
 type write struct {
-	stmt *sql.Stmt
-	sql  string
+	stmt  *sql.Stmt
+	sql   string
+	merge mergeKind
 }
 
 func (s *Store) newCombiner(maxFlushes int) *sqlstore.Combiner[write] {
@@ -61,24 +62,11 @@ var errBatchTooLarge = errors.New("combined statements exceed the packet limit")
 // COMMIT committed nothing either. A broken connection leaves the outcome
 // unknown.
 func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, error) {
-	var q strings.Builder
-	var args []driver.NamedValue
-	size := 0
-	q.WriteString("START TRANSACTION;\n")
-	for _, st := range sts {
-		q.WriteString(st.Stmt.sql)
-		q.WriteString(";\n")
-		for _, a := range st.Args {
-			v, err := driver.DefaultParameterConverter.ConvertValue(a)
-			if err != nil {
-				return nil, true, err
-			}
-			args = append(args, driver.NamedValue{Ordinal: len(args) + 1, Value: v})
-			size += interpolatedSize(v)
-		}
+	bq, err := newBatchQuery(s.q, sts)
+	if err != nil {
+		return nil, true, err
 	}
-	q.WriteString("COMMIT")
-	if int64(size+q.Len()) > s.maxRow.Load() {
+	if int64(bq.size) > s.maxRow.Load() {
 		return nil, true, errBatchTooLarge
 	}
 
@@ -96,7 +84,7 @@ func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, er
 	}
 	var rows []int64
 	err = conn.Raw(func(dc any) error {
-		res, err := dc.(driver.ExecerContext).ExecContext(ctx, q.String(), args)
+		res, err := dc.(driver.ExecerContext).ExecContext(ctx, bq.text.String(), bq.args)
 		if err != nil {
 			return err
 		}
@@ -105,10 +93,12 @@ func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, er
 	})
 	var me *mysql.MySQLError
 	switch {
-	case err == nil && len(rows) == len(sts)+2:
-		return rows[1 : len(sts)+1], false, nil
 	case err == nil:
-		return nil, false, errors.New("mysql: combined statements returned an unexpected number of results")
+		out, err := bq.outcomes(rows)
+		if err != nil {
+			return nil, false, err
+		}
+		return out, false, nil
 	case errors.As(err, &me):
 		if _, rerr := conn.ExecContext(ctx, "ROLLBACK"); rerr != nil {
 			discard(conn)

@@ -7,7 +7,7 @@ import "fmt"
 // added to UTC_TIMESTAMP(6), which is constant within a statement, so
 // every comparison in one statement uses one database-clock instant.
 type queries struct {
-	reserveFresh, reserve, load, owned, finalize, release, extend, abandon, takeOver, purge, forget string
+	reserveFresh, insertRows, reserve, load, owned, finalize, finalizeRows, release, extend, abandon, takeOver, purge, forget string
 }
 
 // recordCols selects a record the way sqlstore.Row scans it. `key` is a
@@ -27,10 +27,11 @@ func ifExpired(col string) string {
 // reserveCols and reserveValues insert a reservation; lease and TTL arrive
 // as microseconds.
 const (
-	reserveCols   = "(`key`, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)"
-	reserveValues = `VALUES (?, ?, ?, ?, ?, 'in_flight', ?,
+	reserveCols = "(`key`, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)"
+	reserveRow  = `(?, ?, ?, ?, ?, 'in_flight', ?,
 	UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6),
 	UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
+	reserveValues = "VALUES " + reserveRow
 )
 
 func newQueries(table string) queries {
@@ -60,6 +61,10 @@ func newQueries(table string) queries {
 		// the column every condition reads, must be assigned last.
 		// (VALUES() is deprecated in MySQL 8.0.20+ but works there;
 		// MariaDB lacks the row-alias replacement.)
+		// A combined batch's fresh reservations, as one multi-row INSERT
+		// (rows of reserveRow follow): see batchQuery.
+		insertRows: fmt.Sprintf("INSERT INTO %s %s VALUES\n", table, reserveCols),
+
 		reserve: fmt.Sprintf("INSERT INTO %s %s\n%s\n"+`ON DUPLICATE KEY UPDATE
 	%s, %s, %s, %s,
 	%s, %s, %s, %s,
@@ -79,6 +84,10 @@ func newQueries(table string) queries {
 
 		finalize: fmt.Sprintf("UPDATE %s SET state = 'final', owner = NULL, lease_until = NULL, status = ?, headers = ?, body = ?, key_id = ?\n"+
 			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
+
+		// A combined batch's finalizations, as one UPDATE: the CASEs
+		// (one branch per key) and the key list follow, see batchQuery.
+		finalizeRows: fmt.Sprintf("UPDATE %s SET state = 'final', owner = NULL, lease_until = NULL", table),
 
 		release: fmt.Sprintf("DELETE FROM %s WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
 

@@ -306,7 +306,7 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if err := s.ready(ctx); err != nil {
 		return stores.ReserveResult{}, err
 	}
-	w := write{s.stmts.reserveFresh, s.q.reserveFresh}
+	w := write{s.stmts.reserveFresh, s.q.reserveFresh, mergeInsert}
 	for range maxAttempts {
 		n, err := s.retry(ctx, "reserve", func(ctx context.Context) (int64, error) {
 			return s.writeOnce(ctx, r.Key, w, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
@@ -327,7 +327,7 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 		}
 		// Expired, or released or purged in between: reserve again,
 		// overwriting an expired row.
-		w = write{s.stmts.reserve, s.q.reserve}
+		w = write{s.stmts.reserve, s.q.reserve, mergeNone}
 	}
 	return stores.ReserveResult{}, fmt.Errorf("mysql reserve %s: key kept changing under %d attempts", r.Key, maxAttempts)
 }
@@ -388,7 +388,7 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 		return err
 	}
 	args := []any{f.Status, f.HeadersArg(), f.Body, f.KeyID, key, owner}
-	finalize := write{s.stmts.finalize, s.q.finalize}
+	finalize := write{s.stmts.finalize, s.q.finalize, mergeFinalize}
 	n, err := s.writeOnce(ctx, key, finalize, args...)
 	for attempt := 2; err != nil && retryable(err) && attempt <= maxAttempts && ctx.Err() == nil; attempt++ {
 		n, err = s.writeOnce(ctx, key, finalize, args...)

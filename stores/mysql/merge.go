@@ -1,0 +1,223 @@
+package mysql
+
+import (
+	"database/sql/driver"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// mergeKind says whether a combined batch may run a statement as part of
+// one statement with the others of its kind.
+//
+// Why: the server parses, resolves and executes every statement of a
+// combined batch on its one thread for that connection, one after the
+// other, and all the batch's requests wait for it. Merged, the database's
+// CPU per fresh keyed request fell from 221–305 to 164–199 µs, and the
+// store's throughput rose by about a sixth (see the README's Performance).
+//
+// Each merged statement takes its row locks in key order (the INSERT's rows
+// are in key order, the UPDATE reads a primary-key range), but no longer
+// interleaved with the other kind's. Two nodes' batches that meet on a key
+// (a retry sent to another node) can then deadlock; InnoDB detects that at
+// once and refuses one batch's statement, which rolls that batch back like
+// any other refusal.
+type mergeKind uint8
+
+const (
+	mergeNone mergeKind = iota
+	// mergeInsert: Reserve's INSERT of a fresh key (queries.reserveFresh),
+	// whose arguments are those of reserveRow. Merged, the rows go as one
+	// plain multi-row INSERT: without ON DUPLICATE KEY UPDATE, so that a
+	// key that exists makes the server refuse the statement, the batch
+	// rolls back, and each statement runs again alone, where the existing
+	// row gets its own answer (0 rows). A multi-row INSERT that succeeds
+	// inserted every row.
+	mergeInsert
+	// mergeFinalize: Finalize's UPDATE (queries.finalize), with arguments
+	// status, headers, body, key_id, key, owner. Merged, they go as one
+	// UPDATE whose CASEs give each key its values, followed by a guard
+	// that the server refuses unless the UPDATE changed every row (see
+	// unmatchedGuard): a record no longer owned rolls the batch back, and
+	// each statement runs again alone to learn which.
+	mergeFinalize
+)
+
+// unmatchedGuard fails, with "Result consisted of more than one row"
+// (1172), when the statement before it changed other than %d rows: SELECT
+// … INTO a variable refuses more than one row, and the two-row table is
+// filtered down to none when ROW_COUNT() (the rows the previous statement
+// changed) is as expected. A refused statement ends the multi-statement
+// query before its COMMIT, as any other.
+const unmatchedGuard = "SELECT 1 INTO @iceberg_idempotency_unmatched FROM (SELECT 1 AS n UNION ALL SELECT 2) AS two WHERE ROW_COUNT() <> %d"
+
+// batchQuery is the text and arguments of one combined batch, and where
+// each statement's outcome is among the server's results.
+type batchQuery struct {
+	text strings.Builder
+	args []driver.NamedValue
+	// size bounds the interpolated query's length.
+	size int
+	// result[i] is the index of statement i's result in the server's
+	// list of affected-rows counts (0 is START TRANSACTION's); merged
+	// statements share one.
+	result []int
+	// merged[i] is how many statements the result at index i stands for,
+	// for merged ones: each of them changed one row.
+	merged map[int]int
+	// results counts the server's results: one per statement sent.
+	results int
+}
+
+// newBatchQuery builds the batch of sts (in key order): merged INSERT,
+// merged UPDATE and its guard, then every other statement in order.
+func newBatchQuery(q queries, sts []sqlstore.Statement[write]) (*batchQuery, error) {
+	bq := &batchQuery{result: make([]int, len(sts)), merged: map[int]int{}, results: 1}
+	bq.text.WriteString("START TRANSACTION;\n")
+	merge := mergeable(sts)
+	if idx := merge[mergeInsert]; len(idx) > 0 {
+		bq.text.WriteString(q.insertRows)
+		for n, i := range idx {
+			if n > 0 {
+				bq.text.WriteString(",\n")
+			}
+			bq.text.WriteString(reserveRow)
+			if err := bq.add(sts[i].Args...); err != nil {
+				return nil, err
+			}
+		}
+		bq.endMerged(idx)
+	}
+	if idx := merge[mergeFinalize]; len(idx) > 0 {
+		bq.text.WriteString(q.finalizeRows)
+		for _, col := range []struct {
+			name string
+			arg  int
+		}{{"status", 0}, {"headers", 1}, {"body", 2}, {"key_id", 3}} {
+			fmt.Fprintf(&bq.text, ",\n%s = CASE `key`", col.name)
+			if err := bq.cases(sts, idx, col.arg); err != nil {
+				return nil, err
+			}
+		}
+		bq.text.WriteString("\nWHERE `key` IN (")
+		for n, i := range idx {
+			if n > 0 {
+				bq.text.WriteString(", ")
+			}
+			bq.text.WriteString("?")
+			if err := bq.add(sts[i].Args[4]); err != nil {
+				return nil, err
+			}
+		}
+		bq.text.WriteString(")\nAND owner = CASE `key`")
+		if err := bq.cases(sts, idx, 5); err != nil {
+			return nil, err
+		}
+		bq.text.WriteString("\nAND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)")
+		bq.endMerged(idx)
+		bq.text.WriteString(fmt.Sprintf(unmatchedGuard, len(idx)))
+		bq.text.WriteString(";\n")
+		bq.results++
+	}
+	for i, st := range sts {
+		if merge[st.Stmt.merge] != nil {
+			continue
+		}
+		bq.text.WriteString(st.Stmt.sql)
+		bq.text.WriteString(";\n")
+		if err := bq.add(st.Args...); err != nil {
+			return nil, err
+		}
+		bq.result[i] = bq.results
+		bq.results++
+	}
+	bq.text.WriteString("COMMIT")
+	bq.results++
+	bq.size += bq.text.Len()
+	return bq, nil
+}
+
+// mergeable returns, by kind, the statements that go merged: those of a
+// kind with two or more statements, all on distinct keys. (Two statements
+// on one key each need their own outcome: the second of two reservations
+// finds the first's row.)
+func mergeable(sts []sqlstore.Statement[write]) map[mergeKind][]int {
+	byKind := map[mergeKind][]int{}
+	for i, st := range sts {
+		if st.Stmt.merge != mergeNone {
+			byKind[st.Stmt.merge] = append(byKind[st.Stmt.merge], i)
+		}
+	}
+	for kind, idx := range byKind {
+		distinct := len(idx) >= 2
+		for n := 1; n < len(idx) && distinct; n++ {
+			// sts is in key order, so a repeated key is a neighbour.
+			distinct = sts[idx[n]].Key != sts[idx[n-1]].Key
+		}
+		if !distinct {
+			delete(byKind, kind)
+		}
+	}
+	return byKind
+}
+
+// cases writes one CASE's branches: WHEN key THEN the statement's arg-th
+// argument, for the statements idx.
+func (bq *batchQuery) cases(sts []sqlstore.Statement[write], idx []int, arg int) error {
+	for _, i := range idx {
+		bq.text.WriteString(" WHEN ? THEN ?")
+		if err := bq.add(sts[i].Key, sts[i].Args[arg]); err != nil {
+			return err
+		}
+	}
+	bq.text.WriteString(" END")
+	return nil
+}
+
+// endMerged ends a merged statement standing for the statements idx.
+func (bq *batchQuery) endMerged(idx []int) {
+	bq.text.WriteString(";\n")
+	for _, i := range idx {
+		bq.result[i] = bq.results
+	}
+	bq.merged[bq.results] = len(idx)
+	bq.results++
+}
+
+func (bq *batchQuery) add(values ...any) error {
+	for _, a := range values {
+		v, err := driver.DefaultParameterConverter.ConvertValue(a)
+		if err != nil {
+			return err
+		}
+		bq.args = append(bq.args, driver.NamedValue{Ordinal: len(bq.args) + 1, Value: v})
+		bq.size += interpolatedSize(v)
+	}
+	return nil
+}
+
+// outcomes maps the server's affected-rows counts of a committed batch to
+// its statements. A merged statement that changed other than one row per
+// statement it stands for (which its guard or a duplicate key should have
+// made the server refuse) leaves each statement's outcome unknown.
+func (bq *batchQuery) outcomes(rows []int64) ([]int64, error) {
+	if len(rows) != bq.results {
+		return nil, fmt.Errorf("mysql: combined statements returned %d results, not %d", len(rows), bq.results)
+	}
+	for at, n := range bq.merged {
+		if rows[at] != int64(n) {
+			return nil, fmt.Errorf("mysql: a merged statement of %d rows changed %s", n, strconv.FormatInt(rows[at], 10))
+		}
+	}
+	out := make([]int64, len(bq.result))
+	for i, at := range bq.result {
+		if bq.merged[at] > 0 {
+			out[i] = 1
+		} else {
+			out[i] = rows[at]
+		}
+	}
+	return out, nil
+}

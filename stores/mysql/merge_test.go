@@ -1,0 +1,197 @@
+package mysql
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// batchOf returns a batch's statements in key order, as the Combiner hands
+// them over: fresh reservations of keys, finalizations of finals, and a
+// reservation overwriting an expired row of others.
+func batchOf(q queries, fresh, finals, others []string) []sqlstore.Statement[write] {
+	var sts []sqlstore.Statement[write]
+	for _, k := range fresh {
+		sts = append(sts, sqlstore.Statement[write]{Key: k, Stmt: write{sql: q.reserveFresh, merge: mergeInsert},
+			Args: []any{k, "op", "/p", "principal", "fingerprint", "owner-" + k, int64(1), int64(2)}})
+	}
+	for _, k := range finals {
+		sts = append(sts, sqlstore.Statement[write]{Key: k, Stmt: write{sql: q.finalize, merge: mergeFinalize},
+			Args: []any{200, "{}", []byte("body of " + k), nil, k, "owner-" + k}})
+	}
+	for _, k := range others {
+		sts = append(sts, sqlstore.Statement[write]{Key: k, Stmt: write{sql: q.reserve},
+			Args: []any{k, "op", "/p", "principal", "fingerprint", "owner-" + k, int64(1), int64(2)}})
+	}
+	slices.SortStableFunc(sts, func(a, b sqlstore.Statement[write]) int { return strings.Compare(a.Key, b.Key) })
+	return sts
+}
+
+// A batch sends each mergeable kind as one statement, and each statement
+// of the batch gets its own outcome back from the server's results.
+func TestBatchQueryMergesEachKind(t *testing.T) {
+	q := newQueries("records")
+	sts := batchOf(q, []string{"a1", "c1", "e1"}, []string{"b1", "d1", "f1"}, []string{"g1"})
+	bq, err := newBatchQuery(q, sts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := bq.text.String()
+	for stmt, want := range map[string]int{"INSERT INTO records": 2, "UPDATE records": 1, "ROW_COUNT() <> 3": 1, "COMMIT": 1} {
+		if n := strings.Count(text, stmt); n != want {
+			t.Errorf("%d × %q in the batch, want %d:\n%s", n, stmt, want, text)
+		}
+	}
+	if got, want := strings.Count(text, "?"), len(bq.args); got != want {
+		t.Errorf("%d placeholders for %d arguments", got, want)
+	}
+	// START, INSERT of 3, UPDATE of 3, its guard, the other INSERT, COMMIT.
+	out, err := bq.outcomes([]int64{0, 3, 3, 0, 2, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []int64{1, 1, 1, 1, 1, 1, 2}; !slices.Equal(out, want) {
+		t.Errorf("outcomes %v, want %v", out, want)
+	}
+	for _, rows := range [][]int64{{0, 2, 3, 0, 2, 0}, {0, 3, 2, 0, 2, 0}, {0, 3, 3, 0, 2}} {
+		if _, err := bq.outcomes(rows); err == nil {
+			t.Errorf("outcomes(%v) reported no error", rows)
+		}
+	}
+}
+
+// Statements of one kind on one key each need their own outcome, so they
+// go unmerged; a kind with one statement goes as that statement.
+func TestBatchQueryLeavesRepeatedKeysUnmerged(t *testing.T) {
+	q := newQueries("records")
+	bq, err := newBatchQuery(q, batchOf(q, []string{"a1", "a1", "b1"}, []string{"c1"}, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := bq.text.String()
+	if n := strings.Count(text, "ON DUPLICATE KEY UPDATE `key` = `key`"); n != 3 {
+		t.Errorf("%d single reservations, want 3:\n%s", n, text)
+	}
+	if strings.Contains(text, "CASE") || strings.Contains(text, "ROW_COUNT()") {
+		t.Errorf("a lone finalization was merged:\n%s", text)
+	}
+	out, err := bq.outcomes([]int64{0, 1, 0, 1, 1, 0})
+	if err != nil || !slices.Equal(out, []int64{1, 0, 1, 1}) {
+		t.Errorf("outcomes = %v, %v", out, err)
+	}
+}
+
+// Reservations merged into one INSERT meet keys that exist: one final,
+// one reserved by another reservation of the same batch. The server
+// refuses the INSERT, and each reservation runs again alone and gets its
+// own answer.
+func TestMergedReservationsMeetExistingKeys(t *testing.T) {
+	r, s, _ := combineRig(t)
+	ctx := context.Background()
+	final := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+	if res, err := s.Reserve(ctx, final); err != nil || !res.Reserved {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	if err := s.Finalize(ctx, final.Key, final.Owner, stores.Response{Status: 200, Body: []byte("done")}); err != nil {
+		t.Fatal(err)
+	}
+	var rs []stores.Reservation
+	for range 5 {
+		rs = append(rs, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+	}
+	twice := storetest.NewKey(t)
+	rs = append(rs,
+		storetest.Reservation(final.Key, storetest.Long, storetest.Long),
+		storetest.Reservation(twice, storetest.Long, storetest.Long),
+		storetest.Reservation(twice, storetest.Long, storetest.Long))
+	results := make([]stores.ReserveResult, len(rs))
+	var ops []func() error
+	for i, res := range rs {
+		ops = append(ops, func() (err error) {
+			results[i], err = s.Reserve(ctx, res)
+			return err
+		})
+	}
+	for i, err := range r.Concurrently(t, ops) {
+		if err != nil {
+			t.Fatalf("Reserve %d: %v", i, err)
+		}
+	}
+	for i := range 5 {
+		if !results[i].Reserved {
+			t.Errorf("fresh key %d not reserved: %+v", i, results[i])
+		}
+		if rec, err := s.Load(ctx, rs[i].Key); err != nil || rec == nil || rec.Owner != rs[i].Owner {
+			t.Errorf("fresh key %d reserved but Load = %+v, %v", i, rec, err)
+		}
+	}
+	if ex := results[5].Existing; results[5].Reserved || ex == nil || ex.State != stores.StateFinal || string(ex.Response.Body) != "done" {
+		t.Errorf("the final key: %+v, want its final record", results[5])
+	}
+	a, b := results[6], results[7]
+	if a.Reserved == b.Reserved {
+		t.Fatalf("two reservations of one key: reserved %v and %v, want exactly one", a.Reserved, b.Reserved)
+	}
+	winner, loser := rs[6], b
+	if b.Reserved {
+		winner, loser = rs[7], a
+	}
+	if loser.Existing == nil || loser.Existing.State != stores.StateInFlight || loser.Existing.Owner != winner.Owner {
+		t.Errorf("the second reservation of one key got %+v, want the first's in-flight record", loser)
+	}
+}
+
+// Finalizations merged into one UPDATE, one of them on a record another
+// node has taken over: that one must learn it no longer owns the record
+// and leave it as it is; the others finalize. Without the guard the
+// merged UPDATE would report every finalization done.
+func TestMergedFinalizeLeavesAnotherOwnersRecord(t *testing.T) {
+	r, s, cfg := combineRig(t)
+	ctx := context.Background()
+	var rs []stores.Reservation
+	for range 6 {
+		res := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+		if out, err := s.Reserve(ctx, res); err != nil || !out.Reserved {
+			t.Fatalf("Reserve = %+v, %v", out, err)
+		}
+		rs = append(rs, res)
+	}
+	const taken = 2
+	if _, err := admin(t).Exec(fmt.Sprintf("UPDATE %s SET owner = 'another node' WHERE `key` = ?", cfg.Table), rs[taken].Key); err != nil {
+		t.Fatal(err)
+	}
+	var ops []func() error
+	for i, res := range rs {
+		ops = append(ops, func() error {
+			return s.Finalize(ctx, res.Key, res.Owner, stores.Response{Status: 201, Body: []byte(fmt.Sprintf("answer %d", i))})
+		})
+	}
+	for i, err := range r.Concurrently(t, ops) {
+		switch {
+		case i == taken && !errors.Is(err, stores.ErrNotOwner):
+			t.Errorf("Finalize of the record taken over = %v, want ErrNotOwner", err)
+		case i != taken && err != nil:
+			t.Errorf("Finalize %d: %v", i, err)
+		}
+	}
+	for i, res := range rs {
+		rec, err := s.Load(ctx, res.Key)
+		switch {
+		case err != nil || rec == nil:
+			t.Errorf("Load %d = %+v, %v", i, rec, err)
+		case i == taken && (rec.State != stores.StateInFlight || rec.Owner != "another node"):
+			t.Errorf("the record taken over became %+v, want it in flight for its new owner", rec)
+		case i != taken && (rec.State != stores.StateFinal || rec.Response.Status != 201 ||
+			!bytes.Equal(rec.Response.Body, []byte(fmt.Sprintf("answer %d", i)))):
+			t.Errorf("record %d = %+v, want its own final answer", i, rec)
+		}
+	}
+}
