@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,7 +48,12 @@ const (
 // each side (caddy-us, plain-caddy-us, from /proc) and their difference
 // (added-us): what the module itself costs the server per request, which
 // the throughput ratio hides when the client and the upstream share the
-// CPUs.
+// CPUs. Every pair also reports the whole machine's CPU time per request
+// (machine-us, a-machine-us: side b's, side a's) and its idle share
+// (idle, a-idle), and a SQL pair the database server's CPU time per
+// request (db-us, a-db-us): a floor loop sends statements without HTTP,
+// so on a machine that runs everything the ratio is also a ratio of CPU
+// budgets, and these say how much.
 func BenchmarkPaired(b *testing.B) {
 	up := upstream(b)
 	pairTime := envDuration(b, pairTimeEnv, 8*time.Second, false)
@@ -102,7 +106,7 @@ func BenchmarkPaired(b *testing.B) {
 		b.Run(fmt.Sprintf("c=%d", clients), func(b *testing.B) {
 			vsPlain := func(name string, plainPid int, plain, module func(int) error) {
 				b.Run(name, func(b *testing.B) {
-					p := runPaired(b, clients, pairTime, slice, [2]int{plainPid, caddy.Pid()}, plain, module)
+					p := runPaired(b, clients, pairTime, slice, [2]int{plainPid, caddy.Pid()}, nil, plain, module)
 					p.report(b, "vs-plain", true)
 				})
 			}
@@ -113,7 +117,7 @@ func BenchmarkPaired(b *testing.B) {
 			for _, s := range sqls {
 				floor := floors[s.name]
 				b.Run(s.name+"/fresh_key", func(b *testing.B) {
-					p := runPaired(b, clients, pairTime, slice, [2]int{caddy.Pid(), caddy.Pid()}, func(int) error { return floor(newKey()) }, post(s.name, true))
+					p := runPaired(b, clients, pairTime, slice, [2]int{caddy.Pid(), caddy.Pid()}, serverCommands[s.name], func(int) error { return floor(newKey()) }, post(s.name, true))
 					p.report(b, "vs-floor", false)
 				})
 			}
@@ -150,8 +154,11 @@ type side struct {
 	requests int
 	elapsed  time.Duration
 	cpu      time.Duration // the Caddy process's CPU time during its slices
-	lat      []time.Duration
-	rates    []float64 // req/s of each slice
+	// db is the database server's CPU time during the slices (when the
+	// pair names one), busy and idle the whole machine's.
+	db, busy, idle time.Duration
+	lat            []time.Duration
+	rates          []float64 // req/s of each slice
 }
 
 func (s *side) rate() float64 { return float64(s.requests) / s.elapsed.Seconds() }
@@ -163,10 +170,16 @@ func (s *side) cpuPerRequest() float64 {
 
 type paired struct{ a, b side }
 
+// perRequest is d per request of s, in µs.
+func (s *side) perRequest(d time.Duration) float64 {
+	return float64(d.Microseconds()) / float64(s.requests)
+}
+
 // runPaired runs a and b from clients goroutines each, in slices of
 // length slice alternating ABBA, for pairTime in all, and measures each
-// side (pids are the Caddy processes whose CPU time is read, a's and b's).
-func runPaired(tb *testing.B, clients int, pairTime, slice time.Duration, pids [2]int, a, b func(int) error) *paired {
+// side (pids are the Caddy processes whose CPU time is read, a's and b's;
+// db, when set, the command names of the database server's processes).
+func runPaired(tb *testing.B, clients int, pairTime, slice time.Duration, pids [2]int, db []string, a, b func(int) error) *paired {
 	tb.Helper()
 	p := &paired{}
 	tb.ResetTimer()
@@ -177,8 +190,19 @@ func runPaired(tb *testing.B, clients int, pairTime, slice time.Duration, pids [
 			s, op, pid = &p.b, b, pids[1]
 		}
 		cpu0 := processCPU(tb, pid)
+		var db0 time.Duration
+		if db != nil {
+			db0 = commandCPU(db...)
+		}
+		busy0, idle0 := machineCPU()
 		reqs, elapsed, lat := runSlice(tb, clients, slice, op)
 		s.cpu += processCPU(tb, pid) - cpu0
+		busy1, idle1 := machineCPU()
+		s.busy += busy1 - busy0
+		s.idle += idle1 - idle0
+		if db != nil {
+			s.db += commandCPU(db...) - db0
+		}
 		s.requests += reqs
 		s.elapsed += elapsed
 		s.lat = append(s.lat, lat...)
@@ -242,31 +266,20 @@ func (p *paired) report(b *testing.B, metric string, cpu bool) {
 	b.ReportMetric(ratios[(3*len(ratios))/4], metric+"-q3")
 	b.ReportMetric(percentileMs(p.b.lat, 0.50), "p50-ms")
 	b.ReportMetric(percentileMs(p.b.lat, 0.99), "p99-ms")
+	// Where the machine's CPU went, per request of each side: what a
+	// ratio between a loop and a proxied request is made of when they
+	// share the CPUs.
+	b.ReportMetric(p.b.perRequest(p.b.busy), "machine-us")
+	b.ReportMetric(p.a.perRequest(p.a.busy), "a-machine-us")
+	b.ReportMetric(float64(p.b.idle)/float64(p.b.idle+p.b.busy), "idle")
+	b.ReportMetric(float64(p.a.idle)/float64(p.a.idle+p.a.busy), "a-idle")
+	if p.b.db > 0 {
+		b.ReportMetric(p.b.perRequest(p.b.db), "db-us")
+		b.ReportMetric(p.a.perRequest(p.a.db), "a-db-us")
+	}
 	if cpu {
 		b.ReportMetric(p.b.cpuPerRequest(), "caddy-us")
 		b.ReportMetric(p.a.cpuPerRequest(), "plain-caddy-us")
 		b.ReportMetric(p.b.cpuPerRequest()-p.a.cpuPerRequest(), "added-us")
 	}
-}
-
-// clockTicks is Linux's USER_HZ, the unit of /proc/<pid>/stat's CPU times:
-// 100 on every architecture Go supports there.
-const clockTicks = 100
-
-// processCPU is the user and system CPU time pid has used so far.
-func processCPU(tb *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		tb.Fatalf("reading Caddy's CPU time: %v", err)
-	}
-	// The command name (field 2) may hold spaces; the fields after its
-	// closing parenthesis start with field 3.
-	rest := string(raw[strings.LastIndexByte(string(raw), ')')+2:])
-	f := strings.Fields(rest)
-	utime, err1 := strconv.ParseInt(f[11], 10, 64) // field 14
-	stime, err2 := strconv.ParseInt(f[12], 10, 64) // field 15
-	if err1 != nil || err2 != nil {
-		tb.Fatalf("unexpected /proc/%d/stat: %q", pid, raw)
-	}
-	return time.Duration(utime+stime) * time.Second / clockTicks
 }
