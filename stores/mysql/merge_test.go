@@ -195,3 +195,27 @@ func TestMergedFinalizeLeavesAnotherOwnersRecord(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBatchQuery builds a batch of 8 fresh reservations and 8
+// finalizations with 2 KB bodies, the shape of a busy node's batch.
+func BenchmarkBatchQuery(b *testing.B) {
+	q := newQueries("records")
+	var fresh, finals []string
+	for i := range 8 {
+		fresh = append(fresh, fmt.Sprintf("a%02d", i))
+		finals = append(finals, fmt.Sprintf("b%02d", i))
+	}
+	sts := batchOf(q, fresh, finals, nil)
+	body := bytes.Repeat([]byte(`{"k":"v"}`), 228)
+	for i := range sts {
+		if sts[i].Stmt.merge == mergeFinalize {
+			sts[i].Args[2] = body
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := newBatchQuery(q, sts); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
