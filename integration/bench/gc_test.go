@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"fmt"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -9,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
 )
 
 // gcTraceLine is one line of GODEBUG=gctrace=1: its CPU times (ms) are
@@ -38,7 +40,10 @@ func gcCPUms(logs string) float64 {
 // each cycle marks every object of every record held, and every request
 // of the process pays for it, the plain routes' too.
 //
-// Reported per side (memory, plain-same, plain-process): gc-us (GC CPU per
+// The fourth side is a Caddy whose only route is the module on the
+// MariaDB/MySQL store.
+//
+// Reported per side (memory, plain-same, plain-process, mysql): gc-us (GC CPU per
 // request) and caddy-us (the process's CPU per request, from /proc), over
 // ICEBERG_IDEMPOTENCY_BENCH_GC_REQUESTS requests (default 100,000) after a
 // fifth as many to warm up.
@@ -48,12 +53,19 @@ func BenchmarkGCCost(b *testing.B) {
 	gctrace := caddyproc.Options{Env: []string{"GODEBUG=gctrace=1"}}
 	module := caddyproc.StartWith(b, routedCaddyfile(up, [][2]string{{"memory", "memory"}}), gctrace)
 	plain := caddyproc.StartWith(b, routedCaddyfile(up, nil), gctrace)
+	// A Caddy whose only store is MariaDB/MySQL: what a SQL store's
+	// request allocates on the way (the batch's text, the driver's
+	// interpolation) is collected in a heap that holds no records.
+	my := testdb.MySQL
+	dsn, table := my.DSN(b), tableName()
+	dropAtEnd(b, my, dsn, table)
+	mysql := caddyproc.StartWith(b, routedCaddyfile(up, [][2]string{{"mysql", fmt.Sprintf("mysql {\ndsn %q\ntable %s\n}", dsn, table)}}), gctrace)
 	b.ResetTimer()
 	for _, c := range []struct {
 		name  string
 		caddy *caddyproc.Instance
 		route string
-	}{{"memory", module, "memory"}, {"plain-same", module, ""}, {"plain-process", plain, ""}} {
+	}{{"memory", module, "memory"}, {"plain-same", module, ""}, {"plain-process", plain, ""}, {"mysql", mysql, "mysql"}} {
 		url := c.caddy.URL()
 		run := func(n int) error {
 			var wg sync.WaitGroup
