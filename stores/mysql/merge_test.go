@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
@@ -216,6 +218,158 @@ func BenchmarkBatchQuery(b *testing.B) {
 	for b.Loop() {
 		if _, err := newBatchQuery(q, sts); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// Random mixes of the writes a batch merges, each queued behind the busy
+// slot so that they go as one batch, and each checked against the outcome
+// it has alone: fresh keys reserve; a key whose record is final, in
+// flight for someone else, reserved twice in the batch or expired gets
+// what a lone Reserve gets; a finalization of a record the node owns
+// finalizes it, of a record taken over or gone reports ErrNotOwner and
+// changes nothing.
+func TestMergedBatchesMatchStatementsAlone(t *testing.T) {
+	r, s, cfg := combineRig(t)
+	db := admin(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(11, uint64(time.Now().UnixNano())))
+	long := func(key string) stores.Reservation { return storetest.Reservation(key, storetest.Long, storetest.Long) }
+	reserve := func(res stores.Reservation) {
+		t.Helper()
+		if out, err := s.Reserve(ctx, res); err != nil || !out.Reserved {
+			t.Fatalf("Reserve = %+v, %v", out, err)
+		}
+	}
+	for round := range 6 {
+		type check func(t *testing.T)
+		var ops []func() error
+		var checks []check
+
+		// Reservations.
+		for range 1 + rng.IntN(6) {
+			res := long(storetest.NewKey(t))
+			var out stores.ReserveResult
+			ops = append(ops, func() (err error) { out, err = s.Reserve(ctx, res); return err })
+			checks = append(checks, func(t *testing.T) {
+				if rec, err := s.Load(ctx, res.Key); !out.Reserved || err != nil || rec == nil || rec.Owner != res.Owner {
+					t.Errorf("round %d: fresh key: %+v, then Load = %+v, %v", round, out, rec, err)
+				}
+			})
+		}
+		for range rng.IntN(3) {
+			first := long(storetest.NewKey(t))
+			reserve(first)
+			if err := s.Finalize(ctx, first.Key, first.Owner, stores.Response{Status: 204}); err != nil {
+				t.Fatal(err)
+			}
+			res := long(first.Key)
+			var out stores.ReserveResult
+			ops = append(ops, func() (err error) { out, err = s.Reserve(ctx, res); return err })
+			checks = append(checks, func(t *testing.T) {
+				if out.Reserved || out.Existing == nil || out.Existing.State != stores.StateFinal || out.Existing.Response.Status != 204 {
+					t.Errorf("round %d: final key: %+v", round, out)
+				}
+			})
+		}
+		for range rng.IntN(3) {
+			first := long(storetest.NewKey(t))
+			reserve(first)
+			res := long(first.Key)
+			var out stores.ReserveResult
+			ops = append(ops, func() (err error) { out, err = s.Reserve(ctx, res); return err })
+			checks = append(checks, func(t *testing.T) {
+				if out.Reserved || out.Existing == nil || out.Existing.State != stores.StateInFlight || out.Existing.Owner != first.Owner {
+					t.Errorf("round %d: key in flight elsewhere: %+v", round, out)
+				}
+			})
+		}
+		for range rng.IntN(3) {
+			key := storetest.NewKey(t)
+			if _, err := db.Exec(fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, status, created_at, expires_at)"+
+				" VALUES (?, 'op', '/p', 'p', 'f', 'final', 200, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)", cfg.Table), key); err != nil {
+				t.Fatal(err)
+			}
+			res := long(key)
+			var out stores.ReserveResult
+			ops = append(ops, func() (err error) { out, err = s.Reserve(ctx, res); return err })
+			checks = append(checks, func(t *testing.T) {
+				if rec, err := s.Load(ctx, key); !out.Reserved || err != nil || rec == nil || rec.Owner != res.Owner || rec.State != stores.StateInFlight {
+					t.Errorf("round %d: expired key: %+v, then Load = %+v, %v", round, out, rec, err)
+				}
+			})
+		}
+		if rng.IntN(2) == 0 {
+			key := storetest.NewKey(t)
+			a, b := long(key), long(key)
+			var outA, outB stores.ReserveResult
+			ops = append(ops,
+				func() (err error) { outA, err = s.Reserve(ctx, a); return err },
+				func() (err error) { outB, err = s.Reserve(ctx, b); return err })
+			checks = append(checks, func(t *testing.T) {
+				if outA.Reserved == outB.Reserved {
+					t.Errorf("round %d: one key reserved twice in a batch: %+v and %+v", round, outA, outB)
+				}
+			})
+		}
+
+		// Finalizations.
+		for i := range rng.IntN(7) {
+			res := long(storetest.NewKey(t))
+			reserve(res)
+			body := []byte(fmt.Sprintf("round %d answer %d '\\\"", round, i))
+			var err error
+			ops = append(ops, func() error {
+				err = s.Finalize(ctx, res.Key, res.Owner, stores.Response{Status: 200, Body: body})
+				return nil
+			})
+			checks = append(checks, func(t *testing.T) {
+				rec, lerr := s.Load(ctx, res.Key)
+				if err != nil || lerr != nil || rec == nil || rec.State != stores.StateFinal || !bytes.Equal(rec.Response.Body, body) {
+					t.Errorf("round %d: owned record: Finalize = %v, then Load = %+v, %v", round, err, rec, lerr)
+				}
+			})
+		}
+		for range rng.IntN(3) {
+			res := long(storetest.NewKey(t))
+			reserve(res)
+			if _, err := db.Exec(fmt.Sprintf("UPDATE %s SET owner = 'another node' WHERE `key` = ?", cfg.Table), res.Key); err != nil {
+				t.Fatal(err)
+			}
+			var err error
+			ops = append(ops, func() error {
+				err = s.Finalize(ctx, res.Key, res.Owner, stores.Response{Status: 200, Body: []byte("late")})
+				return nil
+			})
+			checks = append(checks, func(t *testing.T) {
+				rec, lerr := s.Load(ctx, res.Key)
+				if !errors.Is(err, stores.ErrNotOwner) || lerr != nil || rec == nil || rec.State != stores.StateInFlight || rec.Owner != "another node" {
+					t.Errorf("round %d: record taken over: Finalize = %v, then Load = %+v, %v", round, err, rec, lerr)
+				}
+			})
+		}
+		if rng.IntN(2) == 0 {
+			res := long(storetest.NewKey(t))
+			var err error
+			ops = append(ops, func() error {
+				err = s.Finalize(ctx, res.Key, res.Owner, stores.Response{Status: 200})
+				return nil
+			})
+			checks = append(checks, func(t *testing.T) {
+				if rec, lerr := s.Load(ctx, res.Key); !errors.Is(err, stores.ErrNotOwner) || lerr != nil || rec != nil {
+					t.Errorf("round %d: record gone: Finalize = %v, then Load = %+v, %v", round, err, rec, lerr)
+				}
+			})
+		}
+
+		rng.Shuffle(len(ops), func(i, j int) { ops[i], ops[j] = ops[j], ops[i] })
+		for i, err := range r.Concurrently(t, ops) {
+			if err != nil {
+				t.Fatalf("round %d: op %d: %v", round, i, err)
+			}
+		}
+		for _, c := range checks {
+			c(t)
 		}
 	}
 }
