@@ -60,9 +60,31 @@ var errBatchTooLarge = errors.New("combined statements exceed the packet limit")
 // the COMMIT: nothing of the batch committed, and the transaction is
 // rolled back before the connection goes back to the pool. A refused
 // COMMIT committed nothing either. A broken connection leaves the outcome
-// unknown.
+// unknown. Statements of a mergeable kind go merged (see mergeKind); a
+// merged statement the server refuses sends the batch once more unmerged.
 func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, error) {
-	bq, err := newBatchQuery(s.q, sts)
+	rows, rolledBack, err := s.runBatch(sts, true)
+	var me *mysql.MySQLError
+	if err != nil && rolledBack && errors.As(err, &me) && (me.Number == errDuplicateKey || me.Number == errGuardRefused) {
+		// A merged statement met a key that exists or a record no longer
+		// owned: the batch goes once more unmerged, still one round trip
+		// and one commit, where each statement gets its own answer. A
+		// retry arriving while the database is slow would otherwise send
+		// every statement of its batch alone.
+		return s.runBatch(sts, false)
+	}
+	return rows, rolledBack, err
+}
+
+// Errors a merged statement is refused with (see mergeKind).
+const (
+	errDuplicateKey = 1062 // ER_DUP_ENTRY: a merged INSERT met a key that exists
+	errGuardRefused = 1172 // ER_TOO_MANY_ROWS: unmatchedGuard
+)
+
+// runBatch runs sts as one batch, merged or not; see execTogether.
+func (s *Store) runBatch(sts []sqlstore.Statement[write], merge bool) ([]int64, bool, error) {
+	bq, err := newBatchQuery(s.q, sts, merge)
 	if err != nil {
 		return nil, true, err
 	}

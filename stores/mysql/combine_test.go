@@ -27,8 +27,13 @@ func TestCombinedWrites(t *testing.T) {
 // combineRig opens a store with one batch slot and the rig that queues
 // writes behind it. Its table refuses a reservation whose path is
 // /refused.
-func combineRig(t *testing.T) (sqltest.CombineRig, *Store, Config) {
-	s, cfg := openStore(t, func(c *Config) { c.CombinedWrites = 1 })
+func combineRig(t *testing.T, mutate ...func(*Config)) (sqltest.CombineRig, *Store, Config) {
+	s, cfg := openStore(t, func(c *Config) {
+		c.CombinedWrites = 1
+		for _, m := range mutate {
+			m(c)
+		}
+	})
 	db := admin(t)
 	ctx := context.Background()
 	trigger := cfg.Table + "_refuse"

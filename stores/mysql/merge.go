@@ -20,10 +20,13 @@ import (
 //
 // Each merged statement takes its row locks in key order (the INSERT's rows
 // are in key order, the UPDATE reads a primary-key range), but no longer
-// interleaved with the other kind's. Two nodes' batches that meet on a key
-// (a retry sent to another node) can then deadlock; InnoDB detects that at
-// once and refuses one batch's statement, which rolls that batch back like
-// any other refusal.
+// interleaved with the other kind's. Two batches that meet on a key (two
+// nodes', or one node's with combined_writes 2 or more) can then
+// deadlock; InnoDB detects that at once (innodb_deadlock_detect, on by
+// default) and refuses one batch's statement, which rolls that batch back
+// like any other refusal. With detection off, the lock wait ends at
+// innodb_lock_wait_timeout, which the store sets to its statement timeout,
+// and the batch's outcome may be reported unknown.
 type mergeKind uint8
 
 const (
@@ -32,16 +35,16 @@ const (
 	// whose arguments are those of reserveRow. Merged, the rows go as one
 	// plain multi-row INSERT: without ON DUPLICATE KEY UPDATE, so that a
 	// key that exists makes the server refuse the statement, the batch
-	// rolls back, and each statement runs again alone, where the existing
-	// row gets its own answer (0 rows). A multi-row INSERT that succeeds
-	// inserted every row.
+	// rolls back and goes again unmerged (see Store.execTogether), where
+	// the existing row gets its own answer (0 rows). A multi-row INSERT
+	// that succeeds inserted every row.
 	mergeInsert
 	// mergeFinalize: Finalize's UPDATE (queries.finalize), with arguments
 	// status, headers, body, key_id, key, owner. Merged, they go as one
 	// UPDATE whose CASEs give each key its values, followed by a guard
 	// that the server refuses unless the UPDATE changed every row (see
 	// unmatchedGuard): a record no longer owned rolls the batch back, and
-	// each statement runs again alone to learn which.
+	// it goes again unmerged, where each statement learns its own outcome.
 	mergeFinalize
 )
 
@@ -51,7 +54,10 @@ const (
 // filtered down to none when ROW_COUNT() (the rows the previous statement
 // changed) is as expected. A refused statement ends the multi-statement
 // query before its COMMIT, as any other.
-const unmatchedGuard = "SELECT 1 INTO @iceberg_idempotency_unmatched FROM (SELECT 1 AS n UNION ALL SELECT 2) AS two WHERE ROW_COUNT() <> %d"
+//
+// LIMIT 2 keeps a session's sql_select_limit (a DSN may set it) from
+// cutting the two rows to one, which would let the guard pass.
+const unmatchedGuard = "SELECT 1 INTO @iceberg_idempotency_unmatched FROM (SELECT 1 AS n UNION ALL SELECT 2) AS two WHERE ROW_COUNT() <> %d LIMIT 2"
 
 // batchQuery is the text and arguments of one combined batch, and where
 // each statement's outcome is among the server's results.
@@ -72,8 +78,9 @@ type batchQuery struct {
 }
 
 // newBatchQuery builds the batch of sts (in key order): merged INSERT,
-// merged UPDATE and its guard, then every other statement in order.
-func newBatchQuery(q queries, sts []sqlstore.Statement[write]) (*batchQuery, error) {
+// merged UPDATE and its guard, then every other statement in order. With
+// merge false, every statement goes as it would alone.
+func newBatchQuery(q queries, sts []sqlstore.Statement[write], merge bool) (*batchQuery, error) {
 	bq := &batchQuery{result: make([]int, len(sts)), merged: map[int]int{}, results: 1}
 	// Sized once: a busy node builds one of these every few milliseconds,
 	// and growing them doubled their garbage.
@@ -88,8 +95,11 @@ func newBatchQuery(q queries, sts []sqlstore.Statement[write]) (*batchQuery, err
 	bq.text.Grow(text)
 	bq.args = make([]driver.NamedValue, 0, args)
 	bq.text.WriteString("START TRANSACTION;\n")
-	merge := mergeable(sts)
-	if idx := merge[mergeInsert]; len(idx) > 0 {
+	merged := map[mergeKind][]int{}
+	if merge {
+		merged = mergeable(sts)
+	}
+	if idx := merged[mergeInsert]; len(idx) > 0 {
 		bq.text.WriteString(q.insertRows)
 		for n, i := range idx {
 			if n > 0 {
@@ -102,7 +112,7 @@ func newBatchQuery(q queries, sts []sqlstore.Statement[write]) (*batchQuery, err
 		}
 		bq.endMerged(idx)
 	}
-	if idx := merge[mergeFinalize]; len(idx) > 0 {
+	if idx := merged[mergeFinalize]; len(idx) > 0 {
 		bq.text.WriteString(q.finalizeRows)
 		for _, col := range []struct {
 			name string
@@ -119,7 +129,7 @@ func newBatchQuery(q queries, sts []sqlstore.Statement[write]) (*batchQuery, err
 				bq.text.WriteString(", ")
 			}
 			bq.text.WriteString("?")
-			if err := bq.add(sts[i].Args[4]); err != nil {
+			if err := bq.add(sts[i].Key); err != nil {
 				return nil, err
 			}
 		}
@@ -134,7 +144,7 @@ func newBatchQuery(q queries, sts []sqlstore.Statement[write]) (*batchQuery, err
 		bq.results++
 	}
 	for i, st := range sts {
-		if merge[st.Stmt.merge] != nil {
+		if merged[st.Stmt.merge] != nil {
 			continue
 		}
 		bq.text.WriteString(st.Stmt.sql)

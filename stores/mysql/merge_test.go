@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -42,7 +44,7 @@ func batchOf(q queries, fresh, finals, others []string) []sqlstore.Statement[wri
 func TestBatchQueryMergesEachKind(t *testing.T) {
 	q := newQueries("records")
 	sts := batchOf(q, []string{"a1", "c1", "e1"}, []string{"b1", "d1", "f1"}, []string{"g1"})
-	bq, err := newBatchQuery(q, sts)
+	bq, err := newBatchQuery(q, sts, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +76,7 @@ func TestBatchQueryMergesEachKind(t *testing.T) {
 // go unmerged; a kind with one statement goes as that statement.
 func TestBatchQueryLeavesRepeatedKeysUnmerged(t *testing.T) {
 	q := newQueries("records")
-	bq, err := newBatchQuery(q, batchOf(q, []string{"a1", "a1", "b1"}, []string{"c1"}, nil))
+	bq, err := newBatchQuery(q, batchOf(q, []string{"a1", "a1", "b1"}, []string{"c1"}, nil), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,15 +94,18 @@ func TestBatchQueryLeavesRepeatedKeysUnmerged(t *testing.T) {
 }
 
 // Reservations merged into one INSERT meet keys that exist: one final,
-// one reserved by another reservation of the same batch. The server
-// refuses the INSERT, and each reservation runs again alone and gets its
-// own answer.
+// one in flight for another reservation. The server refuses the INSERT,
+// and the batch goes again unmerged, in one transaction still, where each
+// reservation gets its own answer.
 func TestMergedReservationsMeetExistingKeys(t *testing.T) {
 	r, s, _ := combineRig(t)
 	ctx := context.Background()
 	final := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
-	if res, err := s.Reserve(ctx, final); err != nil || !res.Reserved {
-		t.Fatalf("Reserve = %+v, %v", res, err)
+	inFlight := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+	for _, res := range []stores.Reservation{final, inFlight} {
+		if out, err := s.Reserve(ctx, res); err != nil || !out.Reserved {
+			t.Fatalf("Reserve = %+v, %v", out, err)
+		}
 	}
 	if err := s.Finalize(ctx, final.Key, final.Owner, stores.Response{Status: 200, Body: []byte("done")}); err != nil {
 		t.Fatal(err)
@@ -109,11 +114,9 @@ func TestMergedReservationsMeetExistingKeys(t *testing.T) {
 	for range 5 {
 		rs = append(rs, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
 	}
-	twice := storetest.NewKey(t)
 	rs = append(rs,
 		storetest.Reservation(final.Key, storetest.Long, storetest.Long),
-		storetest.Reservation(twice, storetest.Long, storetest.Long),
-		storetest.Reservation(twice, storetest.Long, storetest.Long))
+		storetest.Reservation(inFlight.Key, storetest.Long, storetest.Long))
 	results := make([]stores.ReserveResult, len(rs))
 	var ops []func() error
 	for i, res := range rs {
@@ -122,10 +125,16 @@ func TestMergedReservationsMeetExistingKeys(t *testing.T) {
 			return err
 		})
 	}
+	r.Commits(t, nil)
 	for i, err := range r.Concurrently(t, ops) {
 		if err != nil {
 			t.Fatalf("Reserve %d: %v", i, err)
 		}
+	}
+	// The unmerged batch commits with a COMMIT statement; statements run
+	// alone commit without one.
+	if n, _ := r.Commits(t, nil); n < 1 {
+		t.Errorf("the refused merged batch was not sent again as one batch (%d COMMIT statements)", n)
 	}
 	for i := range 5 {
 		if !results[i].Reserved {
@@ -138,33 +147,45 @@ func TestMergedReservationsMeetExistingKeys(t *testing.T) {
 	if ex := results[5].Existing; results[5].Reserved || ex == nil || ex.State != stores.StateFinal || string(ex.Response.Body) != "done" {
 		t.Errorf("the final key: %+v, want its final record", results[5])
 	}
-	a, b := results[6], results[7]
-	if a.Reserved == b.Reserved {
-		t.Fatalf("two reservations of one key: reserved %v and %v, want exactly one", a.Reserved, b.Reserved)
-	}
-	winner, loser := rs[6], b
-	if b.Reserved {
-		winner, loser = rs[7], a
-	}
-	if loser.Existing == nil || loser.Existing.State != stores.StateInFlight || loser.Existing.Owner != winner.Owner {
-		t.Errorf("the second reservation of one key got %+v, want the first's in-flight record", loser)
+	if ex := results[6].Existing; results[6].Reserved || ex == nil || ex.State != stores.StateInFlight || ex.Owner != inFlight.Owner {
+		t.Errorf("the key in flight: %+v, want the other reservation's record", results[6])
 	}
 }
 
 // Finalizations merged into one UPDATE, one of them on a record another
 // node has taken over: that one must learn it no longer owns the record
-// and leave it as it is; the others finalize. Without the guard the
-// merged UPDATE would report every finalization done.
+// and leave it as it is; the others finalize, in one transaction still
+// (the batch goes again unmerged). Without the guard the merged UPDATE
+// would report every finalization done.
 func TestMergedFinalizeLeavesAnotherOwnersRecord(t *testing.T) {
 	r, s, cfg := combineRig(t)
+	finalizeOneTakenOver(t, r, s, cfg)
+}
+
+// A DSN's sql_select_limit applies to the guard's SELECT too, and must not
+// let it pass.
+func TestMergedFinalizeGuardHoldsUnderSelectLimit(t *testing.T) {
+	r, s, cfg := combineRig(t, func(c *Config) {
+		sep := "?"
+		if strings.Contains(c.DSN, "?") {
+			sep = "&"
+		}
+		c.DSN += sep + "sql_select_limit=1"
+	})
+	finalizeOneTakenOver(t, r, s, cfg)
+}
+
+func finalizeOneTakenOver(t *testing.T, r sqltest.CombineRig, s *Store, cfg Config) {
 	ctx := context.Background()
 	var rs []stores.Reservation
+	var keys []string
 	for range 6 {
 		res := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
 		if out, err := s.Reserve(ctx, res); err != nil || !out.Reserved {
 			t.Fatalf("Reserve = %+v, %v", out, err)
 		}
 		rs = append(rs, res)
+		keys = append(keys, res.Key)
 	}
 	const taken = 2
 	if _, err := admin(t).Exec(fmt.Sprintf("UPDATE %s SET owner = 'another node' WHERE `key` = ?", cfg.Table), rs[taken].Key); err != nil {
@@ -176,6 +197,7 @@ func TestMergedFinalizeLeavesAnotherOwnersRecord(t *testing.T) {
 			return s.Finalize(ctx, res.Key, res.Owner, stores.Response{Status: 201, Body: []byte(fmt.Sprintf("answer %d", i))})
 		})
 	}
+	r.Commits(t, keys)
 	for i, err := range r.Concurrently(t, ops) {
 		switch {
 		case i == taken && !errors.Is(err, stores.ErrNotOwner):
@@ -194,6 +216,70 @@ func TestMergedFinalizeLeavesAnotherOwnersRecord(t *testing.T) {
 		case i != taken && (rec.State != stores.StateFinal || rec.Response.Status != 201 ||
 			!bytes.Equal(rec.Response.Body, []byte(fmt.Sprintf("answer %d", i)))):
 			t.Errorf("record %d = %+v, want its own final answer", i, rec)
+		}
+	}
+	// The unmerged batch commits with a COMMIT statement; statements run
+	// alone commit without one.
+	if n, _ := r.Commits(t, keys); n < 1 {
+		t.Errorf("the refused merged batch was not sent again as one batch (%d COMMIT statements)", n)
+	}
+}
+
+// A committed batch with both merged statements and an upsert that
+// overwrites an expired row: each statement's count comes back to it, the
+// upsert's 2 among the merged statements' 1s.
+func TestBatchWithUpsertOverExpiredRow(t *testing.T) {
+	s, cfg := openStore(t, func(c *Config) { c.CombinedWrites = 1 })
+	ctx := context.Background()
+	db := admin(t)
+	expired := storetest.NewKey(t)
+	if _, err := db.Exec(fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, status, created_at, expires_at)"+
+		" VALUES (?, 'op', '/p', 'p', 'f', 'final', 200, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)", cfg.Table), expired); err != nil {
+		t.Fatal(err)
+	}
+	reserveArgs := func(r stores.Reservation) []any {
+		return []any{r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())}
+	}
+	var sts []sqlstore.Statement[write]
+	var fresh, owned []stores.Reservation
+	for range 2 {
+		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+		fresh = append(fresh, r)
+		sts = append(sts, sqlstore.Statement[write]{Key: r.Key, Stmt: write{sql: s.q.reserveFresh, merge: mergeInsert}, Args: reserveArgs(r)})
+		o := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+		if out, err := s.Reserve(ctx, o); err != nil || !out.Reserved {
+			t.Fatalf("Reserve = %+v, %v", out, err)
+		}
+		owned = append(owned, o)
+		sts = append(sts, sqlstore.Statement[write]{Key: o.Key, Stmt: write{sql: s.q.finalize, merge: mergeFinalize},
+			Args: []any{nil, nil, []byte("sealed " + o.Key), "key-1", o.Key, o.Owner}})
+	}
+	over := storetest.Reservation(expired, storetest.Long, storetest.Long)
+	sts = append(sts, sqlstore.Statement[write]{Key: expired, Stmt: write{sql: s.q.reserve}, Args: reserveArgs(over)})
+	slices.SortStableFunc(sts, func(a, b sqlstore.Statement[write]) int { return strings.Compare(a.Key, b.Key) })
+
+	rows, rolledBack, err := s.execTogether(sts)
+	if err != nil {
+		t.Fatalf("execTogether: rolled back %v, %v", rolledBack, err)
+	}
+	for i, st := range sts {
+		want := int64(1)
+		if st.Key == expired {
+			want = 2
+		}
+		if rows[i] != want {
+			t.Errorf("statement %d on %s changed %d rows, want %d", i, st.Key, rows[i], want)
+		}
+	}
+	for _, r := range append(fresh, over) {
+		if rec, err := s.Load(ctx, r.Key); err != nil || rec == nil || rec.State != stores.StateInFlight || rec.Owner != r.Owner {
+			t.Errorf("reserved %s, then Load = %+v, %v", r.Key, rec, err)
+		}
+	}
+	for _, o := range owned {
+		rec, err := s.Load(ctx, o.Key)
+		if err != nil || rec == nil || rec.State != stores.StateFinal || rec.Response.KeyID != "key-1" || string(rec.Response.Body) != "sealed "+o.Key {
+			t.Errorf("finalized %s sealed, then Load = %+v, %v", o.Key, rec, err)
 		}
 	}
 }
@@ -216,7 +302,7 @@ func BenchmarkBatchQuery(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := newBatchQuery(q, sts); err != nil {
+		if _, err := newBatchQuery(q, sts, true); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -318,15 +404,22 @@ func TestMergedBatchesMatchStatementsAlone(t *testing.T) {
 			res := long(storetest.NewKey(t))
 			reserve(res)
 			body := []byte(fmt.Sprintf("round %d answer %d '\\\"", round, i))
+			// Sealed answers (a key id, no status or headers) and clear
+			// ones share the merged UPDATE's CASEs.
+			resp := stores.Response{Status: 200, Header: http.Header{"Etag": {`"v'1\\"`}}, Body: body}
+			if rng.IntN(2) == 0 {
+				resp = stores.Response{KeyID: "key-1", Body: body}
+			}
 			var err error
 			ops = append(ops, func() error {
-				err = s.Finalize(ctx, res.Key, res.Owner, stores.Response{Status: 200, Body: body})
+				err = s.Finalize(ctx, res.Key, res.Owner, resp)
 				return nil
 			})
 			checks = append(checks, func(t *testing.T) {
 				rec, lerr := s.Load(ctx, res.Key)
-				if err != nil || lerr != nil || rec == nil || rec.State != stores.StateFinal || !bytes.Equal(rec.Response.Body, body) {
-					t.Errorf("round %d: owned record: Finalize = %v, then Load = %+v, %v", round, err, rec, lerr)
+				if err != nil || lerr != nil || rec == nil || rec.State != stores.StateFinal || rec.Response.Status != resp.Status ||
+					rec.Response.KeyID != resp.KeyID || rec.Response.Header.Get("Etag") != resp.Header.Get("Etag") || !bytes.Equal(rec.Response.Body, body) {
+					t.Errorf("round %d: owned record: Finalize = %v, then Load = %+v, %v; want %+v", round, err, rec, lerr, resp)
 				}
 			})
 		}

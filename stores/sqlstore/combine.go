@@ -18,6 +18,9 @@ type Statement[S any] struct {
 	// and cannot deadlock: on PostgreSQL a deadlock costs both batches
 	// deadlock_timeout (1 s by default) before one is rolled back, and
 	// with one flush slot a node's every write waits behind its batch.
+	// (The MySQL store merges a batch's statements by kind, which gives up
+	// the interleaved order; InnoDB detects the deadlocks that allows at
+	// once: see stores/mysql's mergeKind.)
 	Key string
 }
 
