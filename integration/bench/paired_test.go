@@ -163,11 +163,6 @@ type side struct {
 
 func (s *side) rate() float64 { return float64(s.requests) / s.elapsed.Seconds() }
 
-// cpuPerRequest is the Caddy process's CPU time per request, in µs.
-func (s *side) cpuPerRequest() float64 {
-	return float64(s.cpu.Microseconds()) / float64(s.requests)
-}
-
 type paired struct{ a, b side }
 
 // perRequest is d per request of s, in µs.
@@ -278,8 +273,8 @@ func (p *paired) report(b *testing.B, metric string, cpu bool) {
 		b.ReportMetric(p.a.perRequest(p.a.db), "a-db-us")
 	}
 	if cpu {
-		b.ReportMetric(p.b.cpuPerRequest(), "caddy-us")
-		b.ReportMetric(p.a.cpuPerRequest(), "plain-caddy-us")
-		b.ReportMetric(p.b.cpuPerRequest()-p.a.cpuPerRequest(), "added-us")
+		b.ReportMetric(p.b.perRequest(p.b.cpu), "caddy-us")
+		b.ReportMetric(p.a.perRequest(p.a.cpu), "plain-caddy-us")
+		b.ReportMetric(p.b.perRequest(p.b.cpu)-p.a.perRequest(p.a.cpu), "added-us")
 	}
 }

@@ -3,7 +3,6 @@ package mysql
 import (
 	"database/sql/driver"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
@@ -40,7 +39,7 @@ const (
 	// that succeeds inserted every row.
 	mergeInsert
 	// mergeFinalize: Finalize's UPDATE (queries.finalize), with arguments
-	// status, headers, body, key_id, key, owner. Merged, they go as one
+	// those of finalizeCols, then the key and the owner. Merged, they go as one
 	// UPDATE whose CASEs give each key its values, followed by a guard
 	// that the server refuses unless the UPDATE changed every row (see
 	// unmatchedGuard): a record no longer owned rolls the batch back, and
@@ -89,13 +88,13 @@ func newBatchQuery(q queries, sts []sqlstore.Statement[write], merge bool) (*bat
 		text += len(st.Stmt.sql) + 32
 		args += len(st.Args)
 		if st.Stmt.merge == mergeFinalize {
-			args += 6 // a merged UPDATE repeats the key in each CASE
+			args += len(finalizeCols) + 2 // a merged UPDATE repeats the key in each CASE
 		}
 	}
 	bq.text.Grow(text)
 	bq.args = make([]driver.NamedValue, 0, args)
 	bq.text.WriteString("START TRANSACTION;\n")
-	merged := map[mergeKind][]int{}
+	var merged map[mergeKind][]int
 	if merge {
 		merged = mergeable(sts)
 	}
@@ -114,12 +113,9 @@ func newBatchQuery(q queries, sts []sqlstore.Statement[write], merge bool) (*bat
 	}
 	if idx := merged[mergeFinalize]; len(idx) > 0 {
 		bq.text.WriteString(q.finalizeRows)
-		for _, col := range []struct {
-			name string
-			arg  int
-		}{{"status", 0}, {"headers", 1}, {"body", 2}, {"key_id", 3}} {
-			fmt.Fprintf(&bq.text, ",\n%s = CASE `key`", col.name)
-			if err := bq.cases(sts, idx, col.arg); err != nil {
+		for arg, col := range finalizeCols {
+			fmt.Fprintf(&bq.text, ",\n%s = CASE `key`", col)
+			if err := bq.cases(sts, idx, arg); err != nil {
 				return nil, err
 			}
 		}
@@ -134,13 +130,12 @@ func newBatchQuery(q queries, sts []sqlstore.Statement[write], merge bool) (*bat
 			}
 		}
 		bq.text.WriteString(")\nAND owner = CASE `key`")
-		if err := bq.cases(sts, idx, 5); err != nil {
+		if err := bq.cases(sts, idx, finalizeOwnerArg); err != nil {
 			return nil, err
 		}
-		bq.text.WriteString("\nAND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)")
+		bq.text.WriteString("\nAND " + finalizeLive)
 		bq.endMerged(idx)
-		bq.text.WriteString(fmt.Sprintf(unmatchedGuard, len(idx)))
-		bq.text.WriteString(";\n")
+		fmt.Fprintf(&bq.text, unmatchedGuard+";\n", len(idx))
 		bq.results++
 	}
 	for i, st := range sts {
@@ -230,7 +225,7 @@ func (bq *batchQuery) outcomes(rows []int64) ([]int64, error) {
 	}
 	for at, n := range bq.merged {
 		if rows[at] != int64(n) {
-			return nil, fmt.Errorf("mysql: a merged statement of %d rows changed %s", n, strconv.FormatInt(rows[at], 10))
+			return nil, fmt.Errorf("mysql: a merged statement of %d rows changed %d", n, rows[at])
 		}
 	}
 	out := make([]int64, len(bq.result))

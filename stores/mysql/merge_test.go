@@ -3,6 +3,7 @@ package mysql
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -231,12 +232,7 @@ func finalizeOneTakenOver(t *testing.T, r sqltest.CombineRig, s *Store, cfg Conf
 func TestBatchWithUpsertOverExpiredRow(t *testing.T) {
 	s, cfg := openStore(t, func(c *Config) { c.CombinedWrites = 1 })
 	ctx := context.Background()
-	db := admin(t)
-	expired := storetest.NewKey(t)
-	if _, err := db.Exec(fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, status, created_at, expires_at)"+
-		" VALUES (?, 'op', '/p', 'p', 'f', 'final', 200, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)", cfg.Table), expired); err != nil {
-		t.Fatal(err)
-	}
+	expired := insertExpired(t, admin(t), cfg.Table)
 	reserveArgs := func(r stores.Reservation) []any {
 		return []any{r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())}
 	}
@@ -282,6 +278,18 @@ func TestBatchWithUpsertOverExpiredRow(t *testing.T) {
 			t.Errorf("finalized %s sealed, then Load = %+v, %v", o.Key, rec, err)
 		}
 	}
+}
+
+// insertExpired inserts a final row for a fresh key that expired an hour
+// ago and was not purged, and returns its key.
+func insertExpired(t *testing.T, db *sql.DB, table string) string {
+	t.Helper()
+	key := storetest.NewKey(t)
+	if _, err := db.Exec(fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, status, created_at, expires_at)"+
+		" VALUES (?, 'op', '/p', 'p', 'f', 'final', 200, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)", table), key); err != nil {
+		t.Fatal(err)
+	}
+	return key
 }
 
 // BenchmarkBatchQuery builds a batch of 8 fresh reservations and 8
@@ -371,11 +379,7 @@ func TestMergedBatchesMatchStatementsAlone(t *testing.T) {
 			})
 		}
 		for range rng.IntN(3) {
-			key := storetest.NewKey(t)
-			if _, err := db.Exec(fmt.Sprintf("INSERT INTO %s (`key`, operation, path, principal, fingerprint, state, status, created_at, expires_at)"+
-				" VALUES (?, 'op', '/p', 'p', 'f', 'final', 200, UTC_TIMESTAMP(6) - INTERVAL 2 HOUR, UTC_TIMESTAMP(6) - INTERVAL 1 HOUR)", cfg.Table), key); err != nil {
-				t.Fatal(err)
-			}
+			key := insertExpired(t, db, cfg.Table)
 			res := long(key)
 			var out stores.ReserveResult
 			ops = append(ops, func() (err error) { out, err = s.Reserve(ctx, res); return err })

@@ -1,6 +1,9 @@
 package mysql
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // queries holds the statements, with the validated table name written in.
 // Times are DATETIME(6) in UTC; durations arrive as microseconds and are
@@ -33,6 +36,20 @@ const (
 	UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
 	reserveValues = "VALUES " + reserveRow
 )
+
+// Finalize's statement, alone or merged (batchQuery): what it sets on every
+// row, the columns it sets from its arguments (in their order; the key and
+// the owner follow), and the rows it may change.
+const (
+	finalizeSet  = "state = 'final', owner = NULL, lease_until = NULL"
+	finalizeLive = "state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)"
+)
+
+var finalizeCols = [...]string{"status", "headers", "body", "key_id"}
+
+// finalizeOwnerArg is the owner's position among Finalize's arguments,
+// after the key's.
+const finalizeOwnerArg = len(finalizeCols) + 1
 
 func newQueries(table string) queries {
 	return queries{
@@ -82,12 +99,12 @@ func newQueries(table string) queries {
 		// owned confirms ownership when ExtendLease changed no row: see there.
 		owned: fmt.Sprintf("SELECT COUNT(*) FROM %s WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
 
-		finalize: fmt.Sprintf("UPDATE %s SET state = 'final', owner = NULL, lease_until = NULL, status = ?, headers = ?, body = ?, key_id = ?\n"+
-			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
+		finalize: fmt.Sprintf("UPDATE %s SET %s, %s = ?\nWHERE `key` = ? AND owner = ? AND %s",
+			table, finalizeSet, strings.Join(finalizeCols[:], " = ?, "), finalizeLive),
 
 		// A combined batch's finalizations, as one UPDATE: the CASEs
 		// (one branch per key) and the key list follow, see batchQuery.
-		finalizeRows: fmt.Sprintf("UPDATE %s SET state = 'final', owner = NULL, lease_until = NULL", table),
+		finalizeRows: fmt.Sprintf("UPDATE %s SET %s", table, finalizeSet),
 
 		release: fmt.Sprintf("DELETE FROM %s WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
 

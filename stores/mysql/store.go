@@ -387,6 +387,7 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 	if err := s.checkRowSize(key, owner, f.Headers, f.Body); err != nil {
 		return err
 	}
+	// In the order of finalizeCols, then the key and the owner.
 	args := []any{f.Status, f.HeadersArg(), f.Body, f.KeyID, key, owner}
 	finalize := write{s.stmts.finalize, s.q.finalize, mergeFinalize}
 	n, err := s.writeOnce(ctx, key, finalize, args...)
