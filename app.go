@@ -30,8 +30,11 @@ type App struct {
 	CleanupInterval caddy.Duration `json:"cleanup_interval,omitempty"`
 
 	// Most records deleted by one purge statement; a run repeats it until
-	// fewer remain, so no statement holds long locks, pausing after each
-	// full batch for as long as it took. Default: 1000.
+	// fewer remain, so no statement holds long locks. A statement that
+	// took over 50 ms halves the next one's limit, one under 12.5 ms
+	// doubles it again (up to this), and after each full batch the run
+	// pauses twice as long as the batch took, so that a backlog keeps the
+	// database busy a third of the time at most. Default: 1000.
 	CleanupBatch int `json:"cleanup_batch,omitempty"`
 
 	mu     sync.Mutex
@@ -214,9 +217,11 @@ func (a *App) PurgeOnce(ctx context.Context) {
 		backend := backendOf(s)
 		s := instrumentStore(s, backend)
 		total := 0
+		pace := newPurgePacer(a.CleanupBatch)
 		for ctx.Err() == nil {
 			start := time.Now()
-			n, err := s.PurgeExpired(ctx, a.CleanupBatch)
+			limit := pace.limit
+			n, err := s.PurgeExpired(ctx, limit)
 			total += n
 			if err != nil {
 				if ctx.Err() == nil {
@@ -224,14 +229,12 @@ func (a *App) PurgeOnce(ctx context.Context) {
 				}
 				break
 			}
-			if n < a.CleanupBatch {
+			if n < limit {
 				break
 			}
-			// A backlog (a first start, a long outage) drains at half
-			// speed: after each batch the database gets as long as the
-			// batch took for the requests, whose latency would otherwise
-			// pay for back-to-back deletes.
-			pause := time.NewTimer(time.Since(start))
+			// More may be left: the requests get the database for a
+			// while first (see purgePacer).
+			pause := time.NewTimer(pace.next(time.Since(start)))
 			select {
 			case <-ctx.Done():
 				pause.Stop()
