@@ -7,12 +7,10 @@ import "time"
 // drains without taking the database from the requests.
 //
 // Why both: what a purge statement costs the requests is how long it keeps
-// the database busy, which its row count alone does not say: a thousand
-// rows of 2 KB answers took MariaDB long enough to double the requests'
-// p99 on a 2-core machine, where a thousand rows on PostgreSQL did not,
-// and a store holding 16 MB answers makes every row a thousand times
-// heavier. So the statement's limit follows its duration, and the pause
-// after it follows the duration too.
+// the database busy, which its row count alone does not say: a store
+// holding 16 MB answers makes every row thousands of times heavier than one
+// holding 2 KB answers. So the statement's limit follows its duration, and
+// the pause after it follows the duration too.
 type purgePacer struct {
 	max   int // cleanup_batch: the most one statement deletes
 	limit int // the next statement's limit

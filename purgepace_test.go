@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
 
 // The limit follows how long each statement took: halved after a slow one
@@ -44,7 +46,8 @@ func TestPurgePacerFollowsStatementTime(t *testing.T) {
 // rowCostPurger is a store whose purge statement takes perRecord for each
 // record it deletes (a store of large answers); it records each limit.
 type rowCostPurger struct {
-	slowPurger
+	stores.Store
+	left      int
 	perRecord time.Duration
 	limits    []int
 }
@@ -62,7 +65,7 @@ func (s *rowCostPurger) PurgeExpired(_ context.Context, limit int) (int, error) 
 // none left: a statement that deletes fewer than its own limit (not
 // cleanup_batch) ends it.
 func TestPurgeShrinksHeavyBatches(t *testing.T) {
-	s := &rowCostPurger{slowPurger: slowPurger{Store: newMemoryStore(t), left: 40}, perRecord: 10 * time.Millisecond}
+	s := &rowCostPurger{Store: newMemoryStore(t), left: 40, perRecord: 10 * time.Millisecond}
 	app := &App{CleanupBatch: 16}
 	if err := app.Provision(newCaddyContext(t)); err != nil {
 		t.Fatal(err)
