@@ -36,7 +36,11 @@ const (
 // memory/fresh_key_vs_plain_process takes its plain side from a second
 // Caddy that has no iceberg_idempotency at all: the plain routes of the
 // module's own process share the memory store's heap, whose collection
-// every request of the process pays for.
+// every request of the process pays for. control/plain_vs_plain runs
+// plain reverse_proxy's side of memory/fresh_key against itself: its
+// distance from 1 is how far this run's harness and machine alone move a
+// ratio (the process's garbage collector lands in whichever side's slices
+// its cycles fall, and with a full memory store a cycle is long).
 //
 // On a machine whose speed drifts by ±25% from minute to minute, as the
 // shared 2-core one this was written on, cases measured one after the
@@ -114,6 +118,9 @@ func BenchmarkPaired(b *testing.B) {
 			vsPlain("memory/fresh_key_vs_plain_process", plainCaddy.Pid(), postTo(plainCaddy.URL(), "", true), post("memory", true))
 			vsPlain("memory/no_key", caddy.Pid(), post("", false), post("memory", false))
 			vsPlain("memory/get", caddy.Pid(), get(""), get("memory"))
+			// The control: plain against itself, after the memory pairs
+			// have filled the store as they do for the pairs above.
+			vsPlain("control/plain_vs_plain", caddy.Pid(), post("", true), post("", true))
 			for _, s := range sqls {
 				floor := floors[s.name]
 				b.Run(s.name+"/fresh_key", func(b *testing.B) {
