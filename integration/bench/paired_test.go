@@ -29,11 +29,12 @@ const (
 
 // BenchmarkPaired measures each ratio the goals of issue 11 name as a pair
 // of cases run in interleaved slices (250 ms by default; each block of two
-// slices runs AB or BA, at random) for ICEBERG_IDEMPOTENCY_BENCH_PAIR_TIME (default 8s) at each
-// client count of ICEBERG_IDEMPOTENCY_BENCH_CLIENTS: the module on the
-// memory store against plain reverse_proxy sending the very same requests
-// (a fresh Idempotency-Key on each keyed one, which plain reverse_proxy
-// passes through), and a SQL store's fresh keys against its floor loop.
+// slices runs AB or BA, at random) for ICEBERG_IDEMPOTENCY_BENCH_PAIR_TIME
+// (default 8s) at each client count of ICEBERG_IDEMPOTENCY_BENCH_CLIENTS:
+// the module on the memory store against plain reverse_proxy sending the
+// very same requests (a fresh Idempotency-Key on each keyed one, which
+// plain reverse_proxy passes through), and a SQL store's fresh keys
+// against its floor loop.
 // memory/fresh_key_vs_plain_process takes its plain side from a second
 // Caddy that has no iceberg_idempotency at all: the plain routes of the
 // module's own process share the memory store's heap, whose collection
@@ -198,11 +199,12 @@ func runPaired(tb *testing.B, clients int, pairTime, slice time.Duration, pids [
 	n := max(2, int(pairTime/slice)/2*2)
 	bFirst := false
 	for k := range n {
-		if k%2 == 0 {
+		firstOfBlock := k%2 == 0
+		if firstOfBlock {
 			bFirst = rand.IntN(2) == 1
 		}
 		s, op, pid := &p.a, a, pids[0]
-		if (k%2 == 0) == bFirst {
+		if firstOfBlock == bFirst { // b's turn: first of a BA block, or second of an AB one
 			s, op, pid = &p.b, b, pids[1]
 		}
 		cpu0 := processCPU(tb, pid)
