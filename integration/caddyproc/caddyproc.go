@@ -2,7 +2,8 @@
 // with the iceberg_idempotency module, for end-to-end tests.
 //
 // The binary is built once per test process (or taken from $CADDY_BINARY).
-// Each Instance is a separate process on free loopback ports, configured from
+// Each Instance is a separate process on free loopback ports (reserved until
+// its test ends, see ports.go), configured from
 // a Caddyfile template, with its logs captured so tests can inspect them.
 //
 // A Caddyfile template is a text/template rendered with Vars. It should put
@@ -173,6 +174,7 @@ type Instance struct {
 	logs   *syncBuffer
 	exited chan struct{}
 	stop   sync.Once
+	ports  *portLease // released when the test ends
 }
 
 // Start runs Caddy on the Caddyfile template and waits until its admin API
@@ -201,6 +203,9 @@ func StartWith(t testing.TB, caddyfile string, opts Options) *Instance {
 		if err == nil {
 			t.Cleanup(func() {
 				inst.Stop()
+				// Only now: a test may Kill the instance and start
+				// another on the same ports (Options.Port).
+				inst.ports.release()
 				if t.Failed() {
 					t.Logf("caddy logs (:%d):\n%s", inst.Port, tail(inst.Logs(), 64<<10))
 				}
@@ -219,18 +224,37 @@ func StartWith(t testing.TB, caddyfile string, opts Options) *Instance {
 var errAddrInUse = errors.New("address already in use")
 
 func start(bin string, tmpl *template.Template, dir string, opts Options) (*Instance, error) {
+	// A fixed port is typically an earlier instance's, whose lease (held
+	// until its test ends) keeps reservePorts from picking it again.
 	port, admin := opts.Port, opts.AdminPort
-	var err error
-	if port == 0 {
-		if port, err = freePort(); err != nil {
-			return nil, err
+	need := 0
+	for _, p := range []int{port, admin} {
+		if p == 0 {
+			need++
 		}
+	}
+	lease, err := reservePorts(need)
+	if err != nil {
+		return nil, err
+	}
+	picked := lease.ports
+	if port == 0 {
+		port, picked = picked[0], picked[1:]
 	}
 	if admin == 0 {
-		if admin, err = freePort(); err != nil {
-			return nil, err
-		}
+		admin = picked[0]
 	}
+	inst, err := launch(bin, tmpl, dir, port, admin, opts)
+	if err != nil {
+		lease.release()
+		return nil, err
+	}
+	inst.ports = lease
+	return inst, nil
+}
+
+// launch runs Caddy on the given ports and waits until it is ready.
+func launch(bin string, tmpl *template.Template, dir string, port, admin int, opts Options) (*Instance, error) {
 	inst := &Instance{
 		Vars: Vars{
 			Port:      port,
@@ -321,15 +345,6 @@ func dialable(port int) bool {
 	}
 	_ = c.Close()
 	return true
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // URL is the base URL of the HTTP listener, without a trailing slash.

@@ -45,6 +45,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/workload"
 )
@@ -107,11 +108,16 @@ func run(caddyBin string, n int, pgDSN, myDSN, keep string) error {
 	}
 	// A site per route, each on its own port: no request pays for
 	// another route's matcher.
+	// Picked together: Caddy binds with SO_REUSEPORT, so two sites given
+	// one port would silently share it.
+	names := append([]string{""}, routeNames(routes)...)
+	free, err := caddyproc.FreePorts(len(names))
+	if err != nil {
+		return err
+	}
 	ports := map[string]int{}
-	for _, name := range append([]string{""}, routeNames(routes)...) {
-		if ports[name], err = freePort(); err != nil {
-			return err
-		}
+	for i, name := range names {
+		ports[name] = free[i]
 	}
 	cfg := filepath.Join(dir, "Caddyfile")
 	if err := os.WriteFile(cfg, []byte(caddyfile(ports, up.Addr().String(), routes)), 0o600); err != nil {
@@ -395,15 +401,6 @@ func sign(v float64) float64 {
 		return -1
 	}
 	return 1
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 func newKey() string { return uuid.Must(uuid.NewV7()).String() }
