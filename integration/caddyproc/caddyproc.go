@@ -3,8 +3,8 @@
 //
 // The binary is built once per test process (or taken from $CADDY_BINARY).
 // Each Instance is a separate process on free loopback ports (reserved until
-// its test ends, see ports.go), configured from
-// a Caddyfile template, with its logs captured so tests can inspect them.
+// its test ends, see ports.go), configured from a Caddyfile template, with
+// its logs captured so tests can inspect them.
 //
 // A Caddyfile template is a text/template rendered with Vars. It should put
 // {{.Global}} in its global options block, since that carries the options the
