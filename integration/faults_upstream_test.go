@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -152,12 +153,9 @@ func TestFaultExecutionTimeout(t *testing.T) {
 // address, the retry executes once and later retries replay it.
 func TestFaultDialFailure(t *testing.T) {
 	t.Parallel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
+	// Reserved, so no Caddy of this run (this test's or a parallel one's)
+	// is handed the catalog's port while the catalog is down.
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(caddyproc.ReservePort(t)))
 	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency\nreverse_proxy "+addr))
 
 	const path = "/v1/namespaces/faults/tables/down"

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"testing"
 )
 
 // Caddy binds its listeners with SO_REUSEPORT, so if two of its listeners
@@ -147,4 +148,17 @@ func FreePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// ReservePort returns a loopback port that nothing listens on and that no
+// Instance will be given until the test ends: an address to point a proxy
+// at while its catalog is down, for NewBackendAt to bring up later.
+func ReservePort(t testing.TB) int {
+	t.Helper()
+	lease, err := reservePorts(1)
+	if err != nil {
+		t.Fatalf("caddyproc: %v", err)
+	}
+	t.Cleanup(lease.release)
+	return lease.ports[0]
 }
