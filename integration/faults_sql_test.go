@@ -145,12 +145,18 @@ func TestFaultSQLDatabaseGone(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := caddyproc.NewBackend(t)
-		// statement_timeout bounds every store call to the cut database;
-		// the 4s lease (at least 3 of those) makes a key left in flight by
-		// the outage show up within the test (as 500 unknown) instead of
-		// as 30s of 503s.
+		// statement_timeout bounds every store call to the cut database.
+		// The 6s lease makes a key left in flight by the outage show up
+		// within the test (as 500 unknown) instead of as 30s of 503s. A
+		// Reserve whose reply the cut lost is released in the background,
+		// and that release must land between the restore and the lease's
+		// lapse: 4s lapsed 1s after the restore, too soon on a loaded
+		// 2-CPU machine, where a Release sent 0.1s after the restore came
+		// back 0.93s later (reconnecting, then queued behind the clients'
+		// requests for one of the pool's 4 connections), and a retry
+		// waiting on the key heard "unknown" meanwhile. 6s leaves 3s.
 		store := db.storeBlock(viaProxy, db.newTable(t, dsn), "statement_timeout 1s")
-		cfg := multiNodeSite(b, store, "lease 4s", "in_flight_wait 2s")
+		cfg := multiNodeSite(b, store, "lease 6s", "in_flight_wait 2s")
 		nodes := []*caddyproc.Instance{caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)}
 
 		stop := make(chan struct{})
