@@ -226,23 +226,16 @@ var errAddrInUse = errors.New("address already in use")
 func start(bin string, tmpl *template.Template, dir string, opts Options) (*Instance, error) {
 	// A fixed port is typically an earlier instance's, whose lease (held
 	// until its test ends) keeps reservePorts from picking it again.
-	port, admin := opts.Port, opts.AdminPort
-	need := 0
-	for _, p := range []int{port, admin} {
-		if p == 0 {
-			need++
-		}
-	}
-	lease, err := reservePorts(need)
+	lease, err := reservePorts(2)
 	if err != nil {
 		return nil, err
 	}
-	picked := lease.ports
+	port, admin := opts.Port, opts.AdminPort
 	if port == 0 {
-		port, picked = picked[0], picked[1:]
+		port = lease.ports[0]
 	}
 	if admin == 0 {
-		admin = picked[0]
+		admin = lease.ports[1]
 	}
 	inst, err := launch(bin, tmpl, dir, port, admin, opts)
 	if err != nil {

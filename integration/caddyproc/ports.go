@@ -4,9 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"testing"
 )
@@ -19,8 +16,8 @@ import (
 // instance's HTTP and admin ports came out equal). So a port the harness
 // hands to Caddy stays reserved until that instance's test ends: distinct
 // within one pick (the probing listeners are all held open until every port
-// is chosen), not handed out again by this process, and locked against
-// other test processes on the machine through a lock file.
+// is chosen), and locked against every other pick, in this process or in
+// another test process on the machine (lockPort).
 //
 // A port taken in the gap by some other program without SO_REUSEPORT still
 // makes Caddy fail with "address already in use", which Start retries.
@@ -29,21 +26,15 @@ import (
 // when reserved or locked ports keep coming back.
 const maxPortProbes = 64
 
-// reserved holds the ports this process has handed out and not released.
-var reserved = struct {
-	sync.Mutex
-	ports map[int]bool
-}{ports: map[int]bool{}}
-
 // listenLoopback opens the probing listeners; a variable so a test can make
 // it offer a port it knows is reserved.
 var listenLoopback = func() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
 
 // portLease is a set of reserved ports, held until release.
 type portLease struct {
-	ports []int
-	locks []*os.File
-	once  sync.Once
+	ports   []int
+	unlocks []func()
+	once    sync.Once
 }
 
 // reservePorts picks n distinct free loopback ports that no other live
@@ -69,20 +60,16 @@ func reservePorts(n int) (*portLease, error) {
 		// Held open until the end, so the kernel cannot offer it twice.
 		probes = append(probes, l)
 		port := l.Addr().(*net.TCPAddr).Port
-		if !reserveInProcess(port) {
+		unlock, err := lockPort(port)
+		if errors.Is(err, errPortLocked) {
 			continue
 		}
-		lock, err := lockPort(port)
 		if err != nil {
-			releaseInProcess(port)
-			if errors.Is(err, errPortLocked) {
-				continue
-			}
 			lease.release()
 			return nil, err
 		}
 		lease.ports = append(lease.ports, port)
-		lease.locks = append(lease.locks, lock)
+		lease.unlocks = append(lease.unlocks, unlock)
 	}
 	return lease, nil
 }
@@ -91,63 +78,25 @@ func reservePorts(n int) (*portLease, error) {
 // process they were given to has exited. Safe to call twice.
 func (l *portLease) release() {
 	l.once.Do(func() {
-		for i, port := range l.ports {
-			unlockPort(l.locks[i])
-			releaseInProcess(port)
+		for _, unlock := range l.unlocks {
+			unlock()
 		}
 	})
 }
 
-func reserveInProcess(port int) bool {
-	reserved.Lock()
-	defer reserved.Unlock()
-	if reserved.ports[port] {
-		return false
-	}
-	reserved.ports[port] = true
-	return true
-}
+// errPortLocked means another reservation holds the port.
+var errPortLocked = errors.New("port reserved by another reservation")
 
-func releaseInProcess(port int) {
-	reserved.Lock()
-	defer reserved.Unlock()
-	delete(reserved.ports, port)
-}
-
-// errPortLocked means another test process holds the port's lock.
-var errPortLocked = errors.New("port reserved by another process")
-
-// portLockPath is the lock file for port, shared by every process using
-// this package on the machine. The files stay: removing one while another
-// process opens it would let two processes lock different files.
-func portLockPath(port int) (string, error) {
-	dir := filepath.Join(os.TempDir(), "caddyproc-ports")
-	if err := os.MkdirAll(dir, 0o777); err != nil {
-		return "", fmt.Errorf("port lock directory: %w", err)
-	}
-	return filepath.Join(dir, strconv.Itoa(port)+".lock"), nil
-}
-
-// FreePorts returns n distinct loopback ports that were free when chosen,
-// for programs that start Caddy themselves. They are not reserved: start
-// the listeners soon.
+// FreePorts returns n distinct loopback ports that were free, and held by
+// no reservation, when chosen, for programs that start Caddy themselves.
+// They are not kept reserved: start the listeners soon.
 func FreePorts(n int) ([]int, error) {
-	var probes []net.Listener
-	defer func() {
-		for _, l := range probes {
-			_ = l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("probing for a free port: %w", err)
-		}
-		probes = append(probes, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	lease, err := reservePorts(n)
+	if err != nil {
+		return nil, err
 	}
-	return ports, nil
+	lease.release()
+	return lease.ports, nil
 }
 
 // ReservePort returns a loopback port that nothing listens on and that no

@@ -2,10 +2,25 @@
 
 package caddyproc
 
-import "os"
+import "sync"
 
-// lockPort reserves nothing across processes off Unix; the in-process
-// reservation still keeps one test binary's instances apart.
-func lockPort(int) (*os.File, error) { return nil, nil }
+// held is this process's reserved ports: off Unix there is no lock across
+// processes, but one test binary's instances are still kept apart.
+var held = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
 
-func unlockPort(*os.File) {}
+func lockPort(port int) (unlock func(), err error) {
+	held.Lock()
+	defer held.Unlock()
+	if held.ports[port] {
+		return nil, errPortLocked
+	}
+	held.ports[port] = true
+	return func() {
+		held.Lock()
+		defer held.Unlock()
+		delete(held.ports, port)
+	}, nil
+}

@@ -2,7 +2,6 @@ package caddyproc
 
 import (
 	"net"
-	"runtime"
 	"strconv"
 	"testing"
 )
@@ -68,22 +67,19 @@ func TestReservePortsNeverHandsOutAHeldPort(t *testing.T) {
 }
 
 func TestReservePortsSkipsPortsLockedByAnotherProcess(t *testing.T) {
-	if runtime.GOOS == "windows" || runtime.GOOS == "plan9" {
-		t.Skip("port locks are Unix-only")
-	}
 	probe, err := listenLoopback()
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := probe.Addr().(*net.TCPAddr).Port
 	_ = probe.Close()
-	// An flock conflicts between separate opens of the file, in one
-	// process as across two, so this stands in for another test binary.
-	other, err := lockPort(port)
+	// A lock taken in this process conflicts as one taken by another
+	// test binary would (see lockPort), so it stands in for one.
+	unlock, err := lockPort(port)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unlockPort(other)
+	defer unlock()
 
 	offering(t, port)
 	lease, err := reservePorts(1)

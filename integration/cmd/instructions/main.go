@@ -107,9 +107,8 @@ func run(caddyBin string, n int, pgDSN, myDSN, keep string) error {
 		defer func() { _ = testdb.MySQLExec(ctx, myDSN, "DROP TABLE IF EXISTS "+table+", "+table+"_schema") }()
 	}
 	// A site per route, each on its own port: no request pays for
-	// another route's matcher.
-	// Picked together: Caddy binds with SO_REUSEPORT, so two sites given
-	// one port would silently share it.
+	// another route's matcher. The ports are picked together: Caddy binds
+	// with SO_REUSEPORT, so two sites given one port would silently share it.
 	names := append([]string{""}, routeNames(routes)...)
 	free, err := caddyproc.FreePorts(len(names))
 	if err != nil {
