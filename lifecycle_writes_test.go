@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"context"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/postgres"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -424,5 +426,66 @@ func TestResentFinalizeFindsItsAnswerStored(t *testing.T) {
 	}
 	if retry := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
 		t.Fatalf("retry = %d replayed=%q, %d executions; want the stored answer", retry.code(), retry.header.Get(ReplayedHeader), up.calls.Load())
+	}
+}
+
+// releaseCountingStore counts the Release calls that reach the store under
+// it, a real one: it only observes.
+type releaseCountingStore struct {
+	stores.Store
+	releases atomic.Int32
+}
+
+func (s *releaseCountingStore) Release(ctx context.Context, key, owner string) error {
+	s.releases.Add(1)
+	return s.Store.Release(ctx, key, owner)
+}
+
+// A reservation the store proves it never sent has nothing to undo: with
+// the database down, no request leaves a background release behind. Before,
+// each one did, retried every 2 s for two minutes: 500 requests against an
+// unreachable PostgreSQL had sent 7,500 Releases 30 s later, all meeting
+// the database at once when it came back. (A write whose reply was lost is
+// still undone: TestLateReserveCommitIsReleased.)
+func TestUnsentReservationIsNotUndone(t *testing.T) {
+	// A database on its way down or up: it takes each connection and
+	// drops it at once. (A closed port would refuse too, but another test
+	// could be given it meanwhile.)
+	down, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { down.Close() })
+	go func() {
+		for {
+			c, err := down.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	pg, err := postgres.Open(context.Background(), postgres.Config{
+		DSN:              "postgres://caddy@" + down.Addr().String() + "/iceberg?sslmode=disable",
+		Table:            "iceberg_idempotency_records",
+		StatementTimeout: time.Second,
+	}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Close() })
+	s := &releaseCountingStore{Store: pg}
+	h := newTestHandler(t, s)
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	for range 20 {
+		if got := serve(t, h, proxy, "POST", commitPath, storetest.NewKey(t), commitBody); got.code() != http.StatusServiceUnavailable {
+			t.Fatalf("answer with the database down = %d %s, want 503", got.code(), got.body)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // an undo's first Release goes out at once
+	if n := s.releases.Load(); n != 0 || catalog.executed.Load() != 0 {
+		t.Fatalf("after 20 reservations that never reached the database: %d Releases sent, catalog executed %d; want 0 and 0",
+			n, catalog.executed.Load())
 	}
 }

@@ -27,6 +27,32 @@ var ErrNotOwner = errors.New("idempotency record is not owned by this token")
 // unknown (the record is abandoned).
 var ErrResponseTooLarge = errors.New("response too large for the idempotency store")
 
+// MarkNotSent marks err as the failure of a call that provably never
+// reached the store's server: no connection could be had, the store's
+// first contact with its database has not succeeded, or the driver
+// guarantees it wrote nothing. Only such a failure proves that a write
+// did not commit; any other (a reply lost, a timeout while the statement
+// ran or waited for a lock) leaves it possible, and the handler then
+// undoes the write in the background. The message is err's. nil stays nil.
+func MarkNotSent(err error) error {
+	if err == nil || NotSent(err) {
+		return err
+	}
+	return &notSentError{err: err}
+}
+
+// NotSent reports whether err, or an error it wraps, carries MarkNotSent's
+// mark.
+func NotSent(err error) bool {
+	var n *notSentError
+	return errors.As(err, &n)
+}
+
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return e.err.Error() }
+func (e *notSentError) Unwrap() error { return e.err }
+
 // State is the lifecycle state of a record.
 type State string
 

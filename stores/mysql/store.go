@@ -234,9 +234,13 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // wrap names the operation, keeps the DSN's password out of the error and
-// marks it transient when it is (see sqlstore.IsTransient).
+// marks it transient when it is (see sqlstore.IsTransient), and not sent
+// when it proves that (see stores.MarkNotSent).
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("mysql %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
+	if notSent(err) {
+		out = stores.MarkNotSent(out)
+	}
 	if transient(err) {
 		return sqlstore.MarkTransient(out)
 	}

@@ -1,6 +1,7 @@
 package mysql
 
 import (
+	"database/sql/driver"
 	"errors"
 
 	"github.com/go-sql-driver/mysql"
@@ -29,4 +30,12 @@ func transient(err error) bool {
 		return true
 	}
 	return false
+}
+
+// notSent reports whether a driver error proves that the statement never
+// reached the server: no connection could be opened for it, or the driver
+// said ErrBadConn, which database/sql's contract allows only when nothing
+// was sent (go-sql-driver answers ErrInvalidConn once it has written).
+func notSent(err error) bool {
+	return sqlstore.DialFailed(err) || errors.Is(err, driver.ErrBadConn)
 }

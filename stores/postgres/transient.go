@@ -34,3 +34,12 @@ func transient(err error) bool {
 	}
 	return false
 }
+
+// notSent reports whether a pgx error proves that the statement never
+// reached the server: no connection could be opened for it (a
+// ConnectError: refused, unreachable, or the login or its setup failed),
+// or pgx guarantees it wrote nothing (SafeToRetry).
+func notSent(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce) || pgconn.SafeToRetry(err)
+}

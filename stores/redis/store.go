@@ -121,7 +121,7 @@ func (s *Store) key(k string) string { return s.cfg.KeyPrefix + k }
 func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key string, args ...any) (any, error) {
 	select {
 	case <-s.closed:
-		return nil, fmt.Errorf("redis %s: %w", op, sqlstore.ErrClosed)
+		return nil, stores.MarkNotSent(fmt.Errorf("redis %s: %w", op, sqlstore.ErrClosed))
 	default:
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
@@ -134,9 +134,15 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 }
 
 // wrap names the operation and marks the error transient when calling
-// again later may succeed. go-redis errors never carry the password.
+// again later may succeed, and not sent when it proves that (see
+// stores.MarkNotSent): no connection could be had. The client never
+// resends a command (MaxRetries -1), so a dial error is the command's
+// only attempt. go-redis errors never carry the password.
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("redis %s: %w", op, err)
+	if errors.Is(err, goredis.ErrPoolTimeout) || sqlstore.DialFailed(err) {
+		out = stores.MarkNotSent(out)
+	}
 	if transient(err) {
 		return sqlstore.MarkTransient(out)
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
 
 // ErrNotReady is matched (errors.Is) by the errors of operations on a store
@@ -112,7 +114,9 @@ func (l *Lazy) Ready(ctx context.Context) error {
 	if l.ready.Load() {
 		return nil
 	}
-	return l.try(ctx, false)
+	// Whatever kept the store from being ready, the caller's own
+	// statement was never sent.
+	return stores.MarkNotSent(l.try(ctx, false))
 }
 
 func (l *Lazy) try(ctx context.Context, force bool) error {

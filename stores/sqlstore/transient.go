@@ -66,3 +66,13 @@ func NetworkError(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne)
 }
+
+// DialFailed reports whether err, as a driver returned it, is a failure
+// to open a connection: the call never had one to send its statement on.
+// database/sql retries a statement on a new connection only after
+// driver.ErrBadConn, which a driver returns only when nothing was sent, so
+// a dial error at the end of its retries proves that no attempt was sent.
+func DialFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}

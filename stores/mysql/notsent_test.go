@@ -1,0 +1,89 @@
+package mysql
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// A write is marked not sent (stores.NotSent) only when it provably never
+// reached the server, since the handler then skips undoing it: a
+// reservation that did commit and is never undone holds its key for a
+// request nobody executes, and its retries hear "outcome unknown".
+func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
+	mc, err := mysql.ParseDSN(testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc.Net != "tcp" {
+		t.Skipf("the test DSN uses %s, not tcp", mc.Net)
+	}
+	proxy := sqltest.NewProxy(t, mc.Addr)
+	mc.Addr = proxy.Addr()
+	proxied := mc.FormatDSN()
+	ctx := context.Background()
+
+	t.Run("never_ready", func(t *testing.T) {
+		proxy.Stop()
+		defer proxy.Start()
+		s, err := Open(ctx, Config{DSN: proxied, Table: sqltest.TableName(t), AutoMigrate: true, StatementTimeout: time.Second}, zaptest.NewLogger(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		key := storetest.NewKey(t)
+		_, err = s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
+		if err == nil || !stores.NotSent(err) {
+			t.Fatalf("Reserve while the first contact fails: err = %v, NotSent = %v; want a not-sent error", err, stores.NotSent(err))
+		}
+		if _, err := s.TakeOver(ctx, key, "a", "b", time.Second); err == nil || !stores.NotSent(err) {
+			t.Fatalf("TakeOver while the first contact fails: err = %v; want a not-sent error", err)
+		}
+	})
+
+	t.Run("connect_refused", func(t *testing.T) {
+		s, _ := openStore(t, func(c *Config) { c.DSN = proxied; c.StatementTimeout = time.Second })
+		proxy.Stop()
+		defer proxy.Start()
+		// No idle connection left: the next call must dial.
+		s.db.SetMaxIdleConns(-1)
+		if s.batchDB != nil {
+			s.batchDB.SetMaxIdleConns(-1)
+		}
+		_, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+		if err == nil || !stores.NotSent(err) || !sqlstore.IsTransient(err) {
+			t.Fatalf("Reserve with connections refused: err = %v, NotSent = %v, transient = %v; want both marks",
+				err, stores.NotSent(err), sqlstore.IsTransient(err))
+		}
+	})
+
+	t.Run("sent_and_timed_out", func(t *testing.T) {
+		s, _ := openStore(t, func(c *Config) { c.StatementTimeout = time.Second })
+		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+		// Another transaction runs the same INSERT and stays open: the
+		// store's INSERT waits for its lock and times out. Had that
+		// transaction rolled back a moment later, the waiting INSERT would
+		// have committed: exactly the write a lost reply leaves possible.
+		tx, err := admin(t).BeginTx(ctx, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		if _, err := tx.ExecContext(ctx, s.q.reserveFresh, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, "other-owner",
+			sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())); err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.Reserve(ctx, r)
+		if err == nil || stores.NotSent(err) {
+			t.Fatalf("Reserve that waited for a lock: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
+		}
+	})
+}
