@@ -42,3 +42,22 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 		t.Fatalf("Reserve on a blackholed connection: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
 	}
 }
+
+// A cluster client resends a command after a network error, whatever
+// MaxRetries says, so even its dial error does not prove that no attempt
+// ran: it is never marked not sent.
+func TestClusterErrorsNeverNotSent(t *testing.T) {
+	a, b := sqltest.NewProxy(t, testAddr(t)), sqltest.NewProxy(t, testAddr(t))
+	a.Stop()
+	b.Stop()
+	s, err := Open(Config{Addrs: []string{a.Addr(), b.Addr()}, KeyPrefix: testPrefix(t),
+		DialTimeout: outageTimeout, ReadTimeout: outageTimeout, WriteTimeout: outageTimeout}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, err = s.Reserve(context.Background(), storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+	if err == nil || stores.NotSent(err) {
+		t.Fatalf("cluster Reserve with every node refusing: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
+	}
+}

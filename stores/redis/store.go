@@ -25,6 +25,11 @@ type Store struct {
 	timeout time.Duration
 	channel string
 	log     *zap.Logger
+	// resends is set for a cluster client, which sends a command again
+	// after a network error whatever MaxRetries says (to the same node,
+	// then another): its final error, even a dial error, does not prove
+	// that no attempt ran.
+	resends bool
 
 	listenOnce sync.Once
 	listener   *listener // set by the first Warm or Await
@@ -79,6 +84,7 @@ func Open(cfg Config, logger *zap.Logger) (*Store, error) {
 		log:     logger.With(zap.Strings("addresses", cfg.Addrs), zap.String("key_prefix", cfg.KeyPrefix)),
 		closed:  make(chan struct{}),
 	}
+	_, s.resends = s.client.(*goredis.ClusterClient)
 	return s, nil
 }
 
@@ -135,12 +141,13 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 
 // wrap names the operation and marks the error transient when calling
 // again later may succeed, and not sent when it proves that (see
-// stores.MarkNotSent): no connection could be had. The client never
-// resends a command (MaxRetries -1), so a dial error is the command's
-// only attempt. go-redis errors never carry the password.
+// stores.MarkNotSent): no connection could be had, on a client that sends
+// a command once (MaxRetries -1), so that the failed dial was the
+// command's only attempt; a cluster client's never is. go-redis errors
+// never carry the password.
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("redis %s: %w", op, err)
-	if errors.Is(err, goredis.ErrPoolTimeout) || sqlstore.DialFailed(err) {
+	if !s.resends && (errors.Is(err, goredis.ErrPoolTimeout) || sqlstore.DialFailed(err)) {
 		out = stores.MarkNotSent(out)
 	}
 	if transient(err) {
