@@ -76,9 +76,16 @@ func TestStartWithDatabaseDown(t *testing.T) {
 			if err == nil || !errors.Is(err, sqlstore.ErrNotReady) || !sqlstore.IsTransient(err) {
 				t.Fatalf("%s: Reserve = %v, want a transient ErrNotReady", mode, err)
 			}
+			// Marked not sent, so that the handler does not undo it.
+			if !stores.NotSent(err) {
+				t.Fatalf("%s: Reserve while the first contact fails: err = %v, NotSent = false; want a not-sent error", mode, err)
+			}
 			if strings.Contains(err.Error(), pw) {
 				t.Fatalf("password in %v", err)
 			}
+		}
+		if _, err := s.TakeOver(ctx, storetest.NewKey(t), "a", "b", time.Second); err == nil || !stores.NotSent(err) {
+			t.Fatalf("%s: TakeOver while the first contact fails: err = %v; want a not-sent error", mode, err)
 		}
 		t.Logf("%s: %v", mode, reserve())
 	}

@@ -25,11 +25,6 @@ type Store struct {
 	timeout time.Duration
 	channel string
 	log     *zap.Logger
-	// resends is set for a cluster client, which sends a command again
-	// after a network error whatever MaxRetries says (to the same node,
-	// then another): its final error, even a dial error, does not prove
-	// that no attempt ran.
-	resends bool
 
 	listenOnce sync.Once
 	listener   *listener // set by the first Warm or Await
@@ -84,7 +79,6 @@ func Open(cfg Config, logger *zap.Logger) (*Store, error) {
 		log:     logger.With(zap.Strings("addresses", cfg.Addrs), zap.String("key_prefix", cfg.KeyPrefix)),
 		closed:  make(chan struct{}),
 	}
-	_, s.resends = s.client.(*goredis.ClusterClient)
 	return s, nil
 }
 
@@ -147,13 +141,21 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 // never carry the password.
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("redis %s: %w", op, err)
-	if !s.resends && (errors.Is(err, goredis.ErrPoolTimeout) || sqlstore.DialFailed(err)) {
+	if !s.resends() && (errors.Is(err, goredis.ErrPoolTimeout) || sqlstore.DialFailed(err)) {
 		out = stores.MarkNotSent(out)
 	}
 	if transient(err) {
 		return sqlstore.MarkTransient(out)
 	}
 	return out
+}
+
+// resends reports a cluster client, which sends a command again after a
+// network error whatever MaxRetries says (to the same node, then another):
+// its final error, even a dial error, does not prove that no attempt ran.
+func (s *Store) resends() bool {
+	_, cluster := s.client.(*goredis.ClusterClient)
+	return cluster
 }
 
 // transient reports network failures and timeouts, and the server's own
