@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
@@ -92,6 +93,12 @@ func TestMissingSchemaWithoutAutoMigrate(t *testing.T) {
 	}
 	if !errors.Is(err, sqlstore.ErrNotReady) || sqlstore.IsTransient(err) {
 		t.Errorf("error %q: want ErrNotReady, not transient", err)
+	}
+	// The database answers, but the store never sent the Reserve: marked
+	// so (the connect errors of a database that is down are marked by the
+	// driver's classification; this is the store's own readiness).
+	if !stores.NotSent(err) {
+		t.Errorf("error %q: not marked not sent", err)
 	}
 	t.Log(err)
 	s.Warm()
