@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
 
 // Statement is one write a Combiner runs: a statement of the store's kind
@@ -76,7 +78,8 @@ type pendingWrite[S any] struct {
 
 // Exec runs st and returns the rows it changed. The statement may share
 // its transaction with other writes. A write whose ctx ends while it still
-// waits for a slot is never sent, and Exec returns ctx's error. Once it is
+// waits for a slot is never sent, and Exec returns ctx's error, marked so
+// (stores.MarkNotSent): the caller has nothing to undo. Once it is
 // sent, Exec waits for its batch's outcome even if ctx ends meanwhile: the
 // batch runs under a timeout of its own, and returning early would leave
 // the caller unable to tell a write that will never commit from one that
@@ -102,14 +105,26 @@ func (c *Combiner[S]) Exec(ctx context.Context, st Statement[S]) (int64, error) 
 		c.mu.Unlock()
 		if !sent {
 			// Still queued: take drops it unsent, since ctx has ended.
-			return 0, ctx.Err()
+			return 0, stores.MarkNotSent(ctx.Err())
 		}
 		<-w.done
 	}
 	if w.alone {
-		return c.Alone(ctx, st)
+		return c.runAlone(ctx, st)
 	}
 	return w.rows, w.err
+}
+
+// runAlone runs st in a transaction of its own. A ctx that has ended by
+// then sends nothing, and the error says so whatever the driver would
+// answer (database/sql answers a bare ctx.Err()): after a batch that
+// waited out the timeout and rolled back, every write of it comes here
+// with its caller's time spent, and none of them is on the server.
+func (c *Combiner[S]) runAlone(ctx context.Context, st Statement[S]) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, stores.MarkNotSent(err)
+	}
+	return c.Alone(ctx, st)
 }
 
 // State reports how many writes wait for a slot and how many batches run;
@@ -131,7 +146,7 @@ func (c *Combiner[S]) take() []*pendingWrite[S] {
 		}
 		taken++
 		if err := w.ctx.Err(); err != nil {
-			w.err = err
+			w.err = stores.MarkNotSent(err)
 			close(w.done)
 			continue
 		}
@@ -184,7 +199,7 @@ func (c *Combiner[S]) flush(batch []*pendingWrite[S]) {
 		return
 	case 1:
 		w := batch[0]
-		w.rows, w.err = c.Alone(w.ctx, w.st)
+		w.rows, w.err = c.runAlone(w.ctx, w.st)
 		return
 	}
 	sts := make([]Statement[S], len(batch))

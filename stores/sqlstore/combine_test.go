@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
 
 // The queueing logic alone, with stand-ins for the database: the stores'
@@ -190,6 +192,9 @@ func TestCombinerUnknownCommitFailsEveryWrite(t *testing.T) {
 		if !errors.Is(o.err, broken) {
 			t.Fatalf("write %d = %+v, want the batch's error", i, o)
 		}
+		if stores.NotSent(o.err) {
+			t.Fatalf("write %d of a batch whose commit may have happened is marked not sent: %v", i, o.err)
+		}
 	}
 	if !slices.Equal(f.alone, []string{"block"}) {
 		t.Fatalf("ran again alone after an unknown commit: %v", f.alone)
@@ -202,8 +207,8 @@ func TestCombinerDropsWritesWhoseCallerLeft(t *testing.T) {
 	gone, cancel := context.WithCancel(context.Background())
 	cancel()
 	out := queueBehindBlock(t, f, c, []context.Context{context.Background(), gone, context.Background()}, []string{"a", "gone", "ccc"})
-	if !errors.Is(out[1].err, context.Canceled) {
-		t.Fatalf("cancelled write = %+v", out[1])
+	if !errors.Is(out[1].err, context.Canceled) || !stores.NotSent(out[1].err) {
+		t.Fatalf("cancelled write = %+v, want context.Canceled marked not sent", out[1])
 	}
 	if want := [][]string{{"a", "ccc"}}; !slices.EqualFunc(f.together, want, slices.Equal) {
 		t.Fatalf("together %v, want %v: the cancelled write must not be sent", f.together, want)
@@ -228,5 +233,63 @@ func TestCombinerSentWriteWaitsForItsBatch(t *testing.T) {
 	out := queueBehindBlock(t, f, c, []context.Context{context.Background(), leaving}, []string{"a", "leaving"})
 	if o := out[1]; o.err != nil || o.rows != int64(len("leaving"))*10 {
 		t.Fatalf("write whose caller left during the commit = %+v, want the batch's rows", o)
+	}
+}
+
+// A write whose caller leaves while it still waits for a slot returns at
+// once, and its error says it was never sent: the handler then starts no
+// background undo for it (in an outage, one per waiting request).
+func TestCombinerWriteLeftInTheQueueIsNotSent(t *testing.T) {
+	f := &fakeDB{unblock: make(chan struct{})}
+	c := f.combiner(1, 8)
+	blocked := make(chan struct{})
+	go func() {
+		defer close(blocked)
+		if _, err := c.Exec(context.Background(), Statement[string]{Stmt: "block"}); err != nil {
+			t.Error(err)
+		}
+	}()
+	waitState(t, c, 0, 1)
+	leaving, leave := context.WithCancel(context.Background())
+	done := make(chan outcome, 1)
+	go func() {
+		n, err := c.Exec(leaving, Statement[string]{Stmt: "leaving"})
+		done <- outcome{n, err}
+	}()
+	waitState(t, c, 1, 1)
+	leave()
+	o := <-done // while the slot is still held
+	if !errors.Is(o.err, context.Canceled) || !stores.NotSent(o.err) {
+		t.Fatalf("write that left the queue = %+v, want context.Canceled marked not sent", o)
+	}
+	close(f.unblock)
+	<-blocked
+	waitState(t, c, 0, 0)
+	if !slices.Equal(f.alone, []string{"block"}) || len(f.together) != 0 {
+		t.Fatalf("alone %v, together %v: the write that left must not be sent", f.alone, f.together)
+	}
+}
+
+// A batch that rolled back after its callers' time ran out (it waited out
+// the timeout on a database that does not answer) runs none of its writes
+// again alone, and each one hears that it was not sent.
+func TestCombinerRolledBackAfterCallersLeftIsNotSent(t *testing.T) {
+	f := &fakeDB{rolledBack: true, err: errors.New("timed out dialling")}
+	c := f.combiner(1, 8)
+	leaving, leave := context.WithCancel(context.Background())
+	defer leave()
+	together := c.Together
+	c.Together = func(sts []Statement[string]) ([]int64, bool, error) {
+		leave() // the callers' time runs out while the batch fails
+		return together(sts)
+	}
+	out := queueBehindBlock(t, f, c, []context.Context{leaving, leaving}, []string{"a", "bb"})
+	for i, o := range out {
+		if !errors.Is(o.err, context.Canceled) || !stores.NotSent(o.err) {
+			t.Fatalf("write %d = %+v, want context.Canceled marked not sent", i, o)
+		}
+	}
+	if !slices.Equal(f.alone, []string{"block"}) {
+		t.Fatalf("alone %v: a write whose caller left must not run again alone", f.alone)
 	}
 }
