@@ -190,6 +190,10 @@ type Handler struct {
 	// nestedWarned is set (atomically) once a request passed through
 	// because another handler guards its key in the same store.
 	nestedWarned int32
+	// askedAfterAnswerWarned is set (atomically) once a catalog call was
+	// seen asking an upstream after an answer came back: see
+	// warnAskedAfterAnswer.
+	askedAfterAnswerWarned int32
 }
 
 var (

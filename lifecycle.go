@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -340,6 +341,9 @@ func (g *guarded) execute() error {
 		err = g.callUpstream(cw, g.r.WithContext(g.conns.attach(ctx)), detached)
 	}()
 	hb.stop()
+	if g.conns.askedAfterAnswer.Load() {
+		g.warnAskedAfterAnswer()
+	}
 
 	if err != nil {
 		status := errorStatus(err)
@@ -463,6 +467,21 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 		}
 	}()
 	return g.next.ServeHTTP(w, r)
+}
+
+// warnAskedAfterAnswer says, once per handler, that a catalog call asked
+// an upstream again after an answer had come back: a forward_auth (or
+// another reverse_proxy whose handle_response hands the request on) runs
+// after this handler, or lb_retry_match resends the request after an
+// answer. Either way the first upstream's connection counts as the
+// catalog's (see connTrace), and a resent commit may execute twice.
+func (g *guarded) warnAskedAfterAnswer() {
+	if atomic.CompareAndSwapInt32(&g.h.askedAfterAnswerWarned, 0, 1) {
+		g.log(zapcore.WarnLevel, "a keyed request went to an upstream again after an answer came back: "+
+			"forward_auth (or a reverse_proxy with handle_response) after iceberg_idempotency, or lb_retry_match resending after an answer. "+
+			"The first upstream's connection counts as the catalog's, so a catalog that cannot be reached leaves the key unknown "+
+			"instead of released; put forward_auth before iceberg_idempotency, and do not retry mutations in reverse_proxy")
+	}
 }
 
 func replacerOf(r *http.Request) *caddy.Replacer {

@@ -62,8 +62,18 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 //
 // The hooks may run after the call returned (a dial the transport goes on
 // with in the background), hence the atomics.
+//
+// The trace cannot tell the catalog's connections from those of another
+// reverse_proxy after this handler: forward_auth placed after it (inside
+// the handle block) asks the auth server on the same context and then hands
+// the request on. Its connection then counts as the catalog call's, the
+// safe side, but a catalog that cannot be dialled leaves the key unknown
+// where it should be released. What the trace can see is an upstream asked
+// after an answer came back within one call (askedAfterAnswer), which the
+// handler reports once: see warnAskedAfterAnswer.
 type connTrace struct {
 	gotConn, handshakeOK, handshakeFailed atomic.Bool
+	answered, askedAfterAnswer            atomic.Bool
 	trace                                 httptrace.ClientTrace
 }
 
@@ -71,7 +81,13 @@ type connTrace struct {
 // already carries.
 func (c *connTrace) attach(ctx context.Context) context.Context {
 	c.trace = httptrace.ClientTrace{
-		GotConn: func(httptrace.GotConnInfo) { c.gotConn.Store(true) },
+		GetConn: func(string) {
+			if c.answered.Load() {
+				c.askedAfterAnswer.Store(true)
+			}
+		},
+		GotConn:              func(httptrace.GotConnInfo) { c.gotConn.Store(true) },
+		GotFirstResponseByte: func() { c.answered.Store(true) },
 		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
 			if err != nil {
 				c.handshakeFailed.Store(true)

@@ -991,6 +991,30 @@ func TestCoreForwardAuthThenRejectedBeforeTheCatalog(t *testing.T) {
 	wantStatus(t, "retry once the body is allowed", retry, http.StatusOK)
 	wantExecuted(t, "retry", retry)
 	wantCount(t, b, path, 1)
+	if strings.Contains(c.Logs(), askedAfterAnswerWarning) {
+		t.Fatalf("forward_auth before the directive was warned of as after it:\n%s", c.Logs())
+	}
+}
+
+// askedAfterAnswerWarning is the start of the handler's warning that a
+// catalog call asked an upstream again after an answer came back.
+const askedAfterAnswerWarning = "a keyed request went to an upstream again after an answer came back"
+
+// forward_auth inside the handle block, after a site-level directive: it
+// asks the auth server on the catalog call's context, so its connection
+// counts as the catalog's and a catalog that cannot be dialled would leave
+// the key unknown instead of released. Commits still execute once and
+// replay; the handler warns, once, that forward_auth belongs before it.
+func TestCoreForwardAuthAfterTheDirectiveIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency\n"+
+		"handle /v1/* {\nforward_auth "+b.Addr()+" {\nuri /auth\n}\nreverse_proxy "+b.Addr()+"\n}"))
+	wantExecuted(t, "first", wantCommittedOnce(t, b, c, c, "/v1/after/namespaces", `{"namespace":["after"]}`))
+	wantExecuted(t, "second", wantCommittedOnce(t, b, c, c, "/v1/again/namespaces", `{"namespace":["again"]}`))
+	if n := strings.Count(c.Logs(), askedAfterAnswerWarning); n != 1 {
+		t.Fatalf("the warning about forward_auth after the directive appears %d times, want once:\n%s", n, c.Logs())
+	}
 }
 
 // Two iceberg_idempotency directives on one request with one store: one
