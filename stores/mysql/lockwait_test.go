@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -56,53 +57,10 @@ func TestLockWaitEndsWithTheCall(t *testing.T) {
 func TestBatchGivenUpDoesNotCommitLater(t *testing.T) {
 	s, cfg := openStore(t, func(c *Config) { c.CombinedWrites = 1; c.StatementTimeout = time.Second })
 	db := admin(t)
-	ctx := context.Background()
-	slot, slotKey := holdKey(t, db, cfg.Table)
-	go func() { _, _ = s.Reserve(ctx, storetest.Reservation(slotKey, storetest.Long, storetest.Long)) }()
-	waitCombined(t, s, 0, 1)
-	first, a := holdKey(t, db, cfg.Table)
-	second, b := holdKey(t, db, cfg.Table)
-	late := storetest.NewKey(t) // UUIDv7: after a and b in the batch's key order
-	errs := make(chan error, 3)
-	for i, key := range []string{a, b, late} {
-		go func() {
-			_, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
-			errs <- err
-		}()
-		waitCombined(t, s, i+1, 1)
-	}
-	if err := slot.Rollback(); err != nil { // the batch [a, b, late] starts
-		t.Fatal(err)
-	}
-	// Each lock is freed before the server's 1 s bound on its wait; the
-	// two waits together outlast the call's 1 s.
-	time.Sleep(800 * time.Millisecond)
-	_ = first.Rollback()
-	time.Sleep(800 * time.Millisecond)
-	_ = second.Rollback()
-	for range 3 {
-		if err := <-errs; err == nil {
-			t.Fatal("a Reserve of the batch succeeded; want the batch to outlast its call")
-		}
-	}
-	time.Sleep(time.Second) // where the batch, left running, committed
-	if rec, err := s.Load(ctx, late); err != nil || rec != nil {
-		t.Fatalf("the last reservation of a batch whose call failed = %+v, %v; want none: it committed after its caller gave up", rec, err)
-	}
-}
-
-// waitCombined waits until s's combiner has queued writes waiting and
-// flushing batches running.
-func waitCombined(t *testing.T, s *Store, queued, flushing int) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if q, f := s.combined.State(); q == queued && f == flushing {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("combiner never had %d queued and %d flushing", queued, flushing)
-		}
-	}
+	sqltest.BatchGivenUpDoesNotCommitLater(t, s, s.combined.State, func(t *testing.T) (string, func()) {
+		tx, key := holdKey(t, db, cfg.Table)
+		return key, func() { _ = tx.Rollback() }
+	})
 }
 
 // The bound is the statement timeout rounded up to whole seconds (the

@@ -42,16 +42,7 @@ CREATE TRIGGER refuse BEFORE INSERT ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 			Store: s,
 			State: s.combined.State,
 			Block: func(t *testing.T) func() {
-				tx, err := admin(t).Begin(ctx)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-				key := storetest.NewKey(t)
-				if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
-VALUES ($1, 'op', '/p', 'p', 'f', 'in_flight', 'o', now() + interval '1 hour', now(), now() + interval '1 hour')`, cfg.Table), key); err != nil {
-					t.Fatal(err)
-				}
+				tx, key := holdKey(t, cfg.Table)
 				blocked := make(chan error, 1)
 				go func() {
 					_, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
@@ -75,5 +66,18 @@ VALUES ($1, 'op', '/p', 'p', 'f', 'in_flight', 'o', now() + interval '1 hour', n
 				return n, true
 			},
 		}
+	})
+}
+
+// A batch whose call gave up must not commit afterwards: pgx gives up by
+// closing the connection, and sends a cancel request first, which stops
+// the statement waiting for its lock, so the pipeline's implicit
+// transaction aborts (a backend left to read on would run the rest of the
+// pipeline and commit it at its Sync).
+func TestBatchGivenUpDoesNotCommitLater(t *testing.T) {
+	s, cfg := openStore(t, func(c *Config) { c.CombinedWrites = 1; c.StatementTimeout = time.Second })
+	sqltest.BatchGivenUpDoesNotCommitLater(t, s, s.combined.State, func(t *testing.T) (string, func()) {
+		tx, key := holdKey(t, cfg.Table)
+		return key, func() { _ = tx.Rollback(context.Background()) }
 	})
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
 const (
@@ -78,4 +80,23 @@ func openStore(t testing.TB, mutate func(*Config)) (*Store, Config) {
 		t.Fatal(err)
 	}
 	return s, cfg
+}
+
+// holdKey writes an in-flight row of a new key in a transaction it leaves
+// open: a store's statements on that key wait for its row lock until the
+// transaction ends (or the test does).
+func holdKey(t testing.TB, table string) (pgx.Tx, string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := admin(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	key := storetest.NewKey(t)
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
+VALUES ($1, 'op', '/p', 'p', 'f', 'in_flight', 'o', now() + interval '1 hour', now(), now() + interval '1 hour')`, table), key); err != nil {
+		t.Fatal(err)
+	}
+	return tx, key
 }

@@ -204,3 +204,48 @@ func RunCombined(t *testing.T, rig func(t *testing.T) CombineRig) {
 		}
 	})
 }
+
+// BatchGivenUpDoesNotCommitLater checks s, a store with one batch slot
+// (state is its combiner's State) and a one-second statement timeout:
+// a combined batch whose statements each wait for a row lock for less than
+// the timeout, but together longer than its call's timeout, must not
+// commit after its callers were told it failed. The driver gives up at the
+// call's timeout; a server left running the rest of the batch would commit
+// reservations nobody executes, each holding its key. hold takes a key's
+// row lock in a transaction of its own (an uncommitted row) until rollback.
+func BatchGivenUpDoesNotCommitLater(t *testing.T, s stores.Store, state func() (queued, flushing int),
+	hold func(t *testing.T) (key string, rollback func())) {
+	t.Helper()
+	r := CombineRig{State: state}
+	ctx := context.Background()
+	slotKey, freeSlot := hold(t)
+	go func() { _, _ = s.Reserve(ctx, storetest.Reservation(slotKey, storetest.Long, storetest.Long)) }()
+	r.WaitState(t, 0, 1)
+	a, freeA := hold(t)
+	b, freeB := hold(t)
+	late := storetest.NewKey(t) // UUIDv7: after a and b in the batch's key order
+	errs := make(chan error, 3)
+	for i, key := range []string{a, b, late} {
+		go func() {
+			_, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
+			errs <- err
+		}()
+		r.WaitState(t, i+1, 1)
+	}
+	freeSlot() // the batch [a, b, late] starts
+	// Each lock is freed before the statement timeout; the two waits
+	// together outlast the call's.
+	time.Sleep(800 * time.Millisecond)
+	freeA()
+	time.Sleep(800 * time.Millisecond)
+	freeB()
+	for range 3 {
+		if err := <-errs; err == nil {
+			t.Fatal("a Reserve of the batch succeeded; want the batch to outlast its call")
+		}
+	}
+	time.Sleep(time.Second) // where the batch, left running, committed
+	if rec, err := s.Load(ctx, late); err != nil || rec != nil {
+		t.Fatalf("the last reservation of a batch whose call failed = %+v, %v; want none: it committed after its caller gave up", rec, err)
+	}
+}
