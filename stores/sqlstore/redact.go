@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"unicode"
 )
 
 // Mask replaces secrets in redacted text.
@@ -16,6 +17,7 @@ var (
 	// pgx's parser allows.
 	kvSecret   = regexp.MustCompile(`(?i)\b((?:ssl)?password|passwd|pwd)(\s*=\s*)('(?:[^'\\]|\\.)*'?|(?:[^\s\\]|\\.?)*)`)
 	kvStart    = regexp.MustCompile(`^\s*[A-Za-z_]+\s*=`)
+	kvKey      = regexp.MustCompile(`^[A-Za-z_]+\s*=`)
 	kvUnescape = strings.NewReplacer(`\\`, `\`, `\'`, `'`, `\ `, ` `)
 	// The start of the next query parameter: a password parameter's value
 	// runs until one, so that an '&' inside the password is masked too.
@@ -44,19 +46,7 @@ func RedactDSN(dsn string) string {
 func redact(dsn string) (string, []string) {
 	var secrets []string
 	if kvStart.MatchString(dsn) {
-		out := kvSecret.ReplaceAllStringFunc(dsn, func(m string) string {
-			sub := kvSecret.FindStringSubmatch(m)
-			if v := sub[3]; v != "" {
-				secrets = append(secrets, v)
-				// The value as the driver reads it: unquoted, unescaped.
-				inner := strings.TrimSuffix(strings.TrimPrefix(v, "'"), "'")
-				if inner = kvUnescape.Replace(inner); inner != "" && inner != v {
-					secrets = append(secrets, inner)
-				}
-			}
-			return sub[1] + sub[2] + Mask
-		})
-		return out, secrets
+		return redactKV(dsn)
 	}
 	prefix, body := "", dsn
 	if i := strings.Index(dsn, "://"); i >= 0 {
@@ -90,6 +80,61 @@ func redact(dsn string) (string, []string) {
 		secrets = append(secrets, qs...)
 	}
 	return prefix + head + rest, secrets
+}
+
+// redactKV redacts a key=value DSN. An unquoted value ends at a space for
+// the drivers, so "password=Summer 2024! dbname=x" is a DSN they refuse
+// and echo in their error; its password was meant to run up to the next
+// key=value, and is masked that far (each word of it too, since the
+// drivers' errors quote them one by one).
+func redactKV(dsn string) (string, []string) {
+	var b strings.Builder
+	var secrets []string
+	last := 0
+	for _, m := range kvSecret.FindAllStringSubmatchIndex(dsn, -1) {
+		if m[0] < last {
+			continue // inside a value masked already
+		}
+		end := m[1]
+		if m[7] > m[6] && dsn[m[6]] != '\'' {
+			end = unquotedEnd(dsn, end)
+			secrets = append(secrets, strings.Fields(dsn[m[1]:end])...)
+		}
+		if v := dsn[m[6]:end]; v != "" {
+			secrets = append(secrets, v)
+			// The value as the driver reads it: unquoted, unescaped.
+			inner := strings.TrimSuffix(strings.TrimPrefix(v, "'"), "'")
+			if inner = kvUnescape.Replace(inner); inner != "" && inner != v {
+				secrets = append(secrets, inner)
+			}
+		}
+		b.WriteString(dsn[last:m[5]] + Mask)
+		last = end
+	}
+	b.WriteString(dsn[last:])
+	return b.String(), secrets
+}
+
+// unquotedEnd returns where an unquoted value that the drivers end at end
+// was meant to end: at the next word that starts a key=value, or at the
+// end of dsn.
+func unquotedEnd(dsn string, end int) int {
+	for {
+		i := end
+		for i < len(dsn) && unicode.IsSpace(rune(dsn[i])) {
+			i++
+		}
+		if i == len(dsn) || kvKey.MatchString(dsn[i:]) {
+			return end
+		}
+		for i < len(dsn) && !unicode.IsSpace(rune(dsn[i])) {
+			if dsn[i] == '\\' {
+				i++
+			}
+			i++
+		}
+		end = min(i, len(dsn))
+	}
 }
 
 // redactQuery masks the values of password parameters in a query string.

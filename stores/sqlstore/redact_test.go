@@ -49,6 +49,12 @@ func TestRedactDSN(t *testing.T) {
 		{"host=db sslpassword=k3y sslmode=require", "host=db sslpassword=xxxxx sslmode=require"},
 		{"host=db password=x://y@z dbname=idem", "host=db password=xxxxx dbname=idem"},
 		{"  host=db user=alice", "  host=db user=alice"},
+		// An unquoted password with spaces, which the drivers refuse: masked
+		// up to the next key=value.
+		{"host=db user=app password=Summer 2024! dbname=x", "host=db user=app password=xxxxx dbname=x"},
+		{"host=db password=correct horse  battery", "host=db password=xxxxx"},
+		{"host=db password=a\\ b c sslmode=require", "host=db password=xxxxx sslmode=require"},
+		{"password=s3cret host=db", "password=xxxxx host=db"},
 		// MySQL driver DSNs.
 		{"root:s3cret@tcp(127.0.0.1:3306)/idem?parseTime=true",
 			"root:xxxxx@tcp(127.0.0.1:3306)/idem?parseTime=true"},
@@ -119,6 +125,24 @@ func TestRedactDSNAgainstDriverParsers(t *testing.T) {
 			}
 			if cfg.Password != "" && strings.Contains(got, cfg.Password) && len(cfg.Password) > 2 {
 				t.Errorf("RedactDSN(%q) = %q keeps pgx's password %q", dsn, got, cfg.Password)
+			}
+		}
+	}
+}
+
+// A key=value DSN whose unquoted password holds spaces is one pgx refuses,
+// quoting the words after the first in its error: none of them may show.
+func TestRedactErrorUnquotedPasswordWithSpaces(t *testing.T) {
+	for _, pw := range []string{"Summer 2024!", "correct horse battery staple", "open s3s@me?/42"} {
+		dsn := "host=db user=caddy password=" + pw + " dbname=iceberg"
+		_, err := pgconn.ParseConfig(dsn)
+		if err == nil {
+			t.Fatalf("pgx accepted %q", dsn)
+		}
+		msg := RedactError(err, dsn, "").Error()
+		for _, word := range strings.Fields(pw) {
+			if strings.Contains(msg, word) {
+				t.Errorf("RedactError(pgx error for %q) = %q shows %q of the password", dsn, msg, word)
 			}
 		}
 	}
