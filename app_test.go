@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -88,10 +89,26 @@ type closeCounter struct {
 
 func (c *closeCounter) Close() error { c.closed.Add(1); return nil }
 
+// Reserve refuses once the store is closed, as the real stores do.
+func (c *closeCounter) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	if c.closed.Load() > 0 {
+		return stores.ReserveResult{}, stores.MarkNotSent(errors.New("store closed"))
+	}
+	return c.Store.Reserve(ctx, r)
+}
+
+// lingerFor sets how long dropped stores stay open after their last
+// request (dropLinger) for the rest of t.
+func lingerFor(t *testing.T, d time.Duration) {
+	old := dropLinger
+	dropLinger = d
+	t.Cleanup(func() { dropLinger = old })
+}
+
 // waitClosed waits for the pool's asynchronous close.
 func waitClosed(t *testing.T, c *closeCounter, want int32) {
 	t.Helper()
-	for range 200 {
+	for range 600 {
 		if c.closed.Load() == want {
 			return
 		}
@@ -143,6 +160,7 @@ func TestStorePoolSharesAndClosesLast(t *testing.T) {
 	if p.store.closed.Load() != 0 {
 		t.Fatal("store closed while the new handler still uses it")
 	}
+	lingerFor(t, 0)
 	if err := (&Handler{storeKey: p.key}).Cleanup(); err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +187,7 @@ func TestStorePoolClosesAfterRunningRequests(t *testing.T) {
 	// bound, and closing the store under it would let its lease lapse.
 	defer func(d time.Duration) { drainReportInterval = d }(drainReportInterval)
 	drainReportInterval = 10 * time.Millisecond
+	lingerFor(t, 0)
 	leave := ps.enter()
 	if err := (&Handler{storeKey: p.key}).Cleanup(); err != nil {
 		t.Fatal(err)

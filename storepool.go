@@ -118,6 +118,16 @@ var storePool = caddy.NewUsagePool()
 // and, under abandoned reexecute, executes the request again.
 var drainReportInterval = 5 * time.Minute
 
+// dropLinger is how long a store no config uses any more stays open after
+// the last request that used it. A reload does not wait for the old
+// config's requests (Caddy shuts its server down in the background), and
+// one that was still in a handler before this one when the reload came
+// (forward_auth, basic_auth hashing a password) reaches the handler later,
+// when nothing counted it yet; Caddy does not tell when the old server's
+// last request ended. Each request that comes meanwhile starts the wait
+// again.
+var dropLinger = time.Minute
+
 // pooledStore is a store in storePool. It counts the requests using it, so
 // that a reload which drops the store closes it only after the old config's
 // last request finished with it: closing a pool under a running request
@@ -131,6 +141,11 @@ type pooledStore struct {
 	active atomic.Int64 // requests using the store
 	mu     sync.Mutex
 	idle   *sync.Cond // signalled, under mu, when active drops to 0
+
+	// dropped is set by Destruct; from then on each use also counts in
+	// lateUses, which tells Destruct's linger that requests still come.
+	dropped  atomic.Bool
+	lateUses atomic.Int64
 }
 
 func newPooledStore(s stores.Store) *pooledStore {
@@ -141,7 +156,12 @@ func newPooledStore(s stores.Store) *pooledStore {
 
 // use marks a request as using the store until it calls done, once: the
 // keyed request's path, where a counter costs no allocation and no lock.
-func (p *pooledStore) use() { p.active.Add(1) }
+func (p *pooledStore) use() {
+	p.active.Add(1)
+	if p.dropped.Load() {
+		p.lateUses.Add(1)
+	}
+}
 
 // done ends a use. The last one wakes waitIdle; broadcasting under mu means
 // a waiter that saw the store busy is already waiting.
@@ -161,14 +181,22 @@ func (p *pooledStore) enter() (leave func()) {
 	return func() { once.Do(p.done) }
 }
 
-// Destruct closes the store once no request uses it. It returns at once:
-// Caddy calls it from the old config's Cleanup, which must not hold up a
-// reload.
+// Destruct closes the store once no request has used it for dropLinger.
+// It returns at once: Caddy calls it from the old config's Cleanup, which
+// must not hold up a reload.
 func (p *pooledStore) Destruct() error {
+	p.dropped.Store(true)
 	go func() {
-		for !p.waitIdle(drainReportInterval) {
-			p.logger.Warn("a store no config uses any more stays open for the requests still using it",
-				zap.String("backend", p.backend), zap.Int64("requests", p.active.Load()))
+		for {
+			for !p.waitIdle(drainReportInterval) {
+				p.logger.Warn("a store no config uses any more stays open for the requests still using it",
+					zap.String("backend", p.backend), zap.Int64("requests", p.active.Load()))
+			}
+			late := p.lateUses.Load()
+			time.Sleep(dropLinger)
+			if p.active.Load() == 0 && p.lateUses.Load() == late {
+				break
+			}
 		}
 		_ = p.Close()
 	}()

@@ -25,6 +25,7 @@ func TestStoreStaysOpenForARequestStillUploading(t *testing.T) {
 	if err := h.prepare(); err != nil {
 		t.Fatal(err)
 	}
+	lingerFor(t, 0)
 	body, upload := io.Pipe()
 	req := httptest.NewRequest("POST", commitPath, body)
 	req.Header.Set(IdempotencyKeyHeader, storetest.NewKey(t))
@@ -49,4 +50,33 @@ func TestStoreStaysOpenForARequestStillUploading(t *testing.T) {
 		t.Fatalf("request answered %d (error %v), catalog called %d times; want 200 once", rec.Code, err, up.calls.Load())
 	}
 	waitClosed(t, inner, 1) // after its last request
+}
+
+// A reload does not wait for the old config's requests: one still in a
+// handler before this one (forward_auth, basic_auth hashing a password)
+// reaches it after the store was dropped, and finds it open, executes and
+// is stored; each such request keeps the store open for dropLinger more.
+// Before, a store nobody was using when it was dropped closed at once, and
+// such a request got 503 (under fail_open it passed through unguarded, and
+// its retry executed the commit again).
+func TestDroppedStoreStaysOpenForLateRequests(t *testing.T) {
+	inner := &closeCounter{Store: newMemoryStore(t)}
+	p := newPooledStore(inner)
+	h := &Handler{store: p, pooled: p, logger: zap.NewNop()}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	lingerFor(t, time.Second)
+	_ = p.Destruct() // the reload drops the store, which nobody uses
+	time.Sleep(100 * time.Millisecond)
+	up := answering(200, `{"ok":true}`)
+	if r := serve(t, h, up, "POST", commitPath, storetest.NewKey(t), commitBody); r.code() != 200 || up.calls.Load() != 1 {
+		t.Fatalf("late request of the old config answered %d (%s), catalog called %d times; want 200 once", r.code(), r.body, up.calls.Load())
+	}
+	// Past a linger from the drop, within one from the late request.
+	time.Sleep(1200 * time.Millisecond)
+	if inner.closed.Load() != 0 {
+		t.Fatal("the store closed a linger after it was dropped, though a request used it since")
+	}
+	waitClosed(t, inner, 1)
 }
