@@ -202,6 +202,16 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(args) == 0 {
 				return d.Errf("%s needs at least one host:port", opt)
 			}
+			for i, a := range args {
+				// One written with placeholders is checked once they are
+				// replaced, at provisioning. The error does not repeat it:
+				// a redis:// URL may hold the password.
+				if !strings.Contains(a, "{") {
+					if err := redis.CheckAddress(a); err != nil {
+						return d.Errf("%s: value %d of %d: %v", opt, i+1, len(args), err)
+					}
+				}
+			}
 			r.Addresses = append(r.Addresses, args...)
 		case "username":
 			r.Username, err = singleArg(d)

@@ -93,20 +93,25 @@ func TestRedisStoreCaddyfile(t *testing.T) {
 		t.Fatalf("write_timeout before timeout: parsed %+v", r)
 	}
 	for src, want := range map[string]string{
-		`redis`:                                           "needs an address",
-		"redis {\naddress\n}":                             "needs at least one",
-		"redis {\naddress a:1\ndb x\n}":                   "db must be a non-negative integer",
-		"redis {\naddress a:1 b:1\ndb 2\n}":               "Cluster has only db 0",
-		"redis {\naddress a:1\ntls maybe\n}":              "tls must be on or off",
-		"redis {\naddress a:1\ntimeout 0s\n}":             "positive duration",
-		"redis {\naddress a:1\npool_size 0\n}":            "pool_size must be a positive integer",
-		"redis {\naddress a:1\nsentinel x\n}":             `unknown redis store option "sentinel"`,
-		"redis {\naddress a:1\npassword a b\n}":           "takes a single value",
-		"redis {\naddress a:1\ntimeout 1s\ntimeout 2s\n}": "timeout given twice (first on line 3)",
+		`redis`:               "needs an address",
+		"redis {\naddress\n}": "needs at least one",
+		"redis {\naddress a:1 redis://default:s3cret@r:6379/0\n}": "address: value 2 of 2: a URL, not host:port",
+		"redis {\naddress r\n}":                                   "not host:port",
+		"redis {\naddress a:1\ndb x\n}":                           "db must be a non-negative integer",
+		"redis {\naddress a:1 b:1\ndb 2\n}":                       "Cluster has only db 0",
+		"redis {\naddress a:1\ntls maybe\n}":                      "tls must be on or off",
+		"redis {\naddress a:1\ntimeout 0s\n}":                     "positive duration",
+		"redis {\naddress a:1\npool_size 0\n}":                    "pool_size must be a positive integer",
+		"redis {\naddress a:1\nsentinel x\n}":                     `unknown redis store option "sentinel"`,
+		"redis {\naddress a:1\npassword a b\n}":                   "takes a single value",
+		"redis {\naddress a:1\ntimeout 1s\ntimeout 2s\n}":         "timeout given twice (first on line 3)",
 	} {
 		err := new(RedisStore).UnmarshalCaddyfile(caddyfile.NewTestDispenser(src))
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want %q", src, err, want)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%q: error %v shows the password", src, err)
 		}
 	}
 }

@@ -23,6 +23,8 @@ package redis
 import (
 	"errors"
 	"fmt"
+	"net"
+	"strings"
 	"time"
 )
 
@@ -64,6 +66,22 @@ type Config struct {
 	NotifyFallback time.Duration
 }
 
+// CheckAddress refuses an address that is not host:port. Its error never
+// repeats the address: a redis:// URL, the form managed services hand out,
+// may hold the password, and the error reaches logs and the admin API.
+func CheckAddress(addr string) error {
+	switch {
+	case addr == "":
+		return errors.New("empty address")
+	case strings.Contains(addr, "://") || strings.Contains(addr, "@"):
+		return errors.New("a URL, not host:port: give its host:port as the address, and its username and password as username and password")
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		return errors.New("not host:port (an IPv6 host goes in brackets: [::1]:6379)")
+	}
+	return nil
+}
+
 // WithDefaults returns c with every unset option set to its default, or an
 // error naming the first invalid option. Open applies it; the Caddy module
 // calls it too, so that the store it shares across reloads is keyed by the
@@ -77,9 +95,9 @@ func (c *Config) setDefaults() error {
 	if len(c.Addrs) == 0 {
 		return errors.New("redis: at least one address is required")
 	}
-	for _, a := range c.Addrs {
-		if a == "" {
-			return errors.New("redis: empty address")
+	for i, a := range c.Addrs {
+		if err := CheckAddress(a); err != nil {
+			return fmt.Errorf("redis: address %d of %d: %w", i+1, len(c.Addrs), err)
 		}
 	}
 	if c.DB < 0 {

@@ -155,12 +155,34 @@ func TestConfigDefaults(t *testing.T) {
 	for _, bad := range []Config{
 		{},
 		{Addrs: []string{""}},
+		{Addrs: []string{"r"}},
+		{Addrs: []string{"::1"}},
 		{Addrs: []string{"a:1", "b:1"}, DB: 2},
 		{Addrs: []string{"a:1"}, DB: -1},
 		{Addrs: []string{"a:1"}, ReadTimeout: -time.Second},
 	} {
 		if _, err := bad.WithDefaults(); err == nil {
 			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+// A redis:// URL given as the address, the form managed services hand
+// out, is refused without repeating it: its password would otherwise
+// reach the startup log, every store error and the admin API.
+func TestURLAddressRefusedWithoutItsPassword(t *testing.T) {
+	for _, addr := range []string{"redis://default:s3cret@r:6379/0", "rediss://:s3cret@r:6380", "default:s3cret@r:6379"} {
+		_, err := Config{Addrs: []string{addr}}.WithDefaults()
+		if err == nil || !strings.Contains(err.Error(), "a URL, not host:port") {
+			t.Errorf("%s: error %v, want it refused as a URL", addr, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: error %v shows the password", addr, err)
+		}
+	}
+	for _, addr := range []string{"r:6379", "10.0.0.1:6379", "[::1]:6379", ":6379"} {
+		if _, err := (Config{Addrs: []string{addr}}).WithDefaults(); err != nil {
+			t.Errorf("%s refused: %v", addr, err)
 		}
 	}
 }
