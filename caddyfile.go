@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -130,8 +131,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			code, err := strconv.Atoi(arg)
-			if err != nil {
-				return d.Errf("in_flight_status must be a status code, got %q", arg)
+			if err != nil || code == 0 { // 0 would read as left out
+				return d.Errf("in_flight_status must be 503 or 409, got %q", arg)
 			}
 			h.InFlightStatus = code
 		case "abandoned":
@@ -215,10 +216,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if d.NextArg() {
 				return d.Err("secret takes a single value")
 			}
+			if h.Secret == "" {
+				return emptyValue(d, opt)
+			}
 		case "previous_secrets":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
 				return d.ArgErr()
+			}
+			if slices.Contains(args, "") {
+				return emptyValue(d, opt)
 			}
 			h.PreviousSecrets = args
 		case "require_secret":
@@ -290,6 +297,10 @@ func (g givenOptions) once(d *caddyfile.Dispenser, name string) error {
 	return nil
 }
 
+// singleArg returns the option's one value, which must not be empty: an
+// empty value would read as the option left out, so that a quoted "{$VAR}"
+// whose variable is unset silently meant the default (for secret: no
+// encryption at all).
 func singleArg(d *caddyfile.Dispenser) (string, error) {
 	opt := d.Val()
 	if !d.NextArg() {
@@ -299,7 +310,14 @@ func singleArg(d *caddyfile.Dispenser) (string, error) {
 	if d.NextArg() {
 		return "", d.Errf("%s takes a single value", opt)
 	}
+	if arg == "" {
+		return "", emptyValue(d, opt)
+	}
 	return arg, nil
+}
+
+func emptyValue(d *caddyfile.Dispenser, opt string) error {
+	return d.Errf("%s is empty (a quoted {$VAR} whose environment variable is unset?): give it a value, or leave the option out for its default", opt)
 }
 
 func parseDuration(d *caddyfile.Dispenser, into *caddy.Duration) error {

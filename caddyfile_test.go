@@ -187,6 +187,15 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"key_versions range", "iceberg_idempotency {\n\t\tkey_versions 7 9\n\t}", `key_versions[1] must be a UUID version from 1 to 8, got 9`, "at Caddyfile:3"},
 		{"key_versions repeated", "iceberg_idempotency {\n\t\tkey_versions 7 7\n\t}", `key_versions[1] repeats key_versions[0]`, "at Caddyfile:3"},
 		{"directive argument", "iceberg_idempotency on", `wrong argument count`, "at Caddyfile:2"},
+		// An empty value read as the option left out: a quoted {$VAR}
+		// whose variable is unset turned encryption off without a word.
+		{"secret from an unset variable", "iceberg_idempotency {\n\t\tsecret \"{$ICEBERG_IDEMPOTENCY_TEST_UNSET_SECRET}\"\n\t}", `secret is empty (a quoted {$VAR} whose environment variable is unset?)`, "at Caddyfile:3"},
+		{"empty previous secret", "iceberg_idempotency {\n\t\tsecret {env.A}\n\t\tprevious_secrets {env.B} \"\"\n\t}", `previous_secrets is empty`, "at Caddyfile:4"},
+		{"empty principal", "iceberg_idempotency {\n\t\tprincipal \"\"\n\t}", `principal is empty`, "at Caddyfile:3"},
+		{"empty dsn", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn \"{$ICEBERG_IDEMPOTENCY_TEST_UNSET_DSN}\"\n\t\t}\n\t}", `dsn is empty`, "at Caddyfile:4"},
+		{"in flight status 0", "iceberg_idempotency {\n\t\tin_flight_status 0\n\t}", `in_flight_status must be 503 or 409, got "0"`, "at Caddyfile:3"},
+		{"empty replay header", "iceberg_idempotency {\n\t\treplay_headers ETag \"\"\n\t}", `replay_headers`, "at Caddyfile:3"},
+		{"empty status", "iceberg_idempotency {\n\t\trelease_statuses 5xx \"\"\n\t}", `release_statuses`, "at Caddyfile:3"},
 		// Status lists that would execute a success twice, or store a 5xx.
 		{"release a success class", "iceberg_idempotency {\n\t\trelease_statuses 5xx 2xx\n\t}", `release_statuses: has 2xx: a released success is executed again on retry`, "at Caddyfile:3"},
 		{"release a success", "iceberg_idempotency {\n\t\trelease_statuses 5xx 201\n\t}", `release_statuses: has 201`, "at Caddyfile:3"},

@@ -462,7 +462,10 @@ func (h *Handler) validateOption(opt string) error {
 			return fmt.Errorf("principal %q has no placeholder that differs from request to request, so every caller would be one principal and could replay another's answers: write one such as {http.auth.user.id} or {http.request.header.Authorization}", h.Principal)
 		}
 	case "replay_headers":
-		for _, name := range h.ReplayHeaders {
+		for i, name := range h.ReplayHeaders {
+			if name == "" {
+				return fmt.Errorf("replay_headers[%d] is empty", i)
+			}
 			if why, ok := unreplayableHeaders[http.CanonicalHeaderKey(name)]; ok {
 				return fmt.Errorf("replay_headers cannot hold %s: %s", name, why)
 			}
