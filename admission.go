@@ -68,14 +68,17 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		h.pooled.use()
 		defer h.pooled.done()
 	}
+	// A body announced too large is refused before it is read: a client
+	// that sent Expect: 100-continue is then not asked to upload it.
+	if r.ContentLength > h.MaxRequestSize {
+		return h.bodyTooLarge(w)
+	}
 	body, err := readBody(r, h.MaxRequestSize)
 	if err != nil {
 		return bodyUnread(w, r, err)
 	}
 	if int64(len(body)) > h.MaxRequestSize {
-		writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge,
-			fmt.Sprintf("request body exceeds %d bytes, the largest accepted with an Idempotency-Key", h.MaxRequestSize), 0)
-		return nil
+		return h.bodyTooLarge(w)
 	}
 	principal := h.principalOf(r)
 	if principal == "" && h.Principal != DefaultPrincipal {
@@ -180,6 +183,13 @@ func (g *guarded) passGuarded() error {
 // (request_body's max_size) cut it off, 400 for a broken body (framing, a
 // connection that failed), both as Iceberg errors. A client already gone
 // gets Caddy's error, to log.
+// bodyTooLarge answers a keyed request whose body exceeds MaxRequestSize.
+func (h *Handler) bodyTooLarge(w http.ResponseWriter) error {
+	writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge,
+		fmt.Sprintf("request body exceeds %d bytes, the largest accepted with an Idempotency-Key", h.MaxRequestSize), 0)
+	return nil
+}
+
 func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
 	if r.Context().Err() != nil {
 		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))

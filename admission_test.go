@@ -1,8 +1,11 @@
 package icebergidempotency
 
 import (
+	"bufio"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -11,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/iotest"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -243,5 +247,40 @@ func TestLargeAnnouncedBodyIsReadWhole(t *testing.T) {
 	short.ContentLength = int64(len(body))
 	if _, err := readBody(short, h.MaxRequestSize); err != io.ErrUnexpectedEOF {
 		t.Fatalf("a body cut short of its length: %v, want io.ErrUnexpectedEOF", err)
+	}
+}
+
+// A keyed request that announces a body over max_request_size and asks
+// Expect: 100-continue is refused before it uploads anything: Go's server
+// sends "100 Continue" only once a handler reads the body, and before, the
+// handler read up to the limit first (16 MiB by default) only to answer 413.
+func TestBodyAnnouncedTooLargeIsRefusedBeforeTheUpload(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.MaxRequestSize = 1 << 10
+	up := answering(http.StatusOK, `{}`)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		if err := h.ServeHTTP(w, r, up); err != nil {
+			t.Error(err)
+		}
+	}))
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintf(conn, "POST /v1/namespaces HTTP/1.1\r\nHost: catalog\r\nIdempotency-Key: %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n", storetest.NewKey(t), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(body), typeTooLarge) || up.calls.Load() != 0 {
+		t.Fatalf("first answer %d %s, %d executions; want 413 %s at once (no 100 Continue) and none", res.StatusCode, body, up.calls.Load(), typeTooLarge)
 	}
 }
