@@ -1,7 +1,12 @@
 package redis
 
 import (
+	"bufio"
 	"context"
+	"io"
+	"net"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
@@ -60,4 +65,83 @@ func TestClusterErrorsNeverNotSent(t *testing.T) {
 	if err == nil || stores.NotSent(err) {
 		t.Fatalf("cluster Reserve with every node refusing: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
 	}
+}
+
+// A reply that refuses the script instead of running it proves it did not
+// run: the handler has nothing to undo, where before every keyed request
+// while Redis loaded its data set after a restart left a release retried
+// every 2 s for 2 minutes. A script that ran and failed, or OOM (which may
+// come from a write inside a script after others succeeded), proves
+// nothing. A stand-in server answers every command with the reply: a real
+// Redis cannot be held loading or busy on demand.
+func TestServerRefusalsAreNotSent(t *testing.T) {
+	for _, c := range []struct {
+		reply   string
+		notSent bool
+	}{
+		{"LOADING Redis is loading the dataset in memory", true},
+		{"READONLY You can't write against a read only replica.", true},
+		{"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", true},
+		{"BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.", true},
+		{"OOM command not allowed when used memory > 'maxmemory'.", false},
+		{"ERR user_script:1: Script attempted to access nonexistent global variable 'x'", false},
+		{"BUSYKEY Target key name already exists.", false},
+	} {
+		name, _, _ := strings.Cut(c.reply, " ")
+		t.Run(name, func(t *testing.T) {
+			s, err := Open(Config{Addrs: []string{replyingServer(t, c.reply)}, KeyPrefix: testPrefix(t)}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			_, err = s.Reserve(context.Background(), storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+			if err == nil || stores.NotSent(err) != c.notSent {
+				t.Fatalf("Reserve answered %q: err = %v, NotSent = %v; want %v", c.reply, err, stores.NotSent(err), c.notSent)
+			}
+		})
+	}
+}
+
+// replyingServer speaks just enough RESP to answer every command with the
+// error reply.
+func replyingServer(t *testing.T, reply string) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				rd := bufio.NewReader(c)
+				for {
+					// *<n>\r\n, then n times $<len>\r\n<bytes>\r\n
+					line, err := rd.ReadString('\n')
+					if err != nil || len(line) < 2 {
+						return
+					}
+					n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+					for range n {
+						l, err := rd.ReadString('\n')
+						if err != nil || len(l) < 2 {
+							return
+						}
+						size, _ := strconv.Atoi(strings.TrimSpace(l[1:]))
+						if _, err := io.CopyN(io.Discard, rd, int64(size)+2); err != nil {
+							return
+						}
+					}
+					if _, err := io.WriteString(c, "-"+reply+"\r\n"); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }

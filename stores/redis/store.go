@@ -135,19 +135,45 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 
 // wrap names the operation and marks the error transient when calling
 // again later may succeed, and not sent when it proves that (see
-// stores.MarkNotSent): no connection could be had, on a client that sends
-// a command once (MaxRetries -1), so that the failed dial was the
-// command's only attempt; a cluster client's never is. go-redis errors
-// never carry the password.
+// stores.MarkNotSent): no connection could be had, or the server refused
+// the command before running it (refusedUnrun), on a client that sends a
+// command once (MaxRetries -1), so that this was the command's only
+// attempt; a cluster client's never is. go-redis errors never carry the
+// password.
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("redis %s: %w", op, err)
-	if !s.resends() && (errors.Is(err, goredis.ErrPoolTimeout) || sqlstore.DialFailed(err)) {
+	if !s.resends() && (errors.Is(err, goredis.ErrPoolTimeout) || sqlstore.DialFailed(err) || refusedUnrun(err)) {
 		out = stores.MarkNotSent(out)
 	}
 	if transient(err) {
 		return sqlstore.MarkTransient(out)
 	}
 	return out
+}
+
+// notNow are the prefixes of the server's "not now" replies (loading its
+// data set after a restart, a replica or a cluster in failover, a script
+// still running): calling again later may succeed.
+var notNow = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTERDOWN ", "BUSY "}
+
+// refusedUnrun reports a reply of the server that refuses the command
+// instead of running it: while it loads its data set (LOADING), on a
+// replica (READONLY: no write of a script runs there), without a reachable
+// master (MASTERDOWN), or while another script runs (BUSY). A script that
+// ran and failed answers an ERR reply, and OOM may come from a write
+// inside a script after others succeeded: neither counts.
+func refusedUnrun(err error) bool {
+	var rerr goredis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "BUSY "} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // resends reports a cluster client, which sends a command again after a
@@ -166,7 +192,7 @@ func transient(err error) bool {
 		return true
 	}
 	msg := err.Error()
-	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTERDOWN ", "BUSY "} {
+	for _, p := range notNow {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}
