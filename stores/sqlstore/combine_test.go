@@ -69,8 +69,9 @@ func queueBehindBlock(t *testing.T, f *fakeDB, c *Combiner[string], ctxs []conte
 	return queueKeyedBehindBlock(t, f, c, ctxs, stmts, nil)
 }
 
-// queueKeyedBehindBlock is queueBehindBlock with each statement's key.
-func queueKeyedBehindBlock(t *testing.T, f *fakeDB, c *Combiner[string], ctxs []context.Context, stmts, keys []string) []outcome {
+// holdSlot takes c's only flush slot with a blocked statement; release
+// gives it back once the blocked statement is done.
+func holdSlot(t *testing.T, f *fakeDB, c *Combiner[string]) (release func()) {
 	t.Helper()
 	f.unblock = make(chan struct{})
 	blocked := make(chan struct{})
@@ -81,6 +82,16 @@ func queueKeyedBehindBlock(t *testing.T, f *fakeDB, c *Combiner[string], ctxs []
 		}
 	}()
 	waitState(t, c, 0, 1)
+	return func() {
+		close(f.unblock)
+		<-blocked
+	}
+}
+
+// queueKeyedBehindBlock is queueBehindBlock with each statement's key.
+func queueKeyedBehindBlock(t *testing.T, f *fakeDB, c *Combiner[string], ctxs []context.Context, stmts, keys []string) []outcome {
+	t.Helper()
+	release := holdSlot(t, f, c)
 	out := make([]outcome, len(stmts))
 	var wg sync.WaitGroup
 	for i, s := range stmts {
@@ -100,8 +111,7 @@ func queueKeyedBehindBlock(t *testing.T, f *fakeDB, c *Combiner[string], ctxs []
 		}()
 		waitState(t, c, i+1, 1) // queued in this order
 	}
-	close(f.unblock)
-	<-blocked
+	release()
 	wg.Wait()
 	waitState(t, c, 0, 0)
 	return out
@@ -240,16 +250,9 @@ func TestCombinerSentWriteWaitsForItsBatch(t *testing.T) {
 // once, and its error says it was never sent: the handler then starts no
 // background undo for it (in an outage, one per waiting request).
 func TestCombinerWriteLeftInTheQueueIsNotSent(t *testing.T) {
-	f := &fakeDB{unblock: make(chan struct{})}
+	f := &fakeDB{}
 	c := f.combiner(1, 8)
-	blocked := make(chan struct{})
-	go func() {
-		defer close(blocked)
-		if _, err := c.Exec(context.Background(), Statement[string]{Stmt: "block"}); err != nil {
-			t.Error(err)
-		}
-	}()
-	waitState(t, c, 0, 1)
+	release := holdSlot(t, f, c)
 	leaving, leave := context.WithCancel(context.Background())
 	done := make(chan outcome, 1)
 	go func() {
@@ -262,8 +265,7 @@ func TestCombinerWriteLeftInTheQueueIsNotSent(t *testing.T) {
 	if !errors.Is(o.err, context.Canceled) || !stores.NotSent(o.err) {
 		t.Fatalf("write that left the queue = %+v, want context.Canceled marked not sent", o)
 	}
-	close(f.unblock)
-	<-blocked
+	release()
 	waitState(t, c, 0, 0)
 	if !slices.Equal(f.alone, []string{"block"}) || len(f.together) != 0 {
 		t.Fatalf("alone %v, together %v: the write that left must not be sent", f.alone, f.together)
