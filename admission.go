@@ -178,11 +178,6 @@ func (g *guarded) passGuarded() error {
 	return g.next.ServeHTTP(g.w, g.r)
 }
 
-// bodyUnread answers a keyed request whose body could not be read, before
-// anything was reserved or sent: 413 when a limit before this handler
-// (request_body's max_size) cut it off, 400 for a broken body (framing, a
-// connection that failed), both as Iceberg errors. A client already gone
-// gets Caddy's error, to log.
 // bodyTooLarge answers a keyed request whose body exceeds MaxRequestSize.
 func (h *Handler) bodyTooLarge(w http.ResponseWriter) error {
 	writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge,
@@ -190,6 +185,11 @@ func (h *Handler) bodyTooLarge(w http.ResponseWriter) error {
 	return nil
 }
 
+// bodyUnread answers a keyed request whose body could not be read, before
+// anything was reserved or sent: 413 when a limit before this handler
+// (request_body's max_size) cut it off, 400 for a broken body (framing, a
+// connection that failed), both as Iceberg errors. A client already gone
+// gets Caddy's error, to log.
 func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
 	if r.Context().Err() != nil {
 		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
