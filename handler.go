@@ -234,6 +234,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.checkAtRest(provider); err != nil {
 		return err
 	}
+	// A lease below the least allowed gets that error, not advice to lower
+	// the store's timeouts below it.
+	if err := h.validateOption("lease"); err != nil {
+		return err
+	}
 	if err := checkLease(time.Duration(h.Lease), provider); err != nil {
 		return err
 	}

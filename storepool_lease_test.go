@@ -33,8 +33,12 @@ func TestLeaseShorterThanThreeCallsIsRefused(t *testing.T) {
 		{"redis defaults too", `{"backend": "redis", "addresses": ["127.0.0.1:1"], "read_timeout": "4s"}`, 10 * time.Second,
 			"or lower dial_timeout (5s), read_timeout (4s) and write_timeout (5s) to at most 3.333s"},
 		{"memory any lease", `{"backend": "memory"}`, 3 * time.Millisecond, ""},
-		// A lease that is not positive gets Validate's error, not this one.
-		{"negative lease", `{"backend": "postgres", "dsn": "postgres://caddy@127.0.0.1:1/none"}`, -time.Second, ""},
+		// A lease below the least allowed gets Validate's error, not advice
+		// to lower the statement timeout to 0s.
+		{"negative lease", `{"backend": "postgres", "dsn": "postgres://caddy@127.0.0.1:1/none"}`, -time.Second,
+			"lease must be at least 3ms, got -1s"},
+		{"lease below the least", `{"backend": "postgres", "dsn": "postgres://caddy@127.0.0.1:1/none"}`, time.Millisecond,
+			"lease must be at least 3ms, got 1ms"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			h := &Handler{StoreRaw: json.RawMessage(tt.store), Lease: caddy.Duration(tt.lease)}

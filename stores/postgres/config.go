@@ -5,6 +5,7 @@ package postgres
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -93,6 +94,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxConns < 0 || c.CombinedWrites < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 || c.NotifyFallback < 0 {
 		return fmt.Errorf("postgres: negative max_conns, combined_writes, timeout or interval")
+	}
+	if c.MaxConns > math.MaxInt32 { // pgx keeps it in an int32
+		return fmt.Errorf("postgres: max_conns %d is more than %d", c.MaxConns, math.MaxInt32)
 	}
 	if c.StatementTimeout == 0 {
 		c.StatementTimeout = sqlstore.DefaultStatementTimeout

@@ -1,6 +1,9 @@
 package postgres
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // The pool holds DefaultMaxConns unless max_conns or the DSN's
 // pool_max_conns says otherwise. Opening connects to nothing, so this
@@ -27,5 +30,18 @@ func TestPoolSize(t *testing.T) {
 				t.Fatalf("pool max conns %d, want %d", got, tt.want)
 			}
 		})
+	}
+}
+
+// pgx keeps the pool size in an int32: a larger max_conns is refused, where
+// it used to wrap around (4294967297 opened a pool of 1).
+func TestPoolSizeOverInt32IsRefused(t *testing.T) {
+	s, err := Open(t.Context(), Config{DSN: "postgres://u@127.0.0.1:1/db", MaxConns: 1<<32 + 1}, nil)
+	if err == nil {
+		s.Close()
+		t.Fatal("max_conns 4294967297 accepted")
+	}
+	if !strings.Contains(err.Error(), "max_conns 4294967297 is more than 2147483647") {
+		t.Fatalf("error %v, want it to name max_conns and the bound", err)
 	}
 }
