@@ -27,13 +27,14 @@ var ErrNotOwner = errors.New("idempotency record is not owned by this token")
 // unknown (the record is abandoned).
 var ErrResponseTooLarge = errors.New("response too large for the idempotency store")
 
-// MarkNotSent marks err as the failure of a call that provably never
-// reached the store's server: no connection could be had, the store's
-// first contact with its database has not succeeded, or the driver
-// guarantees it wrote nothing. Only such a failure proves that a write
-// did not commit; any other (a reply lost, a timeout while the statement
-// ran or waited for a lock) leaves it possible, and the handler then
-// undoes the write in the background. The message is err's. nil stays nil.
+// MarkNotSent marks err as the failure of a call that provably wrote
+// nothing: it never reached the store's server (no connection could be
+// had, the store's first contact with its database has not succeeded, or
+// the driver guarantees it wrote nothing), or the server answered that it
+// refused or rolled it back. Only such a failure proves that a write did
+// not commit; any other (a reply lost, a timeout while the statement ran
+// or waited for a lock) leaves it possible, and the handler then undoes
+// the write in the background. The message is err's. nil stays nil.
 func MarkNotSent(err error) error {
 	if err == nil || NotSent(err) {
 		return err

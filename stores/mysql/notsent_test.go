@@ -2,6 +2,8 @@ package mysql
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -54,18 +56,69 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 		// store's INSERT waits for its lock and times out. Had that
 		// transaction rolled back a moment later, the waiting INSERT would
 		// have committed: exactly the write a lost reply leaves possible.
-		tx, err := admin(t).BeginTx(ctx, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback() }()
-		if _, err := tx.ExecContext(ctx, s.q.reserveFresh, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, "other-owner",
-			sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())); err != nil {
-			t.Fatal(err)
-		}
-		_, err = s.Reserve(ctx, r)
+		holdInsert(t, s, r)
+		_, err := s.Reserve(ctx, r)
 		if err == nil || stores.NotSent(err) {
 			t.Fatalf("Reserve that waited for a lock: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
 		}
 	})
+
+	// An error reply rolls the autocommit statement back: nothing
+	// committed, and nothing is left to undo (a read-only server answers
+	// every Reserve so, and each used to leave a background release).
+	t.Run("refused_by_the_server", func(t *testing.T) {
+		s, cfg := openStore(t, nil)
+		if _, err := admin(t).ExecContext(ctx, fmt.Sprintf("CREATE TRIGGER %[1]s_refuse BEFORE INSERT ON %[1]s FOR EACH ROW "+
+			"SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused by the test'", cfg.Table)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+		if err == nil || !stores.NotSent(err) {
+			t.Fatalf("Reserve the server refused: err = %v, NotSent = %v; want an error marked not sent", err, stores.NotSent(err))
+		}
+	})
+
+	// A killed session's error may come after the commit: it proves
+	// nothing. Here the thread waiting for a lock is killed (the driver
+	// reports it as an invalid connection).
+	t.Run("session_killed", func(t *testing.T) {
+		s, cfg := openStore(t, func(c *Config) { c.StatementTimeout = 5 * time.Second })
+		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+		holdInsert(t, s, r)
+		done := make(chan error, 1)
+		go func() { _, err := s.Reserve(ctx, r); done <- err }()
+		db := admin(t)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			var id int64
+			err := db.QueryRowContext(ctx, "SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE CONCAT('INSERT INTO ', ?, '%') AND ID <> CONNECTION_ID() LIMIT 1", cfg.Table).Scan(&id)
+			if err == nil {
+				if _, err := db.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(id, 10)); err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the store's INSERT never showed in the process list: %v", err)
+			}
+		}
+		if err := <-done; err == nil || stores.NotSent(err) {
+			t.Fatalf("Reserve whose session was killed: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
+		}
+	})
+}
+
+// holdInsert runs r's reservation INSERT in another transaction and leaves
+// it open, so that the store's own INSERT of r's key waits for its lock.
+func holdInsert(t *testing.T, s *Store, r stores.Reservation) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := admin(t).BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback() })
+	if _, err := tx.ExecContext(ctx, s.q.reserveFresh, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, "other-owner",
+		sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -32,10 +32,28 @@ func transient(err error) bool {
 	return false
 }
 
-// notSent reports whether a driver error proves that the statement never
-// reached the server: no connection could be opened for it, or the driver
-// said ErrBadConn, which database/sql's contract allows only when nothing
-// was sent (go-sql-driver answers ErrInvalidConn once it has written).
+// notSent reports whether a driver error proves that the statement did not
+// commit: it never reached the server (no connection could be opened for
+// it, or the driver said ErrBadConn, which database/sql's contract allows
+// only when nothing was sent; go-sql-driver answers ErrInvalidConn once it
+// has written), or the server answered with an error, which rolls an
+// autocommit statement back (InnoDB's statements are atomic; a combined
+// batch is rolled back on one too, see runBatch). The errors of a session
+// being killed or the server shutting down are left out: they may come
+// when the statement's commit is already through.
 func notSent(err error) bool {
-	return sqlstore.DialFailed(err) || errors.Is(err, driver.ErrBadConn)
+	if sqlstore.DialFailed(err) || errors.Is(err, driver.ErrBadConn) {
+		return true
+	}
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case 1053, // ER_SERVER_SHUTDOWN
+		1317, // ER_QUERY_INTERRUPTED
+		1927: // ER_CONNECTION_KILLED (MariaDB)
+		return false
+	}
+	return true
 }

@@ -50,18 +50,72 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 		// store's INSERT waits for it and times out. Had that transaction
 		// rolled back a moment later, the waiting INSERT would have
 		// committed: exactly the write a lost reply leaves possible.
-		tx, err := admin(t).Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
-		if _, err := tx.Exec(ctx, s.q.reserve, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, "other-owner",
-			sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())); err != nil {
-			t.Fatal(err)
-		}
-		_, err = s.Reserve(ctx, r)
+		holdInsert(t, s, r)
+		_, err := s.Reserve(ctx, r)
 		if err == nil || stores.NotSent(err) {
 			t.Fatalf("Reserve that waited for a lock: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
 		}
 	})
+
+	// An ERROR aborts the statement's transaction: nothing committed, and
+	// nothing is left to undo (a standby that refuses writes answers every
+	// Reserve so, and each used to leave a background release).
+	t.Run("refused_by_the_server", func(t *testing.T) {
+		s, cfg := openStore(t, nil)
+		if _, err := admin(t).Exec(ctx, fmt.Sprintf(`CREATE FUNCTION %[1]s_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'refused by the test'; END $$;
+CREATE TRIGGER refuse BEFORE INSERT ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s_refuse();`, cfg.Table)); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_, _ = admin(t).Exec(context.Background(), fmt.Sprintf("DROP FUNCTION IF EXISTS %s_refuse() CASCADE", cfg.Table))
+		})
+		_, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+		if err == nil || !stores.NotSent(err) {
+			t.Fatalf("Reserve the server refused: err = %v, NotSent = %v; want an error marked not sent", err, stores.NotSent(err))
+		}
+	})
+
+	// A FATAL ends the session, and may come after the commit: it proves
+	// nothing. Here the backend waiting for a lock is terminated.
+	t.Run("session_terminated", func(t *testing.T) {
+		s, cfg := openStore(t, func(c *Config) { c.StatementTimeout = 5 * time.Second })
+		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+		holdInsert(t, s, r)
+		done := make(chan error, 1)
+		go func() { _, err := s.Reserve(ctx, r); done <- err }()
+		a := admin(t)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			var n int
+			if err := a.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()`, cfg.Table).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the store's INSERT never waited for the lock")
+			}
+		}
+		if err := <-done; err == nil || stores.NotSent(err) {
+			t.Fatalf("Reserve whose session was terminated: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
+		}
+	})
+}
+
+// holdInsert runs r's reservation INSERT in another transaction and leaves
+// it open, so that the store's own INSERT of r's key waits for its lock.
+func holdInsert(t *testing.T, s *Store, r stores.Reservation) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := admin(t).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	if _, err := tx.Exec(ctx, s.q.reserve, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, "other-owner",
+		sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())); err != nil {
+		t.Fatal(err)
+	}
 }

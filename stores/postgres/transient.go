@@ -35,11 +35,15 @@ func transient(err error) bool {
 	return false
 }
 
-// notSent reports whether a pgx error proves that the statement never
-// reached the server: no connection could be opened for it (a
-// ConnectError: refused, unreachable, or the login or its setup failed),
-// or pgx guarantees it wrote nothing (SafeToRetry).
+// notSent reports whether a pgx error proves that the statement did not
+// commit: it never reached the server (a ConnectError: refused,
+// unreachable, or the login or its setup failed; or pgx guarantees it
+// wrote nothing, SafeToRetry), or the server answered ERROR, which aborts
+// the statement's implicit transaction (a read-only standby, a full disk,
+// its own statement_timeout), as execTogether relies on for a batch. A
+// FATAL or PANIC ends the session, maybe after a commit: it proves nothing.
 func notSent(err error) bool {
 	var ce *pgconn.ConnectError
-	return errors.As(err, &ce) || pgconn.SafeToRetry(err)
+	var pe *pgconn.PgError
+	return errors.As(err, &ce) || pgconn.SafeToRetry(err) || errors.As(err, &pe) && severity(pe) == "ERROR"
 }
