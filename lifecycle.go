@@ -133,6 +133,10 @@ func (g *guarded) run() error {
 			// is this request's; waiting for it would be waiting for
 			// itself, and then hearing "unknown" for a request never sent.
 			res = stores.ReserveResult{Reserved: true, Existing: own}
+			// Bound as that write bound it: a takeover of a record matched
+			// under a previous secret keeps that record's binding, and its
+			// answer must be sealed to open against it.
+			g.bind(own.Binding)
 		}
 		if res.Reserved {
 			g.hb.renewedAt = sent // the store measures the lease from no earlier
@@ -982,10 +986,11 @@ func (hb *heartbeat) stop() {
 // was sealed.
 func (g *guarded) replay(rec *stores.Record) error {
 	resp := rec.Response
-	if resp.KeyID == "" && g.h.keys.current != nil && rec.Binding.Principal != g.parts.principalHash(nil) {
-		// With a secret, every response is sealed; one in clear is
-		// legitimate only in a record written before the secret was set,
-		// whose principal is unkeyed. A clear response under a keyed
+	if resp.KeyID == "" && rec.Binding.Principal != g.parts.principalHash(nil) {
+		// A response under a binding keyed by a secret is sealed (by that
+		// secret or the current one), whether a secret is set now or only
+		// kept in previous_secrets; one in clear is legitimate only in a
+		// record whose principal is unkeyed. A clear response under a keyed
 		// binding was written by someone who cannot seal, into the row of
 		// a request that was: replaying it would hand out their body.
 		return g.unreadable("", errors.New("a response in clear under a binding keyed by a secret: the record was altered"))

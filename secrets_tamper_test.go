@@ -100,12 +100,20 @@ func TestClearResponseUnderKeyedBindingIsNotReplayed(t *testing.T) {
 			if err := s.Finalize(ctx, key, "o", stores.Response{Status: 200, Body: []byte(forged)}); err != nil {
 				t.Fatal(err)
 			}
-			r := serve(t, newSecretHandler(t, s, secret), up, "POST", commitPath, key, commitBody, "Authorization", auth)
-			if got := r.body == forged; got != tt.replays {
-				t.Fatalf("answered %d %s, want replayed=%v", r.code(), r.body, tt.replays)
-			}
-			if !tt.replays && (r.code() != http.StatusInternalServerError || r.errorType() != typeCommitStateUnknown) {
-				t.Fatalf("answered %d %s, want 500 CommitStateUnknownException", r.code(), r.body)
+			// With the secret, and with encryption turned off the README's
+			// way (secret dropped, kept in previous_secrets), where the
+			// forged body was replayed before.
+			for name, h := range map[string]*Handler{
+				"secret":               newSecretHandler(t, s, secret),
+				"encryption off, kept": newSecretHandler(t, s, "", secret),
+			} {
+				r := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth)
+				if got := r.body == forged; got != tt.replays {
+					t.Fatalf("%s: answered %d %s, want replayed=%v", name, r.code(), r.body, tt.replays)
+				}
+				if !tt.replays && (r.code() != http.StatusInternalServerError || r.errorType() != typeCommitStateUnknown) {
+					t.Fatalf("%s: answered %d %s, want 500 CommitStateUnknownException", name, r.code(), r.body)
+				}
 			}
 		})
 	}
@@ -147,5 +155,43 @@ func TestTakeoverWithEncryptionOffSealsUnderTheMatchedSecret(t *testing.T) {
 	}
 	if n := up.calls.Load(); n != 1 {
 		t.Fatalf("the catalog was called %d times, want 1", n)
+	}
+}
+
+// takeOverReplyLost commits a TakeOver but reports false, as a Redis
+// cluster client that resends the script after a network error does.
+type takeOverReplyLost struct{ stores.Store }
+
+func (s takeOverReplyLost) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+	_, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+	return false, err
+}
+
+// A takeover (abandoned reexecute) of a record bound under the previous
+// secret whose TakeOver committed but reported false: the next round finds
+// the request's own record and executes it, under that record's binding,
+// so that the answer opens and replays. Before, the round's binding was the
+// request's own under the current secret: the answer was sealed against a
+// binding the row does not hold, and every retry heard 500 "unknown".
+func TestOwnRecordAfterALostTakeOverReplyKeepsItsBinding(t *testing.T) {
+	old, cur := "secret-A-"+randomHex(t, 16), "secret-B-"+randomHex(t, 16)
+	_, auth, up := vendedCredentials(t)
+	s := newMemoryStore(t)
+	key := storetest.NewKey(t)
+	ctx := context.Background()
+	if res, err := s.Reserve(ctx, stores.Reservation{Key: key, Binding: bindingUnder(t, old, auth), Owner: "o1", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
+		t.Fatal(res, err)
+	}
+	if err := s.Abandon(ctx, key, "o1"); err != nil {
+		t.Fatal(err)
+	}
+	h := newSecretHandler(t, takeOverReplyLost{s}, cur, old)
+	h.Abandoned = abandonedReexecute
+	if first := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth); first.code() != 200 || up.calls.Load() != 1 {
+		t.Fatalf("takeover answered %d %s, catalog called %d times; want 200 once", first.code(), first.body, up.calls.Load())
+	}
+	retry := serve(t, newSecretHandler(t, s, cur, old), up, "POST", commitPath, key, commitBody, "Authorization", auth)
+	if retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+		t.Fatalf("retry answered %d %s, catalog called %d times; want the replay of the one execution", retry.code(), retry.body, up.calls.Load())
 	}
 }
