@@ -113,7 +113,7 @@ type Store struct {
 	expiry   expiryIndex
 	bytes    int64 // counted bytes of the final records
 	limits   Limits
-	changed  map[string]chan struct{} // closed when a key's record changes state
+	changed  map[string]*change // a key's waiters, woken when its record changes state
 	now      func() time.Time
 	onEvict  func(Eviction)
 }
@@ -131,7 +131,7 @@ func New(opts Options) (*Store, error) {
 		final:    make(map[string]*finalEntry),
 		expiry:   newExpiryIndex(),
 		limits:   limits,
-		changed:  make(map[string]chan struct{}),
+		changed:  make(map[string]*change),
 		now:      opts.Now,
 		onEvict:  opts.OnEvict,
 	}
@@ -141,12 +141,30 @@ func New(opts Options) (*Store, error) {
 	return s, nil
 }
 
+// change wakes the waiters of one key.
+type change struct {
+	ch chan struct{} // closed when the key's record changes state
+	// final is the record Finalize made, for waiters that run only after
+	// it was evicted (a full store, other keys finalized meanwhile): they
+	// replay it rather than find the key free and execute it again.
+	final *stores.Record
+}
+
 // notify wakes every Await on key. Caller holds s.mu.
 func (s *Store) notify(key string) {
-	if ch, ok := s.changed[key]; ok {
-		close(ch)
+	if c, ok := s.changed[key]; ok {
+		close(c.ch)
 		delete(s.changed, key)
 	}
+}
+
+// notifyFinal wakes every Await on key with the final record f. Caller
+// holds s.mu.
+func (s *Store) notifyFinal(key string, f *finalEntry) {
+	if c, ok := s.changed[key]; ok {
+		c.final = f.snapshot()
+	}
+	s.notify(key)
 }
 
 // live returns key's unexpired record, in flight (e) or final (f), dropping
@@ -222,26 +240,32 @@ func (s *Store) Load(_ context.Context, key string) (*stores.Record, error) {
 // Abandon, TakeOver and eviction wake it, and a timer covers the lease
 // lapsing.
 func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
+	var woken *change
 	for {
 		s.mu.Lock()
 		now := s.now()
 		e, f := s.live(key, now)
+		if e == nil && f == nil && woken != nil && woken.final != nil {
+			s.mu.Unlock()
+			return woken.final, nil // finalized, then evicted before this ran
+		}
 		if e == nil || !e.leaseUntil.After(now) { // gone, final or abandoned
 			rec := snapshot(e, f, now)
 			s.mu.Unlock()
 			return rec, nil
 		}
-		ch, ok := s.changed[key]
+		c, ok := s.changed[key]
 		if !ok {
-			ch = make(chan struct{})
-			s.changed[key] = ch
+			c = &change{ch: make(chan struct{})}
+			s.changed[key] = c
 		}
 		lapse := e.leaseUntil.Sub(now)
 		s.mu.Unlock()
 
 		timer := time.NewTimer(lapse)
 		select {
-		case <-ch:
+		case <-c.ch:
+			woken = c
 		case <-timer.C:
 		case <-ctx.Done():
 			timer.Stop()
@@ -282,8 +306,9 @@ func (s *Store) Finalize(_ context.Context, key, owner string, resp stores.Respo
 		return fmt.Errorf("%w: %d bytes counted, max_bytes is %d", stores.ErrResponseTooLarge, size, s.limits.MaxBytes)
 	}
 	delete(s.inflight, key)
-	s.addFinal(packFinal(&e.rec, stored, size), now)
-	s.notify(key)
+	f := packFinal(&e.rec, stored, size)
+	s.addFinal(f, now)
+	s.notifyFinal(key, f)
 	return nil
 }
 

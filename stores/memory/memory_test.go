@@ -1,9 +1,11 @@
 package memory
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -48,5 +50,55 @@ func TestNewRejectsNegativeBounds(t *testing.T) {
 	}
 	if got, want := s.Limits(), (Limits{MaxEntries: DefaultMaxEntries, MaxBytes: DefaultMaxBytes}); got != want {
 		t.Fatalf("Limits = %+v, want defaults %+v", got, want)
+	}
+}
+
+// A duplicate waiting on a key is woken by the key's Finalize. If other
+// keys' Finalizes evict the record before the waiter runs (a store at its
+// bounds), the waiter still gets the final record: before, it found the
+// key free, and its request executed the commit a second time.
+func TestAwaitGetsTheFinalRecordEvictedBeforeItRan(t *testing.T) {
+	s, err := New(Options{MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	key, other := storetest.NewKey(t), storetest.NewKey(t)
+	r := storetest.Reservation(key, time.Hour, time.Hour)
+	if _, err := s.Reserve(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *stores.Record, 1)
+	go func() {
+		rec, err := s.Await(ctx, key)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- rec
+	}()
+	for waiting := false; !waiting; time.Sleep(time.Millisecond) {
+		s.mu.Lock()
+		_, waiting = s.changed[key]
+		s.mu.Unlock()
+	}
+	// One P: the woken waiter runs only once this goroutine blocks, after
+	// the eviction.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 200, Body: []byte("the answer")}); err != nil {
+		t.Fatal(err)
+	}
+	o := storetest.Reservation(other, time.Hour, time.Hour)
+	if _, err := s.Reserve(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Finalize(ctx, other, o.Owner, stores.Response{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, _ := s.Load(ctx, key); rec != nil {
+		t.Fatalf("the key's record was not evicted: %+v", rec)
+	}
+	rec := <-got
+	if rec == nil || rec.State != stores.StateFinal || string(rec.Response.Body) != "the answer" {
+		t.Fatalf("Await = %+v, want the final record with its answer", rec)
 	}
 }
