@@ -1,7 +1,11 @@
 package sqltest
 
 import (
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -27,7 +31,7 @@ type Proxy struct {
 func NewProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
 	p := &Proxy{t: t, target: target, conns: map[net.Conn]struct{}{}}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := listenOwnPort()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,6 +41,54 @@ func NewProxy(t testing.TB, target string) *Proxy {
 	return p
 }
 
+// listenOwnPort listens on a loopback port below the kernel's ephemeral
+// range, which it never hands out by itself: not to a listener on port 0
+// (every other test's), nor as the local port of an outgoing connection.
+// Start binds the port again after Stop, and a port from the ephemeral
+// range could be taken in between: CI once saw "address already in use".
+// Ports are drawn at random and not reused within the process; another
+// test process drawing the same one while this proxy is stopped is the
+// remaining, unlikely, collision.
+func listenOwnPort() (net.Listener, error) {
+	low := ephemeralLow()
+	const first = 10000
+	for range 100 {
+		if low <= first {
+			break
+		}
+		port := first + rand.IntN(low-first)
+		usedPortsMu.Lock()
+		used := usedPorts[port]
+		usedPorts[port] = true
+		usedPortsMu.Unlock()
+		if used {
+			continue
+		}
+		if ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port))); err == nil {
+			return ln, nil
+		}
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+var (
+	usedPortsMu sync.Mutex
+	usedPorts   = map[int]bool{}
+)
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default when it cannot be read).
+func ephemeralLow() int {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				return n
+			}
+		}
+	}
+	return 32768
+}
+
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.addr }
 
@@ -44,6 +96,12 @@ func (p *Proxy) Addr() string { return p.addr }
 func (p *Proxy) Start() {
 	p.t.Helper()
 	p.frozen.Store(false) // Stop closed every frozen connection
+	p.listen()
+}
+
+// listen serves on the proxy's address again.
+func (p *Proxy) listen() {
+	p.t.Helper()
 	ln, err := net.Listen("tcp", p.addr)
 	if err != nil {
 		p.t.Fatal(err)
@@ -51,6 +109,8 @@ func (p *Proxy) Start() {
 	p.serve(ln)
 }
 
+// serve accepts on ln until it closes. While the proxy is frozen, a new
+// connection is held and never answered.
 func (p *Proxy) serve(ln net.Listener) {
 	p.mu.Lock()
 	p.ln = ln
@@ -62,6 +122,12 @@ func (p *Proxy) serve(ln net.Listener) {
 			c, err := ln.Accept()
 			if err != nil {
 				return
+			}
+			if p.frozen.Load() {
+				if !p.track(c) {
+					c.Close()
+				}
+				continue
 			}
 			p.wg.Add(1)
 			go func() {
@@ -123,35 +189,17 @@ func (p *Proxy) pipe(client net.Conn) {
 
 // Blackhole freezes the open connections (they read and drop everything)
 // and accepts new ones that never get an answer, as a server behind a
-// dropped route would. Stop ends it.
+// dropped route would. Stop ends it. The listener stays: closing it and
+// listening again could lose the port in between.
 func (p *Proxy) Blackhole() {
 	p.t.Helper()
 	p.frozen.Store(true)
 	p.mu.Lock()
-	if p.ln != nil {
-		p.ln.Close() // its accept loop ends; the port is taken over below
-	}
+	stopped := p.ln == nil
 	p.mu.Unlock()
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatal(err)
+	if stopped {
+		p.listen()
 	}
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			if !p.track(c) {
-				c.Close()
-			}
-		}
-	}()
 }
 
 // Stop closes the listener and every proxied connection.
