@@ -184,6 +184,7 @@ func (g *guarded) run() error {
 				waitCtx, cancel = context.WithTimeout(g.r.Context(), time.Duration(h.InFlightWait))
 				defer cancel()
 			}
+			waitedOn := rec.Owner
 			rec, err = h.store.Await(waitCtx, g.key)
 			switch {
 			case g.r.Context().Err() != nil:
@@ -194,6 +195,14 @@ func (g *guarded) run() error {
 				return g.storeFailedOnHeldKey("await", err)
 			case rec == nil:
 				continue // the owner released the key: try to reserve it
+			case rec.Abandoned && rec.Owner != waitedOn:
+				// Not the reservation this request waits on: an earlier one,
+				// read by a shared wait (sqlstore.AwaitGroup) that another
+				// waiter began before this request's Reserve, or a takeover's
+				// since. The next round reads the key afresh before anything
+				// is answered; before, a healthy reservation's waiter could
+				// hear "unknown" from a stale read.
+				continue
 			}
 			// The owner may have released and another request taken the
 			// key since Reserve: bind against what is there now.
@@ -280,8 +289,9 @@ func (g *guarded) slowLeaseRenewed(took time.Duration) (held bool, err error) {
 // unkeyed), it may be this very request's record written under a secret
 // no longer configured, as well as another principal's with another body:
 // a 422 would tell a commit client its commit failed, when it may have
-// happened. Such a record gets the answer it would get were it this
-// request's own: in flight, wait; abandoned, outcome unknown.
+// happened. Such a record gets the answer a duplicate of it would get: in
+// flight, the in-flight answer (at once: waiting would end in a record this
+// request cannot read either); abandoned, outcome unknown.
 func (g *guarded) refuse(rec *stores.Record, msg string) error {
 	if rec.State == stores.StateFinal && rec.Response != nil && rec.Response.KeyID != "" && g.h.keys.byID(rec.Response.KeyID) == nil {
 		return g.unreadable(rec.Response.KeyID, errors.New("no configured secret has this key id"))
