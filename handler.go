@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -439,6 +440,15 @@ func (h *Handler) validateOption(opt string) error {
 	case "base_path":
 		if h.BasePath != "" && (len(h.BasePath) < 2 || !strings.HasPrefix(h.BasePath, "/") || strings.HasSuffix(h.BasePath, "/")) {
 			return fmt.Errorf("base_path must start with / and not end with /, got %q", h.BasePath)
+		}
+		// Paths below it must start with /v1/ to be classified: a base
+		// path that takes /v1 in, or none at all, left every mutation
+		// unguarded without a word.
+		if h.BasePath != "" && normalizePath(h.BasePath) != h.BasePath {
+			return fmt.Errorf("base_path must be a clean path (no //, . or .. segments), got %q", h.BasePath)
+		}
+		if h.BasePath != "" && path.Base(h.BasePath) == "v1" {
+			return fmt.Errorf("base_path is the part of the path before /v1, got %q: leave /v1 out", h.BasePath)
 		}
 	case "finalize_statuses":
 		if h.FinalizeStatuses == nil {

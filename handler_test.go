@@ -413,6 +413,10 @@ func TestValidateNamesTheOption(t *testing.T) {
 		{func(h *Handler) { h.MaxRequestSize = math.MaxInt64 }, "max_request_size must be positive and at most 1TiB"},
 		{func(h *Handler) { h.MaxResponseSize = math.MaxInt64 }, "max_response_size must be positive and at most 1TiB"},
 		{func(h *Handler) { h.BasePath = "api/" }, "base_path must start with /"},
+		// Below either, no path starts with /v1/: every mutation passed
+		// unguarded.
+		{func(h *Handler) { h.BasePath = "/api/catalog/v1" }, `base_path is the part of the path before /v1, got "/api/catalog/v1": leave /v1 out`},
+		{func(h *Handler) { h.BasePath = "/." }, `base_path must be a clean path (no //, . or .. segments), got "/."`},
 		{func(h *Handler) { h.ReleaseStatuses = []string{"7xx"} }, "release_statuses: invalid status"},
 		// JSON can give what the Caddyfile cannot: an empty list.
 		{func(h *Handler) { h.FinalizeStatuses = []string{} }, "finalize_statuses: empty list: every success would be executed again on retry"},

@@ -48,21 +48,28 @@ func seg(template string) []string { return strings.Split(template, "/") }
 // checked by TestMaxTemplateSegments.
 const maxTemplateSegments = 6
 
+// maxPrefixSegments bounds the segments of a {prefix}: a path with more
+// than these and a template's is no mutation.
+const maxPrefixSegments = 10
+
 // classify returns the operationId of a mutation, or "" for anything that is
 // not one. rel is the escaped path below the configured base path, starting
-// with "/v1/". The {prefix} segment is optional in deployments, so both
-// "/v1/namespaces" and "/v1/{prefix}/namespaces" match; the unprefixed
-// reading wins when both would.
+// with "/v1/". The {prefix} is optional in deployments, so "/v1/namespaces"
+// and "/v1/{prefix}/namespaces" both match, and it may span several segments:
+// the spec gives it as one path parameter, but the Java client joins it into
+// the path as it is, and catalogs answer /v1/config with prefixes such as
+// catalogs/{catalog} (Unity Catalog) or projects/{p}/catalogs/{c} (BigLake).
+// The shortest prefix whose remainder matches a template wins, the
+// unprefixed reading first.
 func classify(method, rel string) string {
 	m := methodIndex(method)
 	rest, ok := strings.CutPrefix(rel, "/v1/")
 	if m < 0 || !ok {
 		return ""
 	}
-	// No template is longer than maxTemplateSegments, so a longer path is
-	// no mutation; the segments of a shorter one go to an array on the
-	// stack, which keeps requests that pass through free of allocations.
-	var buf [maxTemplateSegments + 1]string
+	// The segments go to an array on the stack, which keeps requests that
+	// pass through free of allocations.
+	var buf [maxPrefixSegments + maxTemplateSegments]string
 	segs := buf[:0]
 	for {
 		i := strings.IndexByte(rest, '/')
@@ -70,17 +77,22 @@ func classify(method, rel string) string {
 			segs = append(segs, rest)
 			break
 		}
-		if len(segs) == maxTemplateSegments {
-			return "" // a segment more than a {prefix} and the longest template
+		if len(segs) == len(buf)-1 {
+			return "" // longer than the longest prefix and template
 		}
 		segs = append(segs, rest[:i])
 		rest = rest[i+1:]
 	}
-	if id := match(m, segs); id != "" {
-		return id
-	}
-	if len(segs) > 1 && segs[0] != "" {
-		return match(m, segs[1:])
+	for k := range segs {
+		if k > 0 && segs[k-1] == "" {
+			return "" // a prefix has no empty segment
+		}
+		if len(segs)-k > maxTemplateSegments {
+			continue
+		}
+		if id := match(m, segs[k:]); id != "" {
+			return id
+		}
 	}
 	return ""
 }

@@ -59,7 +59,11 @@ func TestClassify(t *testing.T) {
 		{"DELETE", "/v1/{p}namespaces/ns/tables/t/plan/plan-1/more"},
 		{"POST", "/v1/{p}namespaces/ns/tables/t/a/b/c/d/e/f"},
 	}
-	for _, prefix := range []string{"", "wh/", "my%20catalog/"} {
+	// A prefix of several segments, as catalogs hand out (Unity Catalog's
+	// catalogs/{catalog}, BigLake's projects/{p}/catalogs/{c}) and the Java
+	// client joins into the path: before, every mutation under one passed
+	// unguarded while /v1/config advertised keys.
+	for _, prefix := range []string{"", "wh/", "my%20catalog/", "catalogs/c/", "projects/p/catalogs/c/", "a/b/c/d/e/f/g/h/i/j/"} {
 		for _, m := range mutationsByPath {
 			path := replacePrefix(m.path, prefix)
 			if got := classify(m.method, path); got != m.op {
@@ -112,6 +116,8 @@ func TestBasePath(t *testing.T) {
 		"/api/catalog%2Fv1/wh/namespaces": "createNamespace",
 		"/API/CATALOGS/v1/namespaces":     "",
 		"/api%2Fcatalogx/v1/namespaces":   "",
+		// A prefix of several segments.
+		"/api/catalog/v1/projects/p/catalogs/c/transactions/commit": "commitTransaction",
 	} {
 		if got, _ := h.classifyPath("POST", normalizePath(path)); got != want {
 			t.Errorf("classifyPath(POST %s) = %q, want %q", path, got, want)

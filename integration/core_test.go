@@ -996,6 +996,22 @@ func TestCoreForwardAuthThenRejectedBeforeTheCatalog(t *testing.T) {
 	}
 }
 
+// A catalog whose {prefix} spans several segments (Unity Catalog's
+// catalogs/{catalog}, BigLake's projects/{p}/catalogs/{c}, which the Java
+// client joins into the path as they are), under a base path: its commits
+// execute once and replay. Before, every mutation under such a prefix
+// passed unguarded while /v1/config advertised keys, so a client's retry
+// executed the commit again.
+func TestCoreMultiSegmentPrefixIsGuarded(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency {\nbase_path /iceberg/v1/restcatalog\n}\nreverse_proxy "+b.Addr()))
+	for _, prefix := range []string{"catalogs/main", "projects/p/catalogs/c"} {
+		path := "/iceberg/v1/restcatalog/v1/" + prefix + "/namespaces/ns/tables/t"
+		wantExecuted(t, prefix, wantCommittedOnce(t, b, c, c, path, `{"requirements":[],"updates":[]}`))
+	}
+}
+
 // askedAfterAnswerWarning is the start of the handler's warning that a
 // catalog call asked an upstream again after an answer came back.
 const askedAfterAnswerWarning = "a keyed request went to an upstream again after an answer came back"
