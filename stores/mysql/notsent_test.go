@@ -50,14 +50,19 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 	})
 
 	t.Run("sent_and_timed_out", func(t *testing.T) {
-		s, _ := openStore(t, func(c *Config) { c.StatementTimeout = time.Second })
+		// The caller gives up long before the server would stop waiting
+		// for the lock (a lock-wait timeout the server answers rolled the
+		// statement back, and is marked not sent).
+		s, _ := openStore(t, func(c *Config) { c.StatementTimeout = 5 * time.Second })
 		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
 		// Another transaction runs the same INSERT and stays open: the
 		// store's INSERT waits for its lock and times out. Had that
 		// transaction rolled back a moment later, the waiting INSERT would
 		// have committed: exactly the write a lost reply leaves possible.
 		holdInsert(t, s, r)
-		_, err := s.Reserve(ctx, r)
+		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		_, err := s.Reserve(short, r)
 		if err == nil || stores.NotSent(err) {
 			t.Fatalf("Reserve that waited for a lock: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
 		}
