@@ -59,20 +59,7 @@ func TestWaiterRechecksBindingAfterAwait(t *testing.T) {
 		awaited: &stores.Record{Key: key, Binding: other, State: stores.StateFinal,
 			Response: &stores.Response{Status: 200, Header: http.Header{}, Body: []byte(`{"namespace":["b"]}`)}},
 	}
-	h := newTestHandler(t, s)
-	h.InFlightWait = caddy.Duration(time.Second)
-
-	req := httptest.NewRequest("POST", "/v1/namespaces", strings.NewReader(body))
-	req.Header.Set(IdempotencyKeyHeader, key)
-	req = req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
-	rec := httptest.NewRecorder()
-	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
-		t.Fatal("the catalog was called")
-		return nil
-	})
-	if err := h.admit(rec, req, next, "createNamespace", "/v1/namespaces"); err != nil {
-		t.Fatal(err)
-	}
+	rec := createNamespaceWithoutCatalog(t, s, key, body)
 	if rec.Code != http.StatusUnprocessableEntity || rec.Header().Get(ReplayedHeader) != "" {
 		t.Fatalf("got %d (replayed %q) %s; want 422, not another request's replay", rec.Code, rec.Header().Get(ReplayedHeader), rec.Body)
 	}
@@ -118,6 +105,17 @@ func TestWaiterHandedAStaleAbandonedRecordWaitsOn(t *testing.T) {
 		final: &stores.Record{Key: key, Binding: mine, State: stores.StateFinal,
 			Response: &stores.Response{Status: 200, Header: http.Header{}, Body: []byte(body)}},
 	}
+	rec := createNamespaceWithoutCatalog(t, s, key, body)
+	if rec.Code != http.StatusOK || rec.Header().Get(ReplayedHeader) != "true" {
+		t.Fatalf("got %d (replayed %q) %s; want the replay of the reservation it waited on", rec.Code, rec.Header().Get(ReplayedHeader), rec.Body)
+	}
+}
+
+// createNamespaceWithoutCatalog sends a keyed createNamespace with body
+// through a handler on s that waits up to a second for a key in flight; the
+// test fails if the request reaches the catalog.
+func createNamespaceWithoutCatalog(t *testing.T, s stores.Store, key, body string) *httptest.ResponseRecorder {
+	t.Helper()
 	h := newTestHandler(t, s)
 	h.InFlightWait = caddy.Duration(time.Second)
 	req := httptest.NewRequest("POST", "/v1/namespaces", strings.NewReader(body))
@@ -125,13 +123,11 @@ func TestWaiterHandedAStaleAbandonedRecordWaitsOn(t *testing.T) {
 	req = req.WithContext(context.WithValue(req.Context(), caddy.ReplacerCtxKey, caddy.NewReplacer()))
 	rec := httptest.NewRecorder()
 	next := caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error {
-		t.Fatal("the catalog was called")
+		t.Error("the catalog was called")
 		return nil
 	})
 	if err := h.admit(rec, req, next, "createNamespace", "/v1/namespaces"); err != nil {
 		t.Fatal(err)
 	}
-	if rec.Code != http.StatusOK || rec.Header().Get(ReplayedHeader) != "true" {
-		t.Fatalf("got %d (replayed %q) %s; want the replay of the reservation it waited on", rec.Code, rec.Header().Get(ReplayedHeader), rec.Body)
-	}
+	return rec
 }

@@ -132,14 +132,8 @@ func TestTakeoverWithEncryptionOffSealsUnderTheMatchedSecret(t *testing.T) {
 	old := "secret-A-" + randomHex(t, 16)
 	_, auth, up := vendedCredentials(t)
 	s := newMemoryStore(t)
-	key := storetest.NewKey(t)
+	key := abandonedUnder(t, s, old, auth)
 	ctx := context.Background()
-	if res, err := s.Reserve(ctx, stores.Reservation{Key: key, Binding: bindingUnder(t, old, auth), Owner: "o1", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
-		t.Fatal(res, err)
-	}
-	if err := s.Abandon(ctx, key, "o1"); err != nil {
-		t.Fatal(err)
-	}
 	off := newSecretHandler(t, s, "", old)
 	off.Abandoned = abandonedReexecute
 	if first := serve(t, off, up, "POST", commitPath, key, commitBody, "Authorization", auth); first.code() != 200 {
@@ -177,14 +171,7 @@ func TestOwnRecordAfterALostTakeOverReplyKeepsItsBinding(t *testing.T) {
 	old, cur := "secret-A-"+randomHex(t, 16), "secret-B-"+randomHex(t, 16)
 	_, auth, up := vendedCredentials(t)
 	s := newMemoryStore(t)
-	key := storetest.NewKey(t)
-	ctx := context.Background()
-	if res, err := s.Reserve(ctx, stores.Reservation{Key: key, Binding: bindingUnder(t, old, auth), Owner: "o1", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
-		t.Fatal(res, err)
-	}
-	if err := s.Abandon(ctx, key, "o1"); err != nil {
-		t.Fatal(err)
-	}
+	key := abandonedUnder(t, s, old, auth)
 	h := newSecretHandler(t, takeOverReplyLost{s}, cur, old)
 	h.Abandoned = abandonedReexecute
 	if first := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth); first.code() != 200 || up.calls.Load() != 1 {
@@ -194,4 +181,19 @@ func TestOwnRecordAfterALostTakeOverReplyKeepsItsBinding(t *testing.T) {
 	if retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
 		t.Fatalf("retry answered %d %s, catalog called %d times; want the replay of the one execution", retry.code(), retry.body, up.calls.Load())
 	}
+}
+
+// abandonedUnder reserves a new key in s for the commit sent with auth,
+// bound under secret, abandons it and returns the key.
+func abandonedUnder(t *testing.T, s stores.Store, secret, auth string) string {
+	t.Helper()
+	key := storetest.NewKey(t)
+	ctx := context.Background()
+	if res, err := s.Reserve(ctx, stores.Reservation{Key: key, Binding: bindingUnder(t, secret, auth), Owner: "o1", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
+		t.Fatal(res, err)
+	}
+	if err := s.Abandon(ctx, key, "o1"); err != nil {
+		t.Fatal(err)
+	}
+	return key
 }

@@ -53,13 +53,13 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 		// The caller gives up long before the server would stop waiting
 		// for the lock (a lock-wait timeout the server answers rolled the
 		// statement back, and is marked not sent).
-		s, _ := openStore(t, func(c *Config) { c.StatementTimeout = 5 * time.Second })
-		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
-		// Another transaction runs the same INSERT and stays open: the
+		s, cfg := openStore(t, func(c *Config) { c.StatementTimeout = 5 * time.Second })
+		// Another transaction writes the key's row and stays open: the
 		// store's INSERT waits for its lock and times out. Had that
 		// transaction rolled back a moment later, the waiting INSERT would
 		// have committed: exactly the write a lost reply leaves possible.
-		holdInsert(t, s, r)
+		_, key := holdKey(t, admin(t), cfg.Table)
+		r := storetest.Reservation(key, storetest.Long, storetest.Long)
 		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		defer cancel()
 		_, err := s.Reserve(short, r)
@@ -88,8 +88,8 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 	// reports it as an invalid connection).
 	t.Run("session_killed", func(t *testing.T) {
 		s, cfg := openStore(t, func(c *Config) { c.StatementTimeout = 5 * time.Second })
-		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
-		holdInsert(t, s, r)
+		_, key := holdKey(t, admin(t), cfg.Table)
+		r := storetest.Reservation(key, storetest.Long, storetest.Long)
 		done := make(chan error, 1)
 		go func() { _, err := s.Reserve(ctx, r); done <- err }()
 		db := admin(t)
@@ -110,20 +110,4 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 			t.Fatalf("Reserve whose session was killed: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
 		}
 	})
-}
-
-// holdInsert runs r's reservation INSERT in another transaction and leaves
-// it open, so that the store's own INSERT of r's key waits for its lock.
-func holdInsert(t *testing.T, s *Store, r stores.Reservation) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := admin(t).BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback() })
-	if _, err := tx.ExecContext(ctx, s.q.reserveFresh, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, "other-owner",
-		sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())); err != nil {
-		t.Fatal(err)
-	}
 }

@@ -47,13 +47,13 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 		// The caller gives up long before the server's statement_timeout
 		// (an ERROR the server answers aborted the statement, and is
 		// marked not sent).
-		s, _ := openStore(t, func(c *Config) { c.StatementTimeout = 5 * time.Second })
-		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
-		// Another transaction runs the same INSERT and stays open: the
+		s, cfg := openStore(t, func(c *Config) { c.StatementTimeout = 5 * time.Second })
+		// Another transaction writes the key's row and stays open: the
 		// store's INSERT waits for it and times out. Had that transaction
 		// rolled back a moment later, the waiting INSERT would have
 		// committed: exactly the write a lost reply leaves possible.
-		holdInsert(t, s, r)
+		_, key := holdKey(t, cfg.Table)
+		r := storetest.Reservation(key, storetest.Long, storetest.Long)
 		short, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 		defer cancel()
 		_, err := s.Reserve(short, r)
@@ -85,8 +85,8 @@ CREATE TRIGGER refuse BEFORE INSERT ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 	// nothing. Here the backend waiting for a lock is terminated.
 	t.Run("session_terminated", func(t *testing.T) {
 		s, cfg := openStore(t, func(c *Config) { c.StatementTimeout = 5 * time.Second })
-		r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
-		holdInsert(t, s, r)
+		_, key := holdKey(t, cfg.Table)
+		r := storetest.Reservation(key, storetest.Long, storetest.Long)
 		done := make(chan error, 1)
 		go func() { _, err := s.Reserve(ctx, r); done <- err }()
 		a := admin(t)
@@ -107,20 +107,4 @@ WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_bac
 			t.Fatalf("Reserve whose session was terminated: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
 		}
 	})
-}
-
-// holdInsert runs r's reservation INSERT in another transaction and leaves
-// it open, so that the store's own INSERT of r's key waits for its lock.
-func holdInsert(t *testing.T, s *Store, r stores.Reservation) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := admin(t).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	if _, err := tx.Exec(ctx, s.q.reserve, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, "other-owner",
-		sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())); err != nil {
-		t.Fatal(err)
-	}
 }
