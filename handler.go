@@ -442,12 +442,16 @@ func (h *Handler) validateOption(opt string) error {
 			return fmt.Errorf("base_path must start with / and not end with /, got %q", h.BasePath)
 		}
 		// Paths below it must start with /v1/ to be classified: a base
-		// path that takes /v1 in, or none at all, left every mutation
-		// unguarded without a word.
-		if h.BasePath != "" && normalizePath(h.BasePath) != h.BasePath {
-			return fmt.Errorf("base_path must be a clean path (no //, . or .. segments), got %q", h.BasePath)
+		// path that takes /v1 in, or normalizes to none at all, left every
+		// mutation unguarded without a word. (Other spellings normalize to
+		// the path they stand for, as request paths do.)
+		if h.BasePath == "" {
+			break
 		}
-		if h.BasePath != "" && path.Base(h.BasePath) == "v1" {
+		switch normal := normalizePath(h.BasePath); {
+		case normal == "/":
+			return fmt.Errorf("base_path must be a clean path (no //, . or .. segments), got %q", h.BasePath)
+		case path.Base(normal) == "v1":
 			return fmt.Errorf("base_path is the part of the path before /v1, got %q: leave /v1 out", h.BasePath)
 		}
 	case "finalize_statuses":

@@ -436,6 +436,12 @@ func TestValidateNamesTheOption(t *testing.T) {
 	if err := h.Validate(); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
 	}
+	// Spellings of a base path that normalize to it, as request paths do.
+	for _, base := range []string{"/api/catalog", "/api%2fcatalog", "/%61pi/catalog", "/api/./catalog", "/v1x"} {
+		if err := (&Handler{BasePath: base}).Validate(); err != nil {
+			t.Errorf("base_path %q: %v", base, err)
+		}
+	}
 }
 
 func newRequest(method, target, body string) *http.Request {
