@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap/zaptest"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
@@ -116,4 +117,20 @@ func holdKey(t testing.TB, db *sql.DB, table string) (*sql.Tx, string) {
 		t.Fatal(err)
 	}
 	return tx, key
+}
+
+// proxiedDSN starts a sqltest.Proxy to the test server and returns it with
+// the test DSN pointed through it; it skips t when the DSN is not TCP.
+func proxiedDSN(t *testing.T) (*sqltest.Proxy, string) {
+	t.Helper()
+	mc, err := mysql.ParseDSN(testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mc.Net != "tcp" {
+		t.Skipf("the test DSN uses %s, not tcp", mc.Net)
+	}
+	proxy := sqltest.NewProxy(t, mc.Addr)
+	mc.Addr = proxy.Addr()
+	return proxy, mc.FormatDSN()
 }

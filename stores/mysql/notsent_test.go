@@ -7,11 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -21,16 +18,7 @@ import (
 // request nobody executes, and its retries hear "outcome unknown". (A
 // store whose first contact fails: TestStartWithDatabaseDown.)
 func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
-	mc, err := mysql.ParseDSN(testDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if mc.Net != "tcp" {
-		t.Skipf("the test DSN uses %s, not tcp", mc.Net)
-	}
-	proxy := sqltest.NewProxy(t, mc.Addr)
-	mc.Addr = proxy.Addr()
-	proxied := mc.FormatDSN()
+	proxy, proxied := proxiedDSN(t)
 	ctx := context.Background()
 
 	t.Run("connect_refused", func(t *testing.T) {

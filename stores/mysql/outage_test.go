@@ -5,10 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -17,18 +14,10 @@ import (
 // StatementTimeout, and work again once the server is back, without
 // reopening the Store.
 func TestOutageAndRecovery(t *testing.T) {
-	mc, err := mysql.ParseDSN(testDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if mc.Net != "tcp" {
-		t.Skipf("the test DSN uses %s, not tcp", mc.Net)
-	}
-	proxy := sqltest.NewProxy(t, mc.Addr)
-	mc.Addr = proxy.Addr()
+	proxy, dsn := proxiedDSN(t)
 	const timeout = time.Second
 	s, _ := openStore(t, func(c *Config) {
-		c.DSN = mc.FormatDSN()
+		c.DSN = dsn
 		c.StatementTimeout = timeout
 	})
 	ctx := context.Background()

@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -99,4 +101,17 @@ VALUES ($1, 'op', '/p', 'p', 'f', 'in_flight', 'o', now() + interval '1 hour', n
 		t.Fatal(err)
 	}
 	return tx, key
+}
+
+// proxiedDSN starts a sqltest.Proxy to the test server and returns it with
+// the test DSN pointed through it.
+func proxiedDSN(t *testing.T) (*sqltest.Proxy, string) {
+	t.Helper()
+	cc, err := pgx.ParseConfig(testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := sqltest.NewProxy(t, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
+	host, port, _ := net.SplitHostPort(proxy.Addr())
+	return proxy, fmt.Sprintf("postgres://%s@%s:%s/%s?sslmode=disable", cc.User, host, port, cc.Database)
 }

@@ -3,16 +3,11 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -22,13 +17,7 @@ import (
 // request nobody executes, and its retries hear "outcome unknown". (A
 // store whose first contact fails: TestStartWithDatabaseDown.)
 func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
-	cc, err := pgx.ParseConfig(testDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := sqltest.NewProxy(t, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
-	host, port, _ := net.SplitHostPort(proxy.Addr())
-	proxied := fmt.Sprintf("postgres://%s@%s:%s/%s?sslmode=disable", cc.User, host, port, cc.Database)
+	proxy, proxied := proxiedDSN(t)
 	ctx := context.Background()
 
 	t.Run("connect_refused", func(t *testing.T) {

@@ -2,16 +2,10 @@ package postgres
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"strconv"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -20,13 +14,7 @@ import (
 // StatementTimeout, and work again once the server is back, without
 // reopening the Store (LISTEN included).
 func TestOutageAndRecovery(t *testing.T) {
-	cc, err := pgx.ParseConfig(testDSN(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := sqltest.NewProxy(t, net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port))))
-	host, port, _ := net.SplitHostPort(proxy.Addr())
-	dsn := fmt.Sprintf("postgres://%s@%s:%s/%s?sslmode=disable", cc.User, host, port, cc.Database)
+	proxy, dsn := proxiedDSN(t)
 	const timeout = time.Second
 	s, _ := openStore(t, func(c *Config) {
 		c.DSN = dsn
