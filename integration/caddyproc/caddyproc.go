@@ -302,9 +302,14 @@ func (i *Instance) render(tmpl *template.Template) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// adminTransport opens a connection per admin request: every /load
+// replaces Caddy's admin server, and a kept-alive connection to the old one
+// can be reset under the next request (CI saw a POST /load fail so).
+var adminTransport = &http.Transport{DisableKeepAlives: true}
+
 func (i *Instance) waitReady() error {
 	deadline := time.Now().Add(startTimeout)
-	client := &http.Client{Timeout: time.Second}
+	client := &http.Client{Timeout: time.Second, Transport: adminTransport}
 	for {
 		select {
 		case <-i.exited:
@@ -368,7 +373,7 @@ func (i *Instance) Load(caddyfile string) error {
 	}
 	req.Header.Set("Content-Type", "text/caddyfile")
 	req.Header.Set("Cache-Control", "must-revalidate")
-	resp, err := (&http.Client{Timeout: startTimeout}).Do(req)
+	resp, err := (&http.Client{Timeout: startTimeout, Transport: adminTransport}).Do(req)
 	if err != nil {
 		return fmt.Errorf("POST /load: %w", err)
 	}
@@ -391,7 +396,7 @@ func (i *Instance) Reload(t testing.TB, caddyfile string) {
 // Config returns the running configuration as JSON (GET /config/).
 func (i *Instance) Config(t testing.TB) []byte {
 	t.Helper()
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(i.AdminURL() + "/config/")
+	resp, err := (&http.Client{Timeout: 10 * time.Second, Transport: adminTransport}).Get(i.AdminURL() + "/config/")
 	if err != nil {
 		t.Fatalf("caddyproc: GET /config/: %v", err)
 	}
