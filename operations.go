@@ -83,7 +83,7 @@ func classify(method, rel string) string {
 		segs = append(segs, rest[:i])
 		rest = rest[i+1:]
 	}
-	for k := range segs {
+	for k := range min(len(segs), maxPrefixSegments+1) {
 		if k > 0 && segs[k-1] == "" {
 			return "" // a prefix has no empty segment
 		}

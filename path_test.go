@@ -108,6 +108,7 @@ func FuzzClassify(f *testing.F) {
 		"/v1/namespaces", "/v1/wh/namespaces/ns/tables/t", "/v1/wh/%6Eamespaces", "/v1//namespaces/",
 		"/v1/wh/namespaces/a%1Fb/tables/t/plan/p1", "/v1/transactions/commit", "/v1/%2e%2e/x", "%", "/v1/a%zz",
 		"/v1/wh/namespaces/ns/tables/t/plan/p", "/v1/wh/namespaces/ns/tables/t/plan/p/x", "/v1/namespaces/ns/tables/t/plan/p",
+		"/v1/0/0/namespaces/0", "/v1/a/b/c/d/e/f/g/h/i/j/namespaces/ns/tables/t/plan/p", "/v1/a/b/c/d/e/f/g/h/i/j/k/namespaces",
 	} {
 		f.Add("POST", seed)
 		f.Add("DELETE", seed)
@@ -178,11 +179,15 @@ func classifyByList(method, rest string) string {
 		}
 		return ""
 	}
-	if id := try(segs); id != "" {
-		return id
-	}
-	if len(segs) > 1 && segs[0] != "" {
-		return try(segs[1:])
+	// The {prefix} is optional and may span up to maxPrefixSegments
+	// segments, none empty; the shortest that leaves a template wins.
+	for k := 0; k <= maxPrefixSegments && k < len(segs); k++ {
+		if k > 0 && segs[k-1] == "" {
+			return ""
+		}
+		if id := try(segs[k:]); id != "" {
+			return id
+		}
 	}
 	return ""
 }
