@@ -299,14 +299,14 @@ func (w wrapped) Finalize(ctx context.Context, key, owner string, resp stores.Re
 func (w wrapped) Release(ctx context.Context, key, owner string) error {
 	return w.inner.Release(ctx, key, owner)
 }
-func (w wrapped) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
-	return w.inner.ExtendLease(ctx, key, owner, lease)
+func (w wrapped) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
+	return w.inner.ExtendLease(ctx, key, owner, lease, ttl)
 }
 func (w wrapped) Abandon(ctx context.Context, key, owner string) error {
 	return w.inner.Abandon(ctx, key, owner)
 }
-func (w wrapped) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
-	return w.inner.TakeOver(ctx, key, oldOwner, newOwner, lease)
+func (w wrapped) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
+	return w.inner.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
 }
 func (w wrapped) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	return w.inner.PurgeExpired(ctx, limit)
@@ -344,7 +344,7 @@ type takenOverAfterLookup struct {
 func (s takenOverAfterLookup) Inspect(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
 	rec, left, err := s.Store.Inspect(ctx, key)
 	if err == nil && rec != nil && rec.Abandoned {
-		if ok, err := s.TakeOver(ctx, key, rec.Owner, s.newOwner, time.Minute); err != nil || !ok {
+		if ok, err := s.TakeOver(ctx, key, rec.Owner, s.newOwner, time.Minute, time.Minute); err != nil || !ok {
 			return nil, 0, fmt.Errorf("stand-in takeover = %v, %v", ok, err)
 		}
 	}

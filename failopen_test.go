@@ -119,14 +119,14 @@ func (s *slowReserveThenExtendFails) Reserve(ctx context.Context, r stores.Reser
 	return res, err
 }
 
-func (s *slowReserveThenExtendFails) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+func (s *slowReserveThenExtendFails) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
 	if s.extends.Add(1) == 1 {
 		for deadline := time.Now().Add(5 * time.Second); s.awaiting.Load() < 1 && time.Now().Before(deadline); {
 			time.Sleep(time.Millisecond)
 		}
 		return errInjected
 	}
-	return s.Store.ExtendLease(ctx, key, owner, lease)
+	return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
 }
 
 func (s *slowReserveThenExtendFails) Await(ctx context.Context, key string) (*stores.Record, error) {

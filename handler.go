@@ -52,7 +52,8 @@ type Handler struct {
 	Lifetime caddy.Duration `json:"lifetime,omitempty"`
 
 	// Extra time a record is kept past Lifetime, for clock skew and slow
-	// retries; 0 keeps records exactly Lifetime. Default: 5m (when unset).
+	// retries; 0 keeps records Lifetime past their execution (see
+	// recordTTL). Default: 5m (when unset).
 	Grace *caddy.Duration `json:"grace,omitempty"`
 
 	// How long a duplicate of a request that is still executing waits for

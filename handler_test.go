@@ -306,13 +306,15 @@ func TestClientDisconnectDoesNotCancel(t *testing.T) {
 	}
 }
 
-// "Expiry": a record lives lifetime + grace, then the key executes afresh.
+// "Expiry": a record lives lifetime + grace past the latest moment its
+// execution could run (execution_timeout after it started; this handler
+// renews leases as on a shared store), then the key executes afresh.
 func TestExpiry(t *testing.T) {
 	h, clock := newClockedHandler(t)
 	up := answering(200, "{}")
 	key := storetest.NewKey(t)
 	serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
-	clock.Advance(DefaultLifetime + DefaultGrace - time.Second)
+	clock.Advance(DefaultExecutionTimeout + DefaultLifetime + DefaultGrace - time.Second)
 	if res := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody); res.header.Get(ReplayedHeader) != "true" {
 		t.Fatal("record gone before lifetime + grace")
 	}

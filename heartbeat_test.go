@@ -2,8 +2,10 @@ package icebergidempotency
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,14 +27,14 @@ type leaseLog struct {
 	late     int
 }
 
-func (s *leaseLog) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+func (s *leaseLog) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
 	s.mu.Lock()
 	s.renewals++
 	if s.ended {
 		s.late++
 	}
 	s.mu.Unlock()
-	return s.Store.ExtendLease(ctx, key, owner, lease)
+	return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
 }
 
 func (s *leaseLog) end() {
@@ -198,9 +200,9 @@ func (s tooLargeSlowly) Finalize(context.Context, string, string, stores.Respons
 	return stores.ErrResponseTooLarge
 }
 
-func (s tooLargeSlowly) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+func (s tooLargeSlowly) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
 	time.Sleep(150 * time.Millisecond)
-	return s.Store.ExtendLease(ctx, key, owner, lease)
+	return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
 }
 
 // A response the store refuses as too large leaves the key unknown: the
@@ -232,7 +234,7 @@ type slowRenewals struct {
 	calls          atomic.Int32
 }
 
-func (s *slowRenewals) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+func (s *slowRenewals) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
 	switch n := s.calls.Add(1); {
 	case n == 1:
 		time.Sleep(s.timeout)
@@ -242,7 +244,7 @@ func (s *slowRenewals) ExtendLease(ctx context.Context, key, owner string, lease
 	default:
 		time.Sleep(s.timeout / 3)
 	}
-	return s.Store.ExtendLease(ctx, key, owner, lease)
+	return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
 }
 
 // executeOnTwoNodes sends a keyed commit to node A, whose view of the
@@ -319,8 +321,8 @@ type lostReplyTakeOver struct {
 	*slowRenewals
 }
 
-func (s *lostReplyTakeOver) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
-	ok, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+func (s *lostReplyTakeOver) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
+	ok, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
 	if err != nil || !ok {
 		return ok, err
 	}
@@ -371,5 +373,56 @@ func TestAdoptedRecordRenewsBeforeExecuting(t *testing.T) {
 	wg.Wait()
 	if n := executed.Load(); n != 1 {
 		t.Fatalf("the catalog executed the retried commit %d times (B %d, C %d %s), want 1", n, retryB.code(), retryC.code(), retryC.body)
+	}
+}
+
+// failingRenewals is a store reachable for everything but lease renewals,
+// as in a brief outage of the owner's node alone. A fake: no real store
+// fails one kind of call on demand.
+type failingRenewals struct{ stores.Store }
+
+func (s failingRenewals) ExtendLease(context.Context, string, string, time.Duration, time.Duration) error {
+	return errors.New("store unreachable")
+}
+
+// A lifetime shorter than the execution, and the owner's renewals fail:
+// the lease lapses while the catalog still runs the commit. The record
+// must then read as abandoned, so that the client's retry is told the
+// outcome is unknown; it used to expire with the lease, and the retry
+// executed the commit a second time beside the first.
+func TestLapsedLeaseOfShortLifetimeIsNotExecutedAgain(t *testing.T) {
+	h := newTestHandler(t, failingRenewals{newMemoryStore(t)}) // wrapped: leases renewed as on a shared store
+	h.Lifetime = caddy.Duration(100 * time.Millisecond)
+	zero := caddy.Duration(0)
+	h.Grace = &zero
+	h.Lease = caddy.Duration(60 * time.Millisecond)
+	h.ExecutionTimeout = caddy.Duration(5 * time.Second)
+	h.InFlightWait = caddy.Duration(50 * time.Millisecond)
+	release := make(chan struct{})
+	slow := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		select {
+		case <-release:
+		case <-time.After(2 * time.Second): // a second execution: the retry is not released
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "{}")
+		return nil
+	}}
+	key := storetest.NewKey(t)
+	done := make(chan result, 1)
+	go func() { done <- serve(t, h, slow, "POST", commitPath, key, commitBody) }()
+	time.Sleep(300 * time.Millisecond) // the lease (60ms) and the lifetime (100ms) ended
+	retry := serve(t, h, slow, "POST", commitPath, key, commitBody)
+	close(release)
+	first := <-done
+	if n := slow.calls.Load(); n != 1 {
+		t.Fatalf("the catalog executed the commit %d times (retry: %d %s)", n, retry.code(), retry.body)
+	}
+	if retry.code() != http.StatusInternalServerError || !strings.Contains(retry.body, "CommitStateUnknownException") {
+		t.Fatalf("retry during the first execution = %d %s, want 500 CommitStateUnknownException", retry.code(), retry.body)
+	}
+	if first.code() != http.StatusOK {
+		t.Fatalf("first request = %d, want 200", first.code())
 	}
 }

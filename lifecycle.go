@@ -53,7 +53,10 @@ type guarded struct {
 	body   requestBody   // the read body, as the handlers after this one get it
 	cw     captureWriter // the execution's response, held until it is stored
 	conns  connTrace     // the connections the catalog call took: see howMuchSent
-	active activeGuard   // what guardVar holds while this request's catalog call runs
+	// executionEnds is when the execution's timeout ends it, set as it
+	// starts: records are kept for the lifetime past it (recordTTL).
+	executionEnds time.Time
+	active        activeGuard // what guardVar holds while this request's catalog call runs
 	// outer is the guard executing this request in another handler, when
 	// it holds this request's key: see passGuarded.
 	outer *activeGuard
@@ -112,7 +115,7 @@ func (g *guarded) run() error {
 			Binding: g.binding,
 			Owner:   g.owner,
 			Lease:   h.executionLease(),
-			TTL:     time.Duration(h.Lifetime + *h.Grace),
+			TTL:     g.recordTTL(h.executionLease()),
 		})
 		if err != nil {
 			// The reservation may have committed with its reply lost,
@@ -215,7 +218,7 @@ func (g *guarded) run() error {
 			return g.replay(rec)
 		case h.Abandoned == abandonedReexecute:
 			sent := time.Now()
-			ok, err := h.store.TakeOver(g.detached, g.key, rec.Owner, g.owner, h.executionLease())
+			ok, err := h.store.TakeOver(g.detached, g.key, rec.Owner, g.owner, h.executionLease(), g.recordTTL(h.executionLease()))
 			if err != nil {
 				if !stores.NotSent(err) {
 					g.undoLostReply(abandonTakeOver)
@@ -266,7 +269,7 @@ func (g *guarded) slowLeaseRenewed(took time.Duration) (held bool, err error) {
 		return true, nil
 	}
 	start := time.Now()
-	err = g.h.store.ExtendLease(g.detached, g.key, g.owner, lease)
+	err = g.h.store.ExtendLease(g.detached, g.key, g.owner, lease, g.recordTTL(lease))
 	if err == nil {
 		g.hb.renewedAt = start
 	}
@@ -340,7 +343,8 @@ func (g *guarded) execute() error {
 	// because the client gave up, nor the store calls after it (the store
 	// bounds each one itself).
 	detached := g.detached
-	ctx, cancel := context.WithTimeout(detached, time.Duration(h.ExecutionTimeout))
+	g.executionEnds = time.Now().Add(time.Duration(h.ExecutionTimeout))
+	ctx, cancel := context.WithDeadline(detached, g.executionEnds)
 	defer cancel()
 	hb := &g.hb
 	if !h.inProcessLeases {
@@ -846,6 +850,27 @@ const lostReplyWindow = 2 * time.Minute
 // a write that left nothing behind never committed.
 const defaultSettleWindow = 10 * time.Second
 
+// recordTTL is how long the record is to live past the end of a lease of
+// length lease taken now: the lifetime advertised to clients, plus the
+// grace, counted from the latest moment the execution may still run. An
+// owner whose renewals fail keeps executing (up to execution_timeout) while
+// its lease lapses, and a node that dies leaves its lease to lapse: either
+// way the record must read as abandoned to the client's retries until the
+// execution cannot be running any more, and for the lifetime after, also
+// when the lifetime is shorter than the execution. The memory store's lease
+// already spans the execution (see executionLease).
+func (g *guarded) recordTTL(lease time.Duration) time.Duration {
+	ttl := time.Duration(g.h.Lifetime + *g.h.Grace)
+	ends := g.executionEnds
+	if ends.IsZero() { // not started yet: it starts now at the latest
+		ends = time.Now().Add(time.Duration(g.h.ExecutionTimeout))
+	}
+	if more := time.Until(ends) - lease; more > 0 {
+		ttl += more
+	}
+	return ttl
+}
+
 // executionLease is the lease a request takes when it reserves or takes
 // over a key. Other nodes tell a long upstream call from a dead owner by a
 // lease the owner renews (startHeartbeat). The memory store's records are
@@ -935,7 +960,7 @@ func (hb *heartbeat) beat(gen int) {
 	hb.mu.Unlock()
 	defer hb.renewing.Done()
 	start := time.Now()
-	err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease)
+	err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease, g.recordTTL(lease))
 	if errors.Is(err, stores.ErrNotOwner) && finalizing {
 		return // the key is most likely final: Finalize committed meanwhile
 	}

@@ -217,11 +217,11 @@ func (s *failingHeldKeyCalls) Await(ctx context.Context, key string) (*stores.Re
 	return s.Store.Await(ctx, key)
 }
 
-func (s *failingHeldKeyCalls) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+func (s *failingHeldKeyCalls) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
 	if s.fail.Load() {
 		return false, errors.New("connection reset by peer")
 	}
-	return s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+	return s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
 }
 
 // fail_open passes a request through only while the store can tell

@@ -127,12 +127,12 @@ func (s *gatedStore) Reserve(ctx context.Context, r stores.Reservation) (stores.
 	return res, err
 }
 
-func (s *gatedStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+func (s *gatedStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
 	if !s.takeOver {
-		return s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+		return s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
 	}
 	s.gate(ctx)
-	ok, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+	ok, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
 	if err == nil && ctx.Err() != nil {
 		return false, ctx.Err()
 	}
@@ -253,11 +253,11 @@ func (s resendingStore) Reserve(ctx context.Context, r stores.Reservation) (stor
 	return s.Store.Reserve(ctx, r)
 }
 
-func (s resendingStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+func (s resendingStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
 	if s.takeOver {
-		_, _ = s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+		_, _ = s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
 	}
-	return s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+	return s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
 }
 
 // A resent Reserve finds the record its first run wrote, under this
@@ -322,9 +322,9 @@ func (s *slowReserveStore) Reserve(ctx context.Context, r stores.Reservation) (s
 	return res, err
 }
 
-func (s *slowReserveStore) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+func (s *slowReserveStore) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
 	s.extends.Add(1)
-	return s.Store.ExtendLease(ctx, key, owner, lease)
+	return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
 }
 
 // A reservation that came back after its lease had run out, and that
@@ -334,7 +334,7 @@ func TestReservationBackAfterItsLeaseDoesNotExecute(t *testing.T) {
 	mem := newMemoryStore(t)
 	lease := 30 * time.Millisecond
 	s := &slowReserveStore{Store: mem, delay: 2 * lease, then: func(r stores.Reservation) {
-		if ok, err := mem.TakeOver(context.Background(), r.Key, r.Owner, "another node", time.Minute); !ok || err != nil {
+		if ok, err := mem.TakeOver(context.Background(), r.Key, r.Owner, "another node", time.Minute, time.Minute); !ok || err != nil {
 			t.Errorf("the other node's takeover = %v, %v", ok, err)
 		}
 	}}

@@ -226,9 +226,9 @@ func (s *instrumentedStore) Release(ctx context.Context, key, owner string) erro
 	return s.inner.Release(ctx, key, owner)
 }
 
-func (s *instrumentedStore) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
+func (s *instrumentedStore) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
 	defer observe(s.extendLease, time.Now())
-	return s.inner.ExtendLease(ctx, key, owner, lease)
+	return s.inner.ExtendLease(ctx, key, owner, lease, ttl)
 }
 
 func (s *instrumentedStore) Abandon(ctx context.Context, key, owner string) error {
@@ -236,9 +236,9 @@ func (s *instrumentedStore) Abandon(ctx context.Context, key, owner string) erro
 	return s.inner.Abandon(ctx, key, owner)
 }
 
-func (s *instrumentedStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+func (s *instrumentedStore) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
 	defer observe(s.takeOver, time.Now())
-	return s.inner.TakeOver(ctx, key, oldOwner, newOwner, lease)
+	return s.inner.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
 }
 
 func (s *instrumentedStore) PurgeExpired(ctx context.Context, limit int) (int, error) {

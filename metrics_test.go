@@ -160,7 +160,9 @@ type renewalStore struct {
 	err error
 }
 
-func (s renewalStore) ExtendLease(context.Context, string, string, time.Duration) error { return s.err }
+func (s renewalStore) ExtendLease(context.Context, string, string, time.Duration, time.Duration) error {
+	return s.err
+}
 
 // Failed lease renewals are counted, whether the store failed or the key
 // is no longer the request's; renewals that succeed are not.

@@ -156,8 +156,8 @@ func TestTakeoverWithEncryptionOffSealsUnderTheMatchedSecret(t *testing.T) {
 // cluster client that resends the script after a network error does.
 type takeOverReplyLost struct{ stores.Store }
 
-func (s takeOverReplyLost) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
-	_, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease)
+func (s takeOverReplyLost) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
+	_, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
 	return false, err
 }
 

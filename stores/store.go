@@ -148,18 +148,20 @@ type Reservation struct {
 	Owner string
 	// Lease is how long the reservation holds without a heartbeat.
 	Lease time.Duration
-	// TTL is how long the record lives from now (lifetime plus grace), or
-	// the lease when that is longer: see RecordTTL.
+	// TTL is how long the record lives (lifetime plus grace) past the end
+	// of its lease: see RecordTTL.
 	TTL time.Duration
 }
 
-// RecordTTL is how long a reserved record lives: its TTL, but never less
-// than its lease. A record that expired while its owner still held the
-// lease would let a duplicate reserve the key as absent and execute it a
-// second time; ExtendLease and TakeOver keep the record alive for their
-// leases in the same way. A lifetime shorter than the execution is then
-// stretched by at most a lease.
-func (r Reservation) RecordTTL() time.Duration { return max(r.TTL, r.Lease) }
+// RecordTTL is how long a reserved record lives from now: its lease, then
+// its TTL. Every renewal (ExtendLease, TakeOver) keeps the record alive for
+// the TTL past the new lease's end in the same way. An in-flight record
+// must outlive its lease by the TTL, not merely last as long: when the
+// owner's renewals fail or its node dies, the record has to read as
+// abandoned ("outcome unknown") to the client's retries; one that expired
+// with the lease would let a retry reserve the key as absent and execute
+// it a second time, perhaps while the first execution still runs.
+func (r Reservation) RecordTTL() time.Duration { return r.Lease + r.TTL }
 
 // ReserveResult is the outcome of Reserve: either the caller now owns the key
 // (Reserved), or Existing holds the live record somebody else created.
@@ -200,9 +202,10 @@ type Store interface {
 	Release(ctx context.Context, key, owner string) error
 
 	// ExtendLease renews the lease of an in-flight record owned by owner,
-	// and moves the record's expiry to the lease's end if it came sooner:
-	// a record does not expire while its owner still renews it.
-	ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error
+	// and moves the record's expiry to ttl past the lease's end if it came
+	// sooner (see Reservation.RecordTTL): a record does not expire while
+	// its owner still renews it, nor for ttl after the renewals stop.
+	ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error
 
 	// Abandon ends the lease of an in-flight record owned by owner now, so
 	// that the record reads as Abandoned at once: the owner cannot tell
@@ -217,7 +220,7 @@ type Store interface {
 	// the lapsed lease), the expiry moved as by ExtendLease. It reports
 	// whether the takeover happened; false means another node took it over
 	// first or the old owner came back.
-	TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error)
+	TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error)
 
 	// PurgeExpired deletes at most limit expired records and reports how
 	// many it deleted. Callers repeat it until it returns less than limit.

@@ -301,7 +301,7 @@ func TestBoundDropsExpiredBeforeLive(t *testing.T) {
 	}
 	long := fin(24 * time.Hour) // a handler with lifetime 24h
 	short := fin(time.Minute)   // another with 1m
-	clock.Advance(2 * time.Minute)
+	clock.Advance(3 * time.Minute) // short: past its lease, then its TTL
 	newest := fin(time.Hour)
 	for _, k := range []string{long, newest} {
 		if rec, _ := s.Load(ctx, k); rec == nil {
@@ -333,7 +333,7 @@ func TestPurgeFindsEveryExpiredRecord(t *testing.T) {
 		if err := s.Finalize(ctx, r.Key, r.Owner, stores.Response{Status: 200}); err != nil {
 			t.Fatal(err)
 		}
-		expires[r.Key] = clock.Now().Add(ttl)
+		expires[r.Key] = clock.Now().Add(r.Lease + ttl)
 		clock.Advance(time.Duration(rng.IntN(20)) * time.Millisecond)
 	}
 	for step := 0; len(expires) > 0; step++ {

@@ -325,7 +325,7 @@ func (s *Store) Release(_ context.Context, key, owner string) error {
 }
 
 // ExtendLease implements stores.Store.
-func (s *Store) ExtendLease(_ context.Context, key, owner string, lease time.Duration) error {
+func (s *Store) ExtendLease(_ context.Context, key, owner string, lease, ttl time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -334,15 +334,15 @@ func (s *Store) ExtendLease(_ context.Context, key, owner string, lease time.Dur
 		return stores.ErrNotOwner
 	}
 	e.leaseUntil = now.Add(lease)
-	outlive(e)
+	outlive(e, ttl)
 	return nil
 }
 
-// outlive keeps an in-flight record from expiring under a lease its owner
-// still renews (a lifetime shorter than the execution).
-func outlive(e *entry) {
-	if e.rec.ExpiresAt.Before(e.leaseUntil) {
-		e.rec.ExpiresAt = e.leaseUntil
+// outlive keeps an in-flight record for ttl past its lease's end (see
+// stores.Reservation.RecordTTL).
+func outlive(e *entry, ttl time.Duration) {
+	if end := e.leaseUntil.Add(ttl); e.rec.ExpiresAt.Before(end) {
+		e.rec.ExpiresAt = end
 	}
 }
 
@@ -363,7 +363,7 @@ func (s *Store) Abandon(_ context.Context, key, owner string) error {
 }
 
 // TakeOver implements stores.Store.
-func (s *Store) TakeOver(_ context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
+func (s *Store) TakeOver(_ context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -373,7 +373,7 @@ func (s *Store) TakeOver(_ context.Context, key, oldOwner, newOwner string, leas
 	}
 	e.rec.Owner = newOwner
 	e.leaseUntil = now.Add(lease)
-	outlive(e)
+	outlive(e, ttl)
 	s.notify(key)
 	return true, nil
 }

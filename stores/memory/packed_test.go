@@ -53,8 +53,8 @@ func TestFinalRecordReadsBackAsStored(t *testing.T) {
 			if rec.Key != key || rec.Binding != r.Binding || rec.State != stores.StateFinal || rec.Owner != "" || rec.Abandoned {
 				t.Fatalf("record = %+v, want the reservation's key and binding, final", rec)
 			}
-			if !rec.ExpiresAt.Equal(clock.Now().Add(time.Hour-time.Minute)) || !rec.CreatedAt.Equal(clock.Now().Add(-time.Minute)) {
-				t.Fatalf("created %v expires %v, want an hour apart from the reservation", rec.CreatedAt, rec.ExpiresAt)
+			if !rec.ExpiresAt.Equal(clock.Now().Add(time.Hour)) || !rec.CreatedAt.Equal(clock.Now().Add(-time.Minute)) {
+				t.Fatalf("created %v expires %v, want the lease and an hour after the reservation", rec.CreatedAt, rec.ExpiresAt)
 			}
 			if !reflect.DeepEqual(*rec.Response, want) {
 				t.Fatalf("response = %#v, want %#v", *rec.Response, want)

@@ -108,8 +108,10 @@ func newQueries(table string) queries {
 
 		release: fmt.Sprintf("DELETE FROM %s WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
 
-		// A record outlives its lease: one whose owner still renews it
-		// does not expire under it (lifetime shorter than the execution).
+		// A record outlives its lease by its TTL (the second argument is
+		// lease plus TTL): one whose owner still renews it does not expire
+		// under it, and one whose renewals stop reads as abandoned for its
+		// TTL (see stores.Reservation.RecordTTL).
 		extend: fmt.Sprintf("UPDATE %s SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,\n"+
 			"expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)\n"+
 			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),

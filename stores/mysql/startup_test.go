@@ -88,7 +88,7 @@ func TestStartWithDatabaseDown(t *testing.T) {
 				t.Fatalf("%s: Reserve while the first contact fails: err = %v, NotSent = false; want a not-sent error", mode, err)
 			}
 		}
-		if _, err := s.TakeOver(ctx, storetest.NewKey(t), "a", "b", time.Second); err == nil || !stores.NotSent(err) {
+		if _, err := s.TakeOver(ctx, storetest.NewKey(t), "a", "b", time.Second, time.Minute); err == nil || !stores.NotSent(err) {
 			t.Fatalf("%s: TakeOver while the first contact fails: err = %v; want a not-sent error", mode, err)
 		}
 		t.Logf("%s: %v", mode, reserve())

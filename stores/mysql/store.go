@@ -434,8 +434,8 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 // rows: renewing a lease to the very microsecond it already ends at changes
 // nothing and reports 0. Only then a second statement tells that apart from
 // a lost ownership.
-func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
-	n, err := s.exec(ctx, "extend lease", &s.stmts.extend, sqlstore.Micros(lease), sqlstore.Micros(lease), key, owner)
+func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
+	n, err := s.exec(ctx, "extend lease", &s.stmts.extend, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, owner)
 	if err != nil {
 		return err
 	}
@@ -481,8 +481,8 @@ func (s *Store) confirmOwned(ctx context.Context, op, key, owner string) error {
 
 // TakeOver implements stores.Store. The row always changes when it matches
 // (a new owner, or a lease moved from the past into the future).
-func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
-	n, err := s.exec(ctx, "take over", &s.stmts.takeOver, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease), key, oldOwner)
+func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
+	n, err := s.exec(ctx, "take over", &s.stmts.takeOver, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, oldOwner)
 	if err != nil {
 		return false, err
 	}

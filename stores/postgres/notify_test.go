@@ -171,7 +171,7 @@ func TestNotifyWatchedChanges(t *testing.T) {
 		{"Abandon", func(key, owner string) error { return s.Abandon(ctx, key, owner) }},
 		{"TakeOver", func(key, owner string) error {
 			time.Sleep(shortLease + 50*time.Millisecond) // the lease lapses
-			if ok, err := s.TakeOver(ctx, key, owner, uuid.NewString(), storetest.Long); err != nil || !ok {
+			if ok, err := s.TakeOver(ctx, key, owner, uuid.NewString(), storetest.Long, storetest.TTL); err != nil || !ok {
 				t.Fatalf("TakeOver = %v, %v", ok, err)
 			}
 			return nil

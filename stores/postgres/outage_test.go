@@ -34,7 +34,7 @@ func TestOutageAndRecovery(t *testing.T) {
 			return err
 		},
 		func() error { return s.Finalize(ctx, key, "x", stores.Response{Status: 200}) },
-		func() error { _, err := s.TakeOver(ctx, key, "x", "y", time.Second); return err },
+		func() error { _, err := s.TakeOver(ctx, key, "x", "y", time.Second, time.Minute); return err },
 		func() error { _, err := s.PurgeExpired(ctx, 10); return err },
 	}
 	for _, mode := range []string{"refused", "blackhole"} {

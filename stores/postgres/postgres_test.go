@@ -26,7 +26,7 @@ func TestReserveOverExpiredRebinds(t *testing.T) {
 	s, _ := openStore(t, nil)
 	ctx := context.Background()
 	key := storetest.NewKey(t)
-	if _, err := s.Reserve(ctx, storetest.Reservation(key, 300*time.Millisecond, 300*time.Millisecond)); err != nil {
+	if _, err := s.Reserve(ctx, storetest.Reservation(key, 150*time.Millisecond, 150*time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(400 * time.Millisecond)

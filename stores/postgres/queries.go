@@ -49,10 +49,12 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, t
 		release: fmt.Sprintf(`DELETE FROM %s
 WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
 
-		// A record outlives its lease: one whose owner still renews it
-		// does not expire under it (lifetime shorter than the execution).
+		// A record outlives its lease by its TTL ($4 is lease plus TTL):
+		// one whose owner still renews it does not expire under it, and
+		// one whose renewals stop reads as abandoned for its TTL (see
+		// stores.Reservation.RecordTTL).
 		extend: fmt.Sprintf(`UPDATE %s SET lease_until = now() + $3::bigint * interval '1 microsecond',
-	expires_at = GREATEST(expires_at, now() + $3::bigint * interval '1 microsecond')
+	expires_at = GREATEST(expires_at, now() + $4::bigint * interval '1 microsecond')
 WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
 
 		// The lease ends at the statement's now(): every later statement
@@ -64,7 +66,7 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, t
 		// concurrent takeovers the first locks the row; the others then
 		// re-check the WHERE on the row it wrote and match nothing.
 		takeOver: fmt.Sprintf(`UPDATE %s SET owner = $3, lease_until = now() + $4::bigint * interval '1 microsecond',
-	expires_at = GREATEST(expires_at, now() + $4::bigint * interval '1 microsecond')
+	expires_at = GREATEST(expires_at, now() + $5::bigint * interval '1 microsecond')
 WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND lease_until <= now()`, table),
 
 		// SKIP LOCKED: purgers on several nodes take disjoint batches, and

@@ -84,7 +84,7 @@ func TestStartWithDatabaseDown(t *testing.T) {
 				t.Fatalf("password in %v", err)
 			}
 		}
-		if _, err := s.TakeOver(ctx, storetest.NewKey(t), "a", "b", time.Second); err == nil || !stores.NotSent(err) {
+		if _, err := s.TakeOver(ctx, storetest.NewKey(t), "a", "b", time.Second, time.Minute); err == nil || !stores.NotSent(err) {
 			t.Fatalf("%s: TakeOver while the first contact fails: err = %v; want a not-sent error", mode, err)
 		}
 		t.Logf("%s: %v", mode, reserve())

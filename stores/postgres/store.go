@@ -367,8 +367,8 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 }
 
 // ExtendLease implements stores.Store.
-func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
-	n, err := s.exec(ctx, "extend lease", s.q.extend, key, owner, sqlstore.Micros(lease))
+func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
+	n, err := s.exec(ctx, "extend lease", s.q.extend, key, owner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl))
 	if err != nil {
 		return err
 	}
@@ -391,8 +391,8 @@ func (s *Store) Abandon(ctx context.Context, key, owner string) error {
 }
 
 // TakeOver implements stores.Store.
-func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
-	n, err := s.exec(ctx, "take over", s.q.takeOver, key, oldOwner, newOwner, sqlstore.Micros(lease))
+func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
+	n, err := s.exec(ctx, "take over", s.q.takeOver, key, oldOwner, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl))
 	if err != nil {
 		return false, err
 	}

@@ -99,8 +99,8 @@ func outageCalls(t *testing.T, s *Store, key string) []func() error {
 			return err
 		},
 		func() error { return s.Finalize(ctx, key, "x", stores.Response{Status: 200}) },
-		func() error { return s.ExtendLease(ctx, key, "x", time.Second) },
-		func() error { _, err := s.TakeOver(ctx, key, "x", "y", time.Second); return err },
+		func() error { return s.ExtendLease(ctx, key, "x", time.Second, time.Minute) },
+		func() error { _, err := s.TakeOver(ctx, key, "x", "y", time.Second, time.Minute); return err },
 	}
 }
 

@@ -42,13 +42,13 @@ func TestLayout(t *testing.T) {
 	if typ := c.Type(ctx, cfg.KeyPrefix+key).Val(); typ != "hash" {
 		t.Fatalf("type of %s%s = %q, want hash", cfg.KeyPrefix, key, typ)
 	}
-	if ttl := c.PTTL(ctx, cfg.KeyPrefix+key).Val(); ttl <= 29*time.Second || ttl > 30*time.Second {
-		t.Fatalf("TTL after Reserve = %v, want about 30s", ttl)
+	if ttl := c.PTTL(ctx, cfg.KeyPrefix+key).Val(); ttl <= 39*time.Second || ttl > 40*time.Second {
+		t.Fatalf("TTL after Reserve = %v, want about 40s (the lease, then the TTL)", ttl)
 	}
 	if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 204}); err != nil {
 		t.Fatal(err)
 	}
-	if ttl := c.PTTL(ctx, cfg.KeyPrefix+key).Val(); ttl <= 28*time.Second || ttl > 30*time.Second {
+	if ttl := c.PTTL(ctx, cfg.KeyPrefix+key).Val(); ttl <= 38*time.Second || ttl > 40*time.Second {
 		t.Fatalf("TTL after Finalize = %v, want it kept", ttl)
 	}
 	// Another prefix is another store: it does not see the record.

@@ -27,11 +27,11 @@ local function owned(key, owner)
 	local cur = redis.call('HMGET', key, 'state', 'owner')
 	return cur[1] == 'in_flight' and cur[2] == owner
 end
-local function outlive(key, t, lease)
+local function outlive(key, t, keep)
 	local ttl = redis.call('PTTL', key)
-	if ttl >= 0 and ttl < lease then
-		redis.call('PEXPIRE', key, ms(lease))
-		redis.call('HSET', key, 'expires', ms(t + lease))
+	if ttl >= 0 and ttl < keep then
+		redis.call('PEXPIRE', key, ms(keep))
+		redis.call('HSET', key, 'expires', ms(t + keep))
 	end
 end
 `
@@ -83,15 +83,17 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 `)
 
-// extendScript renews the lease, and the key's TTL with it when the lease
-// would outlast it: a record whose owner still renews it does not expire
-// under it. ARGV: owner, lease ms. No message: a waiter has nothing to
-// learn from a renewed lease.
+// extendScript renews the lease, and the key's TTL to the record's TTL
+// past the lease's end when it would end sooner: a record whose owner
+// still renews it does not expire under it, and one whose renewals stop
+// reads as abandoned for its TTL (see stores.Reservation.RecordTTL).
+// ARGV: owner, lease ms, lease plus TTL ms. No message: a waiter has
+// nothing to learn from a renewed lease.
 var extendScript = goredis.NewScript(prelude + `
 if not owned(KEYS[1], ARGV[1]) then return 0 end
 local t = now()
 redis.call('HSET', KEYS[1], 'lease', ms(t + tonumber(ARGV[2])))
-outlive(KEYS[1], t, tonumber(ARGV[2]))
+outlive(KEYS[1], t, tonumber(ARGV[3]))
 return 1
 `)
 
@@ -107,15 +109,15 @@ return 1
 `)
 
 // takeOverScript hands an in-flight record whose lease lapsed from
-// ARGV[1] to ARGV[2] with a fresh lease. ARGV: old owner, new owner,
-// lease ms, channel, key.
+// ARGV[1] to ARGV[2] with a fresh lease, the TTL moved as by extendScript.
+// ARGV: old owner, new owner, lease ms, channel, key, lease plus TTL ms.
 var takeOverScript = goredis.NewScript(prelude + `
 if not owned(KEYS[1], ARGV[1]) then return 0 end
 local t = now()
 local lease = tonumber(redis.call('HGET', KEYS[1], 'lease'))
 if lease ~= nil and lease > t then return 0 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'lease', ms(t + tonumber(ARGV[3])))
-outlive(KEYS[1], t, tonumber(ARGV[3]))
+outlive(KEYS[1], t, tonumber(ARGV[6]))
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 `)

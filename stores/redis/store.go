@@ -387,8 +387,8 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 }
 
 // ExtendLease implements stores.Store.
-func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease time.Duration) error {
-	return notOwner(s.cas(ctx, "extend lease", extendScript, key, owner, durMS(lease)))
+func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
+	return notOwner(s.cas(ctx, "extend lease", extendScript, key, owner, durMS(lease), durMS(lease+ttl)))
 }
 
 // Abandon implements stores.Store.
@@ -397,8 +397,8 @@ func (s *Store) Abandon(ctx context.Context, key, owner string) error {
 }
 
 // TakeOver implements stores.Store.
-func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease time.Duration) (bool, error) {
-	return s.cas(ctx, "take over", takeOverScript, key, oldOwner, newOwner, durMS(lease), s.channel, key)
+func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
+	return s.cas(ctx, "take over", takeOverScript, key, oldOwner, newOwner, durMS(lease), s.channel, key, durMS(lease+ttl))
 }
 
 // PurgeExpired implements stores.Store. Redis expires records by their key

@@ -60,7 +60,7 @@ func RunAdmin(t *testing.T, open Open) {
 		reserve(t, s, ra)
 		h.Advance(Lease + 200*time.Millisecond)
 		newOwner := "taker-" + NewKey(t)
-		if ok, err := s.TakeOver(ctx, abandoned, ra.Owner, newOwner, Long); err != nil || !ok {
+		if ok, err := s.TakeOver(ctx, abandoned, ra.Owner, newOwner, Long, TTL); err != nil || !ok {
 			t.Fatalf("TakeOver = %v, %v; want true", ok, err)
 		}
 		for _, key := range []string{live, abandoned} {
@@ -167,7 +167,7 @@ func RunAdmin(t *testing.T, open Open) {
 			t.Fatalf("Inspect(unknown) = %+v, %v", rec, err)
 		}
 
-		h.Advance(TTL + 100*time.Millisecond)
+		h.Advance(Lease + TTL + 100*time.Millisecond) // expiring: past its lease, then its TTL
 		want = stores.Counts{InFlight: 1, Abandoned: 1, Final: 1}
 		if c, err := s.Count(ctx); err != nil || c != want {
 			t.Fatalf("Count after one record expired = %+v, %v; want %+v (expired ones not counted)", c, err, want)

@@ -345,10 +345,10 @@ func Run(t *testing.T, open Open) {
 		rk := Reservation(kept, Lease, Long)
 		reserve(t, h.Store, r)
 		reserve(t, h.Store, rk)
-		if err := h.Store.ExtendLease(ctx, key, "someone-else", Long); !errors.Is(err, stores.ErrNotOwner) {
+		if err := h.Store.ExtendLease(ctx, key, "someone-else", Long, TTL); !errors.Is(err, stores.ErrNotOwner) {
 			t.Fatalf("ExtendLease by stranger = %v, want ErrNotOwner", err)
 		}
-		if err := h.Store.ExtendLease(ctx, kept, rk.Owner, Long); err != nil {
+		if err := h.Store.ExtendLease(ctx, kept, rk.Owner, Long, TTL); err != nil {
 			t.Fatalf("ExtendLease: %v", err)
 		}
 		h.Advance(Lease + 200*time.Millisecond)
@@ -375,15 +375,15 @@ func Run(t *testing.T, open Open) {
 		reserve(t, h.Store, rr)
 		reserve(t, h.Store, rt)
 		h.Advance(700 * time.Millisecond)
-		if err := h.Store.ExtendLease(ctx, renewed, rr.Owner, Lease); err != nil {
+		if err := h.Store.ExtendLease(ctx, renewed, rr.Owner, Lease, TTL); err != nil {
 			t.Fatalf("ExtendLease: %v", err)
 		}
 		h.Advance(800 * time.Millisecond) // taken's lease lapsed, half a second ago (a slow server's Reserve started it late)
 		newOwner := uuid.NewString()
-		if ok, err := h.Store.TakeOver(ctx, taken, rt.Owner, newOwner, 2*Lease); err != nil || !ok {
+		if ok, err := h.Store.TakeOver(ctx, taken, rt.Owner, newOwner, 2*Lease, TTL); err != nil || !ok {
 			t.Fatalf("TakeOver = %v, %v; want true", ok, err)
 		}
-		if err := h.Store.ExtendLease(ctx, renewed, rr.Owner, 2*Lease); err != nil {
+		if err := h.Store.ExtendLease(ctx, renewed, rr.Owner, 2*Lease, TTL); err != nil {
 			t.Fatalf("ExtendLease: %v", err)
 		}
 		h.Advance(800 * time.Millisecond) // past the TTL, within both leases
@@ -424,6 +424,45 @@ func Run(t *testing.T, open Open) {
 		}
 	})
 
+	// When the renewals stop (the owner's node died, or its renewals
+	// failed while the catalog still ran the request) the record must
+	// read as abandoned for its TTL past the lease's end, whatever the
+	// lease was: a record that expired with its lease would let a retry
+	// reserve the key as absent and execute it a second time, maybe beside
+	// the first execution. Three leases end here, each past the TTL from
+	// the reservation: one reserved longer than its TTL, one renewed, one
+	// taken over.
+	t.Run("LapsedLeaseReadsAbandonedForTTL", func(t *testing.T) {
+		h := open(t)
+		reserved, renewed, taken := NewKey(t), NewKey(t), NewKey(t)
+		rs := Reservation(reserved, 3*Lease/2, TTL)
+		rr, rt := Reservation(renewed, Lease, TTL), Reservation(taken, Lease, TTL)
+		for _, r := range []stores.Reservation{rs, rr, rt} {
+			reserve(t, h.Store, r)
+		}
+		h.Advance(700 * time.Millisecond)
+		if err := h.Store.ExtendLease(ctx, renewed, rr.Owner, 2*Lease, TTL); err != nil {
+			t.Fatalf("ExtendLease: %v", err)
+		}
+		h.Advance(800 * time.Millisecond) // taken's lease lapsed
+		if ok, err := h.Store.TakeOver(ctx, taken, rt.Owner, uuid.NewString(), Lease, TTL); err != nil || !ok {
+			t.Fatalf("TakeOver = %v, %v; want true", ok, err)
+		}
+		// 3.2 s: all three leases ended (1.5, 2.7 and 2.5 s) and the
+		// first TTL from the reservation (2 s) too; lease end + TTL is
+		// 3.5 s at the earliest.
+		h.Advance(1700 * time.Millisecond)
+		for _, key := range []string{reserved, renewed, taken} {
+			rec := load(t, h.Store, key)
+			if rec == nil || rec.State != stores.StateInFlight || !rec.Abandoned {
+				t.Fatalf("record %s whose lease ended within its TTL = %+v, want it abandoned in flight", key, rec)
+			}
+			if res := reserve(t, h.Store, Reservation(key, Long, Long)); res.Reserved || !res.Existing.Abandoned {
+				t.Fatalf("Reserve of %s, abandoned within its TTL = %+v, want the abandoned record", key, res)
+			}
+		}
+	})
+
 	t.Run("AbandonEndsLeaseAtOnce", func(t *testing.T) {
 		h := open(t)
 		key := NewKey(t)
@@ -453,7 +492,7 @@ func Run(t *testing.T, open Open) {
 			t.Fatalf("second Abandon: %v", err)
 		}
 		fresh := uuid.NewString()
-		if ok, err := h.Store.TakeOver(ctx, key, r.Owner, fresh, Long); err != nil || !ok {
+		if ok, err := h.Store.TakeOver(ctx, key, r.Owner, fresh, Long, TTL); err != nil || !ok {
 			t.Fatalf("TakeOver of an abandoned key = %v, %v; want true", ok, err)
 		}
 		if err := h.Store.Abandon(ctx, key, r.Owner); !errors.Is(err, stores.ErrNotOwner) {
@@ -495,17 +534,17 @@ func Run(t *testing.T, open Open) {
 		stale := Reservation(key, Lease, Long)
 		reserve(t, h.Store, stale)
 		fresh := uuid.NewString()
-		if ok, err := h.Store.TakeOver(ctx, key, stale.Owner, fresh, Long); err != nil || ok {
+		if ok, err := h.Store.TakeOver(ctx, key, stale.Owner, fresh, Long, TTL); err != nil || ok {
 			t.Fatalf("TakeOver of a healthy lease = %v, %v; want false", ok, err)
 		}
 		h.Advance(Lease + 200*time.Millisecond)
-		if ok, err := h.Store.TakeOver(ctx, key, "wrong-owner", fresh, Long); err != nil || ok {
+		if ok, err := h.Store.TakeOver(ctx, key, "wrong-owner", fresh, Long, TTL); err != nil || ok {
 			t.Fatalf("TakeOver naming the wrong old owner = %v, %v; want false", ok, err)
 		}
-		if ok, err := h.Store.TakeOver(ctx, key, stale.Owner, fresh, Long); err != nil || !ok {
+		if ok, err := h.Store.TakeOver(ctx, key, stale.Owner, fresh, Long, TTL); err != nil || !ok {
 			t.Fatalf("TakeOver = %v, %v; want true", ok, err)
 		}
-		if ok, _ := h.Store.TakeOver(ctx, key, stale.Owner, uuid.NewString(), Long); ok {
+		if ok, _ := h.Store.TakeOver(ctx, key, stale.Owner, uuid.NewString(), Long, TTL); ok {
 			t.Fatal("a second TakeOver from the same stale owner succeeded")
 		}
 		if err := h.Store.Finalize(ctx, key, stale.Owner, sample); !errors.Is(err, stores.ErrNotOwner) {
@@ -514,7 +553,7 @@ func Run(t *testing.T, open Open) {
 		if err := h.Store.Release(ctx, key, stale.Owner); !errors.Is(err, stores.ErrNotOwner) {
 			t.Fatalf("stale owner Release = %v, want ErrNotOwner", err)
 		}
-		if err := h.Store.ExtendLease(ctx, key, stale.Owner, Long); !errors.Is(err, stores.ErrNotOwner) {
+		if err := h.Store.ExtendLease(ctx, key, stale.Owner, Long, TTL); !errors.Is(err, stores.ErrNotOwner) {
 			t.Fatalf("stale owner ExtendLease = %v, want ErrNotOwner", err)
 		}
 		rec := load(t, h.Store, key)
@@ -536,7 +575,7 @@ func Run(t *testing.T, open Open) {
 		}
 		ri := Reservation(inflight, Lease, TTL)
 		reserve(t, h.Store, ri)
-		h.Advance(TTL + 200*time.Millisecond)
+		h.Advance(Lease + TTL + 200*time.Millisecond) // past the lease, then the TTL
 		for _, key := range []string{final, inflight} {
 			if rec := load(t, h.Store, key); rec != nil {
 				t.Fatalf("expired record = %+v, want nil", rec)
@@ -634,11 +673,11 @@ func Run(t *testing.T, open Open) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("Await did not return within 5s of the lease lapsing")
 		}
-		h.Advance(TTL - Lease)
-		if err := h.Store.ExtendLease(ctx, key, r.Owner, Long); !errors.Is(err, stores.ErrNotOwner) {
+		h.Advance(TTL) // the lease ended, then the TTL
+		if err := h.Store.ExtendLease(ctx, key, r.Owner, Long, TTL); !errors.Is(err, stores.ErrNotOwner) {
 			t.Fatalf("ExtendLease of an expired record = %v, want ErrNotOwner", err)
 		}
-		if ok, err := h.Store.TakeOver(ctx, key, r.Owner, uuid.NewString(), Long); err != nil || ok {
+		if ok, err := h.Store.TakeOver(ctx, key, r.Owner, uuid.NewString(), Long, TTL); err != nil || ok {
 			t.Fatalf("TakeOver of an expired record = %v, %v; want false", ok, err)
 		}
 		if err := h.Store.Release(ctx, key, r.Owner); !errors.Is(err, stores.ErrNotOwner) {
@@ -688,7 +727,7 @@ func Run(t *testing.T, open Open) {
 		h := open(t)
 		key := NewKey(t)
 		reserve(t, h.Store, Reservation(key, Lease, TTL))
-		h.Advance(TTL + 200*time.Millisecond)
+		h.Advance(Lease + TTL + 200*time.Millisecond) // past the lease, then the TTL
 		const n = 100
 		var winners atomic.Int32
 		var wg sync.WaitGroup
@@ -729,7 +768,7 @@ func Run(t *testing.T, open Open) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ok, err := h.Store.TakeOver(ctx, key, stale.Owner, uuid.NewString(), Long)
+				ok, err := h.Store.TakeOver(ctx, key, stale.Owner, uuid.NewString(), Long, TTL)
 				if err != nil {
 					t.Errorf("TakeOver: %v", err)
 				}
@@ -754,7 +793,7 @@ func Run(t *testing.T, open Open) {
 			reserve(t, h.Store, Reservation(k, Lease, TTL))
 		}
 		var liveKeys []string
-		h.Advance(TTL + 200*time.Millisecond)
+		h.Advance(Lease + TTL + 200*time.Millisecond) // past the lease, then the TTL
 		for i := 0; i < live; i++ {
 			k := NewKey(t)
 			liveKeys = append(liveKeys, k)
