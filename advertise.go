@@ -31,9 +31,13 @@ const maxConfigSize = 1 << 20
 // when configured, runs before this one and still compresses the answer for
 // the client: it chose its encoding from the client's request already.
 func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if r.Header.Get("Accept-Encoding") != "" {
+	if r.Header.Get("Accept-Encoding") != "" || r.Header.Get("Upgrade") != "" {
+		// Nor a switch of protocols, whose answer could not be rewritten
+		// (see hideUpgrade).
 		r = r.Clone(r.Context())
 		r.Header.Del("Accept-Encoding")
+		r.Header.Del("Upgrade")
+		r.Header.Del("Http2-Settings")
 	}
 	cw := newCaptureWriter(w, maxConfigSize)
 	if err := next.ServeHTTP(cw, r); err != nil {

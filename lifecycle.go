@@ -451,8 +451,9 @@ func (g *guarded) execute() error {
 
 // callUpstream runs the handlers after this one, counted in the executing
 // gauge for as long as they run, with the key's header out of the sight of
-// Go's HTTP transport (see hideKeyFromTransport) and Accept-Encoding
-// narrowed to what a replay can decode (narrowAcceptEncoding).
+// Go's HTTP transport (see hideKeyFromTransport), Accept-Encoding
+// narrowed to what a replay can decode (narrowAcceptEncoding), and no ask
+// to switch protocols (hideUpgrade).
 //
 // If they panic (reverse_proxy panics with http.ErrAbortHandler when the
 // catalog's answer breaks off after its status line, or when the execution
@@ -465,6 +466,7 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 	defer executing.Dec()
 	defer hideKeyFromTransport(r).restore()
 	defer narrowAcceptEncoding(r)()
+	defer hideUpgrade(r)()
 	// howMuchSent reads the upstream reverse_proxy chose from the
 	// replacer; one chosen before this call (forward_auth is a
 	// reverse_proxy too) proves nothing about this request's catalog.
