@@ -422,3 +422,29 @@ func TestDialErrorAfterAnAttemptThatSentIsUnknown(t *testing.T) {
 			retry.code(), retry.body, again.executed.Load())
 	}
 }
+
+// reverse_proxy trying longer (lb_try_duration) than execution_timeout
+// lets a catalog that refuses connections: the timeout ends the call while
+// it still waits to dial again, with a context error instead of a dial
+// error. Nothing was sent, so the key is released and the retry executes.
+// Before, the key was marked unknown and every retry heard 500 for the
+// record's life, where without the module the retry would have run.
+func TestTimeoutWithoutAConnectionReleasesTheKey(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.ExecutionTimeout = caddy.Duration(400 * time.Millisecond)
+	tryLonger := func(rp *reverseproxy.Handler) {
+		rp.LoadBalancing = &reverseproxy.LoadBalancing{
+			TryDuration: caddy.Duration(3 * time.Second),
+			TryInterval: caddy.Duration(50 * time.Millisecond),
+		}
+	}
+	key := storetest.NewKey(t)
+	first := serve(t, h, newReverseProxy(t, deadAddr(t), tryLonger), http.MethodPost, commitPath, key, commitBody)
+	if first.errorType() == typeCommitStateUnknown {
+		t.Fatalf("first = %d %q: nothing reached the catalog, yet the outcome is unknown", first.code(), first.body)
+	}
+	catalog := newCountingCatalog(t, answerOK)
+	if retry := serve(t, h, newReverseProxy(t, catalog.addr()), http.MethodPost, commitPath, key, commitBody); retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %q, catalog executed %d; want it to execute once", retry.code(), retry.body, catalog.executed.Load())
+	}
+}

@@ -44,6 +44,13 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 	if errors.As(err, &dialErr) || conns.onlyFailedHandshakes() {
 		return sentNoConnection
 	}
+	// The execution timeout, or the call's end, came while the transport
+	// still waited for a connection it never got: lb_try_duration past
+	// execution_timeout dialling a catalog that refuses, a dial_timeout
+	// longer than it, or a pool at max_conns_per_host. Nothing was written.
+	if conns.askedConn.Load() && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+		return sentNoConnection
+	}
 	return sentMaybe
 }
 
@@ -72,9 +79,10 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 // after an answer came back within one call (askedAfterAnswer), which the
 // handler reports once: see warnAskedAfterAnswer.
 type connTrace struct {
-	gotConn, handshakeOK, handshakeFailed atomic.Bool
-	answered, askedAfterAnswer            atomic.Bool
-	trace                                 httptrace.ClientTrace
+	askedConn, gotConn           atomic.Bool
+	handshakeOK, handshakeFailed atomic.Bool
+	answered, askedAfterAnswer   atomic.Bool
+	trace                        httptrace.ClientTrace
 }
 
 // attach returns ctx with the trace's hooks, composed with any trace ctx
@@ -82,6 +90,7 @@ type connTrace struct {
 func (c *connTrace) attach(ctx context.Context) context.Context {
 	c.trace = httptrace.ClientTrace{
 		GetConn: func(string) {
+			c.askedConn.Store(true)
 			if c.answered.Load() {
 				c.askedAfterAnswer.Store(true)
 			}
