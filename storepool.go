@@ -186,6 +186,7 @@ func (p *pooledStore) enter() (leave func()) {
 // must not hold up a reload.
 func (p *pooledStore) Destruct() error {
 	p.dropped.Store(true)
+	linger := dropLinger // read here: tests change it between tests, and this goroutine may outlive its test
 	go func() {
 		for {
 			for !p.waitIdle(drainReportInterval) {
@@ -193,7 +194,7 @@ func (p *pooledStore) Destruct() error {
 					zap.String("backend", p.backend), zap.Int64("requests", p.active.Load()))
 			}
 			late := p.lateUses.Load()
-			time.Sleep(dropLinger)
+			time.Sleep(linger)
 			if p.active.Load() == 0 && p.lateUses.Load() == late {
 				break
 			}
