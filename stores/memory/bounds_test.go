@@ -299,8 +299,8 @@ func TestBoundDropsExpiredBeforeLive(t *testing.T) {
 		}
 		return r.Key
 	}
-	long := fin(24 * time.Hour) // a handler with lifetime 24h
-	short := fin(time.Minute)   // another with 1m
+	long := fin(24 * time.Hour)    // a handler with lifetime 24h
+	short := fin(time.Minute)      // another with 1m
 	clock.Advance(3 * time.Minute) // short: past its lease, then its TTL
 	newest := fin(time.Hour)
 	for _, k := range []string{long, newest} {
