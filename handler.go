@@ -132,7 +132,8 @@ type Handler struct {
 
 	// Statuses whose key is released so a retry executes again; they win
 	// over FinalizeStatuses. Statuses in neither list are released too. No
-	// 2xx may be released.
+	// 2xx may be released. An answer that says the commit may have landed
+	// (see commitStateUnknown) leaves the key unknown whatever this holds.
 	// Default: ["5xx", "401", "403", "408", "419", "425", "429", "499"].
 	ReleaseStatuses []string `json:"release_statuses,omitempty"`
 

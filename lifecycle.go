@@ -414,6 +414,13 @@ func (g *guarded) execute() error {
 	}
 	status := cw.finalStatus()
 	switch {
+	case commitStateUnknown(g.binding.Operation, status, g.w.Header().Get("Content-Encoding"), cw.buf.Bytes(), !cw.overflowed):
+		g.log(zapcore.WarnLevel, "the answer says the commit's state is unknown: delivered, not stored, not released; the key's outcome is unknown",
+			zap.Int("status", status))
+		g.markUnknown(detached, nil)
+		if cw.overflowed {
+			return nil
+		}
 	case !h.shouldFinalize(status):
 		g.release(detached, "status "+strconv.Itoa(status))
 	case status == http.StatusConflict && caddyhttp.GetVar(g.r.Context(), inFlightAnswerVar) != nil:

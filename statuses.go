@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -81,3 +82,51 @@ func notFinal(code int) string {
 	}
 	return "the Iceberg REST spec says 5xx answers are not finalized; they are released so a retry can execute"
 }
+
+// commitStateUnknown reports whether a catalog's answer says that it may
+// have executed the request although the answer is an error: the key's
+// outcome is then unknown, neither stored (the spec forbids storing a 5xx)
+// nor released (a retry would execute the commit again, and after a commit
+// that landed, hear 409 and delete files the table still uses:
+// apache/iceberg#13867). That is so when
+//   - the answer is a 500, 502 or 504 to a commit (updateTable,
+//     commitTransaction, replaceView), which the spec defines as "the
+//     commit state is unknown" and the Java client reads so, whoever sent
+//     it: the catalog, or a gateway between Caddy and the catalog that
+//     gave up waiting;
+//   - or any 5xx whose body is an Iceberg error of type
+//     CommitStateUnknownException: the catalog said so itself.
+//
+// body is the answer as the catalog sent it (encoded per its
+// Content-Encoding); complete is false when it was too large to hold.
+func commitStateUnknown(operation string, status int, contentEncoding string, body []byte, complete bool) bool {
+	if status < 500 || status > 599 {
+		return false
+	}
+	switch operation {
+	case "updateTable", "commitTransaction", "replaceView":
+		if status == 500 || status == 502 || status == 504 {
+			return true
+		}
+	}
+	if !complete || len(body) == 0 {
+		return false
+	}
+	if contentEncoding != "" {
+		plain, err := decodeBody(contentEncoding, body, maxErrorBodySize)
+		if err != nil {
+			return false
+		}
+		body = plain
+	}
+	var answer struct {
+		Error struct {
+			Type string `json:"type"`
+		} `json:"error"`
+	}
+	return json.Unmarshal(body, &answer) == nil && answer.Error.Type == typeCommitStateUnknown
+}
+
+// maxErrorBodySize bounds how much of a compressed error answer is decoded
+// to read its type.
+const maxErrorBodySize = 1 << 20

@@ -1,6 +1,14 @@
 package icebergidempotency
 
-import "testing"
+import (
+	"bytes"
+	"compress/gzip"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
 
 func TestShouldFinalizeDefaults(t *testing.T) {
 	h := &Handler{}
@@ -44,5 +52,68 @@ func TestShouldFinalizeConfigured(t *testing.T) {
 		if _, err := parseStatusSet([]string{bad}); err == nil {
 			t.Errorf("parseStatusSet(%q) accepted", bad)
 		}
+	}
+}
+
+// An answer that says the commit may have landed (a gateway's 504 or the
+// catalog's 500 to a commit, or a CommitStateUnknownException body on any
+// mutation) leaves the key's outcome unknown: the client gets the answer,
+// and its retry is told the outcome is unknown instead of executing again.
+// Before, every 5xx released the key, and the retry committed a second
+// time (or heard 409 and deleted files the first commit still used).
+// Other 5xx still release it.
+func TestCommitStateUnknownAnswers(t *testing.T) {
+	gzipped := func(s string) []byte {
+		var b bytes.Buffer
+		zw := gzip.NewWriter(&b)
+		_, _ = io.WriteString(zw, s)
+		_ = zw.Close()
+		return b.Bytes()
+	}
+	const unknownBody = `{"error":{"message":"metastore timed out","type":"CommitStateUnknownException","code":500}}`
+	const failedBody = `{"error":{"message":"boom","type":"ServerErrorException","code":500}}`
+	for _, tt := range []struct {
+		name, method, path string
+		status             int
+		encoding           string
+		body               []byte
+		unknown            bool
+	}{
+		{"gateway 504 to a commit", "POST", commitPath, 504, "", []byte("<html>gateway timeout</html>"), true},
+		{"502 to a commit", "POST", commitPath, 502, "", nil, true},
+		{"500 to a transaction", "POST", "/v1/wh/transactions/commit", 500, "", []byte(failedBody), true},
+		{"CommitStateUnknownException to createNamespace", "POST", "/v1/wh/namespaces", 500, "", []byte(unknownBody), true},
+		{"gzipped CommitStateUnknownException to dropTable", "DELETE", "/v1/wh/namespaces/ns/tables/t", 503, "gzip", gzipped(unknownBody), true},
+		{"503 to a commit", "POST", commitPath, 503, "", nil, false},
+		{"500 to createNamespace", "POST", "/v1/wh/namespaces", 500, "", []byte(failedBody), false},
+		{"504 to dropTable", "DELETE", "/v1/wh/namespaces/ns/tables/t", 504, "", nil, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				if tt.encoding != "" {
+					w.Header().Set("Content-Encoding", tt.encoding)
+				}
+				w.WriteHeader(tt.status)
+				_, _ = w.Write(tt.body)
+			})
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, catalog.addr())
+			key := storetest.NewKey(t)
+			body := commitBody
+			if tt.method == "DELETE" {
+				body = ""
+			}
+			if first := serve(t, h, proxy, tt.method, tt.path, key, body); first.code() != tt.status {
+				t.Fatalf("first = %d, want the catalog's %d passed on", first.code(), tt.status)
+			}
+			retry := serve(t, h, proxy, tt.method, tt.path, key, body)
+			switch n := catalog.executed.Load(); {
+			case tt.unknown && (n != 1 || retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown):
+				t.Fatalf("retry = %d %q, catalog executed %d times; want 500 %s and one execution", retry.code(), retry.body, n, typeCommitStateUnknown)
+			case !tt.unknown && n != 2:
+				t.Fatalf("retry = %d %q, catalog executed %d times; want the key released and executed again", retry.code(), retry.body, n)
+			}
+		})
 	}
 }
