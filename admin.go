@@ -316,12 +316,15 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, key string) er
 	return writeJSON(w, ans)
 }
 
-// forgetKey deletes key's record from every store in use that holds it. A
-// healthy in-flight record is refused unless forced: its request is still
-// executing, and forgetting it lets a retry execute the commit a second
-// time. The lookup gives the operator a clear 409; the stores judge the
-// lease again in the delete itself, so that a record abandoned when looked
-// at and taken over since (abandoned reexecute) is kept all the same.
+// forgetKey deletes key's record from every store in use that holds it.
+// Only an abandoned record goes unless forced: a healthy in-flight one's
+// request is still executing, and a final one holds the answer its
+// retries replay (maybe stored after the operator saw it abandoned);
+// forgetting either lets a retry execute the commit a second time. The
+// lookup gives the operator a clear 409; the stores judge the state and
+// the lease again in the delete itself, so that a record abandoned when
+// looked at and taken over (abandoned reexecute) or finalized since is
+// kept all the same.
 func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string) error {
 	force := false
 	if vals, given := r.URL.Query()["force"]; given {
@@ -340,9 +343,13 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 	}
 	if !force {
 		for _, rec := range ans.Records {
-			if rec.State == string(stores.StateInFlight) {
+			switch rec.State {
+			case string(stores.StateInFlight):
 				return caddy.APIError{HTTPStatus: http.StatusConflict,
 					Err: fmt.Errorf("idempotency key %s is in flight in store %s with a live lease: its request is executing; add force=true to forget it anyway", key, rec.Store)}
+			case string(stores.StateFinal):
+				return caddy.APIError{HTTPStatus: http.StatusConflict,
+					Err: fmt.Errorf("idempotency key %s is final in store %s: its answer is stored and replayed to retries, and forgetting it lets a retry execute the request again; add force=true to forget it anyway", key, rec.Store)}
 			}
 		}
 	}
@@ -386,7 +393,7 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 		if !deleted && !force {
 			kept++
 			ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend,
-				Error: "not forgotten: since it was looked up, the record was taken over or reserved again (in flight with a live lease now), or it went; add force=true to forget one in flight anyway"})
+				Error: "not forgotten: since it was looked up, the record was taken over or reserved again (in flight with a live lease now), its owner stored its answer (final now), or it went; look it up again"})
 			continue
 		}
 		if deleted {

@@ -194,15 +194,24 @@ func TestAdminForget(t *testing.T) {
 	h := adminFixture(t, map[string]stores.Store{"memory": mem})
 	ctx := context.Background()
 
+	// A final record's answer is what its retries replay: forgetting it
+	// needs force.
 	key := finalKey(t, mem, stores.Response{Status: 200})
 	status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key)
+	if status != http.StatusConflict || !strings.Contains(string(body), "is final") {
+		t.Fatalf("DELETE final = %d %s, want 409 saying it is final", status, body)
+	}
+	if rec, _ := mem.Load(ctx, key); rec == nil {
+		t.Fatal("refused DELETE forgot the final record")
+	}
+	status, body = call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key+"?force=true")
 	if a := decode(t, body); status != http.StatusOK || a.Forgot == nil || *a.Forgot != 1 {
-		t.Fatalf("DELETE final = %d %s", status, body)
+		t.Fatalf("forced DELETE final = %d %s", status, body)
 	}
 	if rec, _ := mem.Load(ctx, key); rec != nil {
 		t.Fatalf("record still there: %+v", rec)
 	}
-	if status, _ = call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key); status != http.StatusNotFound {
+	if status, _ = call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key+"?force=true"); status != http.StatusNotFound {
 		t.Errorf("second DELETE = %d, want 404", status)
 	}
 
@@ -234,7 +243,7 @@ func TestAdminForgetWithoutForgetter(t *testing.T) {
 	mem := newMemory(t)
 	h := adminFixture(t, map[string]stores.Store{"memory": loadOnly{mem}})
 	key := finalKey(t, mem, stores.Response{Status: 200})
-	status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key)
+	status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key+"?force=true")
 	if status != http.StatusBadGateway || !strings.Contains(string(body), "cannot forget") {
 		t.Fatalf("DELETE = %d %s, want 502 naming the store's lack", status, body)
 	}
@@ -323,7 +332,7 @@ func TestAdminUnwrapsStores(t *testing.T) {
 	h := (&AdminAPI{logger: zaptest.NewLogger(t)}).Routes()[0].Handler
 
 	key := finalKey(t, mem, stores.Response{Status: 200})
-	if status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key); status != http.StatusOK {
+	if status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key+"?force=true"); status != http.StatusOK {
 		t.Fatalf("DELETE through a wrapper = %d %s", status, body)
 	}
 	if status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/stats"); !strings.Contains(string(body), `"counts":{"in_flight":0,"abandoned":0,"final":0}`) {
@@ -364,8 +373,8 @@ func TestAdminForgetKeepsRecordTakenOverSinceLookup(t *testing.T) {
 		t.Fatal(err)
 	}
 	status, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key)
-	if status != http.StatusConflict || !strings.Contains(string(body), "force=true") {
-		t.Fatalf("DELETE of a record taken over since its lookup = %d %s, want 409 naming force", status, body)
+	if status != http.StatusConflict || !strings.Contains(string(body), "look it up again") {
+		t.Fatalf("DELETE of a record taken over since its lookup = %d %s, want 409 asking to look it up again", status, body)
 	}
 	if rec, _ := mem.Load(context.Background(), key); rec == nil || rec.Owner != s.newOwner || rec.Abandoned {
 		t.Fatalf("record after the refused DELETE = %+v, want it in flight under the new owner", rec)
@@ -417,7 +426,7 @@ func TestForgetThroughTwoPoolsOnOneTable(t *testing.T) {
 		"postgres/iceberg_idempotency_records/bbbb": s,
 	})
 	key, owner := reserveKey(t, s, time.Minute)
-	if err := s.Finalize(context.Background(), key, owner, stores.Response{Status: 200, Body: []byte("{}")}); err != nil {
+	if err := s.Abandon(context.Background(), key, owner); err != nil {
 		t.Fatal(err)
 	}
 	code, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key)

@@ -27,9 +27,10 @@ module) about the records of the iceberg_idempotency handler's stores.
                            state, operation, path, status, times; never the
                            body, header values or the principal
   forget <uuid> [--force]  deletes the record in every store in use, so a
-                           later request with the key executes again; a
-                           record whose request is executing is refused
-                           unless --force
+                           later request with the key executes again; only
+                           an abandoned record (outcome unknown) unless
+                           --force: one whose request is executing, or
+                           whose answer is stored, is refused
   stats                    counts each store's records by state (a full
                            table scan on the SQL stores)
 
@@ -53,7 +54,7 @@ example for an unknown key.`,
 				Args:  cobra.ExactArgs(1),
 				RunE:  caddycmd.WrapCommandFuncForCobra(cmdForget),
 			}
-			forget.Flags().BoolP("force", "f", false, "Forget a record whose request is still executing")
+			forget.Flags().BoolP("force", "f", false, "Forget a record whose request is still executing, or whose answer is stored")
 			stats := &cobra.Command{
 				Use:   "stats",
 				Short: "Prints each store's record counts, as JSON",

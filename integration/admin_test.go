@@ -143,8 +143,12 @@ func testAdminAPI(t *testing.T, backend, store string) {
 	wantExecuted(t, "commit after forget --force", again)
 	wantCount(t, b, flightPath, 2)
 
-	// A final record needs no force; then its key executes again too.
-	if status, body := adminCall(t, node, http.MethodDelete, "/iceberg_idempotency/keys/"+finalKey); status != http.StatusOK {
+	// A final record needs force too (its answer is what retries replay);
+	// then its key executes again.
+	if status, body := adminCall(t, node, http.MethodDelete, "/iceberg_idempotency/keys/"+finalKey); status != http.StatusConflict {
+		t.Fatalf("unforced DELETE of a final record = %d %s, want 409", status, body)
+	}
+	if status, body := adminCall(t, node, http.MethodDelete, "/iceberg_idempotency/keys/"+finalKey+"?force=true"); status != http.StatusOK {
 		t.Fatalf("DELETE of a final record = %d %s", status, body)
 	}
 	again = commit(t, node, finalPath, finalKey)

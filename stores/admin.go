@@ -12,15 +12,17 @@ import (
 // Forgetter is implemented by stores that can delete one record whatever
 // its owner: an operator's way out of a stuck or wrong record.
 type Forgetter interface {
-	// Forget deletes key's record, live or expired, in flight or final,
-	// and reports whether it deleted one. Unless force, a record in
-	// flight whose lease still holds (by the store's clock, in the same
-	// statement as the delete) is kept and Forget reports false: its
-	// request is executing, maybe one that took the key over after the
-	// operator looked, and forgetting it would let a retry execute the
-	// commit a second time. With force, an owner that still runs gets
-	// ErrNotOwner from Finalize, as if its record had expired, and a later
-	// request with the key executes afresh.
+	// Forget deletes key's record and reports whether it deleted one.
+	// Unless force, only an abandoned record goes (in flight, its lease
+	// lapsed, judged by the store's clock in the same statement as the
+	// delete), and Forget reports false for any other: a record in flight
+	// under a live lease is executing, maybe by one that took the key over
+	// after the operator looked; a final one holds an answer, maybe stored
+	// by an owner whose lease had lapsed when the operator looked at it.
+	// Forgetting either would let a retry execute the commit a second time.
+	// With force, any record goes, live or expired, in flight or final: an
+	// owner that still runs gets ErrNotOwner from Finalize, as if its record
+	// had expired, and a later request with the key executes afresh.
 	Forget(ctx context.Context, key string, force bool) (bool, error)
 }
 

@@ -26,7 +26,7 @@ func (s *Store) Forget(_ context.Context, key string, force bool) (bool, error) 
 		s.notify(key)
 		return true, nil
 	}
-	if f, ok := s.final[key]; ok {
+	if f, ok := s.final[key]; ok && force {
 		s.dropFinal(f)
 		return true, nil
 	}

@@ -78,7 +78,7 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND
 ) AND expires_at <= now()`, table),
 
 		// Forget (admin API) deletes a row whatever its state or owner.
-		forget: fmt.Sprintf(`DELETE FROM %s WHERE key = $1 AND ($2 OR state <> 'in_flight' OR lease_until <= now())`, table),
+		forget: fmt.Sprintf(`DELETE FROM %s WHERE key = $1 AND ($2 OR (state = 'in_flight' AND lease_until <= now()))`, table),
 	}
 	if channel != "" {
 		// A waiter marks the row it waits for (see Store.Await); a fresh

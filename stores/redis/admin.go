@@ -17,12 +17,13 @@ var (
 )
 
 // forgetScript deletes a record whatever its owner (unless ARGV[3] is
-// '1', one in flight under a live lease is kept) and tells the waiters,
-// who then find no record and execute afresh. ARGV: channel, key, force.
+// '1', only an abandoned one: in flight, its lease lapsed) and tells the
+// waiters, who then find no record and execute afresh. ARGV: channel,
+// key, force.
 var forgetScript = goredis.NewScript(prelude + `
 if ARGV[3] ~= '1' then
 	local cur = redis.call('HMGET', KEYS[1], 'state', 'lease')
-	if cur[1] == 'in_flight' and tonumber(cur[2] or '0') > now() then return 0 end
+	if cur[1] ~= 'in_flight' or tonumber(cur[2] or '0') > now() then return 0 end
 end
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
 redis.call('PUBLISH', ARGV[1], ARGV[2])

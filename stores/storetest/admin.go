@@ -90,14 +90,47 @@ func RunAdmin(t *testing.T, open Open) {
 		if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 201, Body: []byte("{}")}); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := s.Forget(ctx, key, false); err != nil || !ok {
-			t.Fatalf("Forget = %v, %v; want true", ok, err)
+		// Unforced, a final record stays: the operator may have seen it
+		// abandoned, its owner storing the answer since.
+		if ok, err := s.Forget(ctx, key, false); err != nil || ok {
+			t.Fatalf("unforced Forget of a final record = %v, %v; want false", ok, err)
+		}
+		if rec := load(t, s, key); rec == nil || rec.State != stores.StateFinal {
+			t.Fatalf("Load after an unforced Forget = %+v, want the final record", rec)
+		}
+		if ok, err := s.Forget(ctx, key, true); err != nil || !ok {
+			t.Fatalf("forced Forget = %v, %v; want true", ok, err)
 		}
 		if rec := load(t, s, key); rec != nil {
 			t.Fatalf("Load after Forget = %+v, want nil", rec)
 		}
-		if ok, err := s.Forget(ctx, key, false); err != nil || ok {
+		if ok, err := s.Forget(ctx, key, true); err != nil || ok {
 			t.Fatalf("second Forget = %v, %v; want false", ok, err)
+		}
+	})
+
+	// An owner whose lease lapsed (its renewals failed) still stores its
+	// answer: a record the operator saw abandoned may be final by the time
+	// the forget runs, and an unforced forget then keeps it, judged in the
+	// delete itself. Before, it went, and the client's retry executed the
+	// commit a second time.
+	t.Run("ForgetKeepsRecordFinalizedAfterItsLeaseLapsed", func(t *testing.T) {
+		s, h := get(t)
+		key := NewKey(t)
+		r := Reservation(key, Lease, Long)
+		reserve(t, s, r)
+		h.Advance(Lease + 200*time.Millisecond)
+		if rec := load(t, s, key); rec == nil || !rec.Abandoned {
+			t.Fatalf("record past its lease = %+v, want abandoned", rec)
+		}
+		if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 200}); err != nil {
+			t.Fatalf("Finalize by the owner whose lease lapsed: %v", err)
+		}
+		if ok, err := s.Forget(ctx, key, false); err != nil || ok {
+			t.Fatalf("unforced Forget of a record finalized since = %v, %v; want false", ok, err)
+		}
+		if res := reserve(t, s, Reservation(key, Long, Long)); res.Reserved || res.Existing.State != stores.StateFinal {
+			t.Fatalf("Reserve after the refused Forget = %+v, want the final record", res)
 		}
 	})
 
