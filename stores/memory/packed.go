@@ -33,7 +33,7 @@ type finalEntry struct {
 	status    int32
 	hasHeader bool  // the response had a header (possibly empty); nil otherwise
 	createdAt int64 // Unix nanoseconds
-	expiresAt int64 // Unix nanoseconds
+	expiresAt int64 // on the store's clock: see since
 	size      int64 // counted bytes (recordSize)
 	// prev and next order the final records by recency (finalList),
 	// expPrev and expNext link one into its bucket of the expiry index,
@@ -64,7 +64,7 @@ func packFinal(rec *stores.Record, resp stores.Response, size int64) *finalEntry
 		status:    int32(resp.Status),
 		hasHeader: resp.Header != nil,
 		createdAt: unixNano(rec.CreatedAt),
-		expiresAt: unixNano(rec.ExpiresAt),
+		expiresAt: since(rec.ExpiresAt),
 		size:      size,
 	}
 	for i, s := range [6]string{rec.Key, rec.Operation, rec.Path, rec.Principal, rec.Fingerprint, resp.KeyID} {
@@ -128,10 +128,23 @@ func (f *finalEntry) text(from, to uint32) string {
 // it, so the key costs no object of its own.
 func (f *finalEntry) key() string { return f.text(0, f.ends[0]) }
 
-func (f *finalEntry) expiry() time.Time { return time.Unix(0, f.expiresAt) }
+// clockOrigin is the instant the store's clock counts from.
+var clockOrigin = time.Now()
+
+// since is t on the store's clock: nanoseconds from clockOrigin, measured
+// on the monotonic clock when t carries its reading, as time.Now's do. A
+// final record's expiry is kept so, not as a wall-clock instant: a system
+// clock stepped forward (NTP, a VM resumed) by an hour would otherwise
+// expire, at once, every record with less than an hour left, and their
+// retries would execute again. The in-flight records compare time.Time
+// values, which use the monotonic reading by themselves. Times without it
+// (a test's clock) count by the wall clock.
+func since(t time.Time) int64 { return int64(t.Sub(clockOrigin)) }
+
+func (f *finalEntry) expiry() time.Time { return clockOrigin.Add(time.Duration(f.expiresAt)) }
 
 // expiredAt reports whether the record has expired at now.
-func (f *finalEntry) expiredAt(now time.Time) bool { return f.expiresAt <= now.UnixNano() }
+func (f *finalEntry) expiredAt(now time.Time) bool { return f.expiresAt <= since(now) }
 
 // snapshot is the record for a caller: a new Record, Response and header
 // each time (callers may change them), whose strings and body are shared.
