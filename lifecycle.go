@@ -699,12 +699,13 @@ func (g *guarded) tryFinalize(ctx context.Context, resp stores.Response, attempt
 		// this request's to finalize any more.
 		g.log(zapcore.ErrorLevel, "finalize refused: the key is no longer owned by this request; response delivered, not stored",
 			zap.Int("status", g.status), zap.Error(err))
+		executionCounters.inc(g.binding.Operation, resultRefused)
 		return finalizeDone
 	default:
 		g.log(zapcore.WarnLevel, "finalize failed: will retry", zap.Int("attempt", attempt), zap.Error(err))
 		return finalizeRetry
 	}
-	executionCounters.inc(g.binding.Operation, "finalized")
+	executionCounters.inc(g.binding.Operation, resultFinalized)
 	g.log(zapcore.DebugLevel, "response finalized", zap.String("outcome", "finalize"), zap.Int("status", g.status))
 	return finalizeDone
 }
@@ -766,7 +767,7 @@ func (g *guarded) markUnknown(ctx context.Context, cause error) {
 	// A renewal landing after the Abandon would make the record read as
 	// in flight again for a whole lease.
 	g.hb.stop()
-	executionCounters.inc(g.binding.Operation, "unknown")
+	executionCounters.inc(g.binding.Operation, resultUnknown)
 	if cause != nil {
 		g.log(zapcore.WarnLevel, "the request may have reached the catalog but no response came back: outcome unknown",
 			zap.String("outcome", "unknown"), zap.Error(cause))
@@ -782,7 +783,7 @@ func (g *guarded) markUnknown(ctx context.Context, cause error) {
 // and every retry of a request that provably did not commit would hear
 // "outcome unknown" for the rest of the key's lifetime.
 func (g *guarded) release(ctx context.Context, why string) {
-	executionCounters.inc(g.binding.Operation, "released")
+	executionCounters.inc(g.binding.Operation, resultReleased)
 	if err := g.h.store.Release(ctx, g.key, g.owner); err != nil {
 		if errors.Is(err, stores.ErrNotOwner) {
 			g.log(zapcore.ErrorLevel, "release refused: the key is no longer owned by this request", zap.String("reason", why), zap.Error(err))

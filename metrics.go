@@ -104,12 +104,33 @@ var (
 	executionCounters = newPairCounters(executions)
 )
 
-// Both eviction series exist from the start, so that a rate over them works
-// before the first eviction.
+// The series the example alerts watch exist from the start, at zero: a
+// series born at its first event has no sample before it, so increase()
+// and rate() over it read 0, and the first unreadable record, abandoned
+// key or store failure after a start would not alert.
 func init() {
 	memoryEvictions.WithLabelValues("entries")
 	memoryEvictions.WithLabelValues("bytes")
+	for _, op := range mutations {
+		for _, outcome := range []string{outcomeAbandoned, outcomeUnreadable, outcomeStoreUnavailable, outcomeFailOpen} {
+			decisions.WithLabelValues(op.id, outcome)
+		}
+		executions.WithLabelValues(op.id, resultUnknown)
+		executions.WithLabelValues(op.id, resultRefused)
+	}
 }
+
+// Execution results, the "result" label of executions_total.
+const (
+	resultFinalized = "finalized"
+	resultReleased  = "released"
+	resultUnknown   = "unknown"
+	// resultRefused: the store refused the final answer because the key
+	// was no longer this request's (taken over under abandoned reexecute,
+	// forgotten by force, or expired): the answer was delivered but not
+	// stored, and another execution may have run or may run.
+	resultRefused = "refused"
+)
 
 // Request outcomes, the "outcome" label of requests_total.
 const (

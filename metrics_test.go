@@ -5,7 +5,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -226,5 +229,97 @@ func TestPurgedCounter(t *testing.T) {
 	// Batches of 3: 3, 3, 1.
 	if got := storeCalls(t, "memory", opPurge) - purges; got != 3 {
 		t.Fatalf("purge timed %d times, want 3 batches", got)
+	}
+}
+
+// The series the example alerts watch exist before their first event: an
+// increase() over a series born at 1 reads 0, and the first unreadable
+// record or abandoned key after a start would not alert.
+func TestAlertedSeriesExistFromTheStart(t *testing.T) {
+	have := map[[3]string]bool{}
+	for _, c := range []prometheus.Collector{decisions, executions} {
+		for _, l := range gather(t, c) {
+			have[[3]string{l["operation"], l["outcome"], l["result"]}] = true
+		}
+	}
+	for _, op := range mutations {
+		for _, outcome := range []string{outcomeAbandoned, outcomeUnreadable, outcomeStoreUnavailable, outcomeFailOpen} {
+			if !have[[3]string{op.id, outcome, ""}] {
+				t.Errorf("requests_total{operation=%q, outcome=%q} does not exist before its first event", op.id, outcome)
+			}
+		}
+		for _, result := range []string{resultUnknown, resultRefused} {
+			if !have[[3]string{op.id, "", result}] {
+				t.Errorf("executions_total{operation=%q, result=%q} does not exist before its first event", op.id, result)
+			}
+		}
+	}
+}
+
+// An answer the store refuses because the key is no longer the request's
+// (here forgotten by force while the catalog ran) is counted: another
+// execution may have run. Before, it was counted under no result.
+func TestRefusedFinalizeIsCounted(t *testing.T) {
+	mem := newMemoryStore(t)
+	h := newTestHandler(t, mem)
+	key := storetest.NewKey(t)
+	forgetting := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		if ok, err := mem.Forget(r.Context(), key, true); err != nil || !ok {
+			t.Errorf("forced Forget while executing = %v, %v", ok, err)
+		}
+		_, _ = io.WriteString(w, "{}")
+		return nil
+	}}
+	before := value(t, executions, "operation", "updateTable", "result", resultRefused)
+	if res := serve(t, h, forgetting, "POST", commitPath, key, commitBody); res.code() != http.StatusOK {
+		t.Fatalf("commit = %d, want the catalog's 200 delivered", res.code())
+	}
+	if got := value(t, executions, "operation", "updateTable", "result", resultRefused) - before; got != 1 {
+		t.Fatalf("executions_total{result=refused} rose by %v, want 1", got)
+	}
+}
+
+// Every alert in examples/prometheus-alerts.yml names metrics the module
+// exports and a Runbook section the README has.
+func TestExampleAlertsNameWhatExists(t *testing.T) {
+	alerts, err := os.ReadFile("examples/prometheus-alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The names registerMetrics registers, from their descriptions (a
+	// family without a series yet is not gathered).
+	names := map[string]bool{}
+	descs := make(chan *prometheus.Desc, 100)
+	for _, c := range []prometheus.Collector{decisions, executions, memoryEvictions, storeDuration, executing, purged, leaseRenewalsFailed} {
+		c.Describe(descs)
+	}
+	close(descs)
+	for d := range descs {
+		name := regexp.MustCompile(`fqName: "([^"]+)"`).FindStringSubmatch(d.String())[1]
+		names[name] = true
+		names[name+"_bucket"] = true
+	}
+	for _, m := range regexp.MustCompile(`caddy_iceberg_idempotency_[a-z_]+`).FindAllString(string(alerts), -1) {
+		if !names[m] {
+			t.Errorf("an alert uses %s, which the module does not export", m)
+		}
+	}
+	for _, m := range regexp.MustCompile(`runbook: "README: Runbook / ([^"]+)"`).FindAllStringSubmatch(string(alerts), -1) {
+		if !regexp.MustCompile(`(?m)^### ` + regexp.QuoteMeta(m[1]) + `\b`).Match(readme) {
+			t.Errorf("an alert's runbook names %q, which is no Runbook section of the README", m[1])
+		}
+	}
+	for _, m := range regexp.MustCompile(`alert: (\w+)`).FindAllStringSubmatch(string(alerts), -1) {
+		section := regexp.MustCompile(`(?m)^### (.+) \(.*` + "`" + m[1] + "`")
+		for _, s := range section.FindAllSubmatch(readme, -1) {
+			if !strings.Contains(string(alerts), `alert: `+m[1]+"\n") || !strings.Contains(string(alerts), `runbook: "README: Runbook / `+string(s[1])+`"`) {
+				t.Errorf("alert %s has its own Runbook section %q, but its runbook annotation names another", m[1], s[1])
+			}
+		}
 	}
 }
