@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"compress/zlib"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,20 +13,9 @@ import (
 )
 
 // decodeBody reads a body the catalog compressed with gzip or deflate, up
-// to limit bytes decompressed.
+// to limit bytes decompressed; past it, the error is errDecodedTooLarge.
 func decodeBody(encoding string, body []byte, limit int64) ([]byte, error) {
-	var rd io.ReadCloser
-	var err error
-	switch strings.ToLower(strings.TrimSpace(encoding)) {
-	case "gzip", "x-gzip":
-		rd, err = gzip.NewReader(bytes.NewReader(body))
-	case "deflate":
-		rd, err = zlib.NewReader(bytes.NewReader(body))
-	case "identity":
-		return body, nil
-	default:
-		return nil, fmt.Errorf("unsupported content encoding %q", encoding)
-	}
+	rd, err := newDecoder(encoding, body)
 	if err != nil {
 		return nil, err
 	}
@@ -35,9 +25,25 @@ func decodeBody(encoding string, body []byte, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(plain)) > limit {
-		return nil, fmt.Errorf("decompressed body exceeds %d bytes", limit)
+		return nil, fmt.Errorf("%w: more than %d bytes", errDecodedTooLarge, limit)
 	}
 	return plain, nil
+}
+
+// errDecodedTooLarge: a body decodes to more than the caller would hold.
+var errDecodedTooLarge = errors.New("decompressed body too large")
+
+// newDecoder reads body, compressed with gzip or deflate, decompressed.
+func newDecoder(encoding string, body []byte) (io.ReadCloser, error) {
+	switch strings.ToLower(strings.TrimSpace(encoding)) {
+	case "gzip", "x-gzip":
+		return gzip.NewReader(bytes.NewReader(body))
+	case "deflate":
+		return zlib.NewReader(bytes.NewReader(body))
+	case "identity":
+		return io.NopCloser(bytes.NewReader(body)), nil
+	}
+	return nil, fmt.Errorf("unsupported content encoding %q", encoding)
 }
 
 // acceptsEncoding reports whether the request's Accept-Encoding allows a

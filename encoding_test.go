@@ -73,6 +73,32 @@ func TestReplayInACodingTheRetryAccepts(t *testing.T) {
 	}
 }
 
+// A compressed answer stored within max_response_size can decode to more
+// than it (metadata JSON compresses ten times and more): a retry that does
+// not accept the coding gets it decoded all the same, as it is written.
+// Before, the decoding gave up at max_response_size and the retry got the
+// gzip body it had not asked for.
+func TestReplayDecodesPastMaxResponseSize(t *testing.T) {
+	answer := `{"metadata":"` + strings.Repeat("snapshot ", 8<<10) + `"}` // 72 KiB, a few hundred bytes in gzip
+	catalog := gzipCatalog(t, answer, false)
+	h := newTestHandler(t, newMemoryStore(t))
+	h.MaxResponseSize = 32 << 10
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	first := serve(t, h, proxy, "POST", "/v1/namespaces", key, nsBody, "Accept-Encoding", "gzip")
+	if first.code() != http.StatusOK || first.header.Get("Content-Encoding") != "gzip" {
+		t.Fatalf("first: %d, Content-Encoding %q", first.code(), first.header.Get("Content-Encoding"))
+	}
+	retry := serve(t, h, proxy, "POST", "/v1/namespaces", key, nsBody, "Accept-Encoding", "identity")
+	if retry.header.Get(ReplayedHeader) != "true" || retry.header.Get("Content-Encoding") != "" || retry.body != answer {
+		t.Fatalf("retry accepting identity: replayed %q, Content-Encoding %q, %d bytes; want the %d-byte answer decoded",
+			retry.header.Get(ReplayedHeader), retry.header.Get("Content-Encoding"), len(retry.body), len(answer))
+	}
+	if n := catalog.executed.Load(); n != 1 {
+		t.Fatalf("the catalog executed %d times, want 1", n)
+	}
+}
+
 // The catalog is asked only for codings a replay can decode: a first
 // request that takes zstd or br gets gzip (or identity), which is stored,
 // so that a retry that takes neither can still be given a body it reads.

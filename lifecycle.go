@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strconv"
@@ -1053,7 +1054,7 @@ func (g *guarded) replay(rec *stores.Record) error {
 	}
 	g.log(zapcore.DebugLevel, "replaying stored response", zap.String("outcome", "replay"), zap.Int("status", resp.Status))
 	g.count(outcomeReplayed)
-	body, decoded := g.acceptableBody(resp)
+	body, decoded, stream := g.acceptableBody(resp)
 	hdr := g.w.Header()
 	for name, vals := range resp.Header {
 		if decoded && name == "Content-Encoding" {
@@ -1062,6 +1063,15 @@ func (g *guarded) replay(rec *stores.Record) error {
 		hdr[name] = append([]string(nil), vals...)
 	}
 	hdr.Set(ReplayedHeader, "true")
+	if stream != nil {
+		// Decoded as it is written: its length is not known before.
+		defer stream.Close()
+		g.w.WriteHeader(resp.Status)
+		if _, err := io.Copy(g.w, stream); err != nil {
+			g.log(zapcore.WarnLevel, "decoding the stored response broke off while replaying it", zap.Error(err))
+		}
+		return nil
+	}
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	g.w.WriteHeader(resp.Status)
 	_, _ = g.w.Write(body)
@@ -1071,20 +1081,27 @@ func (g *guarded) replay(rec *stores.Record) error {
 // acceptableBody is the stored body in a form this request accepts. The
 // catalog compressed it as the first request allowed (its Accept-Encoding
 // went through); a retry or a waiting duplicate that does not accept that
-// coding gets it decoded (gzip, deflate), decoded true. A coding this
-// handler cannot decode goes as stored.
-func (g *guarded) acceptableBody(resp *stores.Response) (body []byte, decoded bool) {
+// coding gets it decoded (gzip, deflate), decoded true: at once, or when it
+// decodes to more than max_response_size (a compressed answer stored within
+// the limit can be ten times that and more), as stream to be decoded while
+// it is written. A coding this handler cannot decode goes as stored.
+func (g *guarded) acceptableBody(resp *stores.Response) (body []byte, decoded bool, stream io.ReadCloser) {
 	enc := resp.Header.Get("Content-Encoding")
 	if enc == "" || acceptsEncoding(g.r.Header, enc) {
-		return resp.Body, false
+		return resp.Body, false, nil
 	}
 	plain, err := decodeBody(enc, resp.Body, max(g.h.MaxResponseSize, int64(len(resp.Body))))
+	if errors.Is(err, errDecodedTooLarge) {
+		if stream, err = newDecoder(enc, resp.Body); err == nil {
+			return nil, true, stream
+		}
+	}
 	if err != nil {
 		g.log(zapcore.WarnLevel, "the stored response is in a content coding the retry does not accept, and cannot be decoded: replayed as stored",
 			zap.String("content_encoding", enc), zap.Error(err))
-		return resp.Body, false
+		return resp.Body, false, nil
 	}
-	return plain, true
+	return plain, true, nil
 }
 
 // unreadable answers for a final record whose sealed response cannot be
