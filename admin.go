@@ -56,9 +56,12 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets up the logger.
-func (a *AdminAPI) Provision(ctx caddy.Context) error {
-	a.logger = ctx.Logger()
+// Provision sets up the logger. Caddy provisions admin routers with a
+// context of no module, whose Logger is the unnamed default: the forget
+// audit lines could not be told apart or routed like the module's other
+// logs, so the logger is named after the module's ID.
+func (a *AdminAPI) Provision(caddy.Context) error {
+	a.logger = caddy.Log().Named(string(a.CaddyModule().ID))
 	return nil
 }
 

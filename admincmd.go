@@ -62,6 +62,12 @@ example for an unknown key.`,
 				RunE:  caddycmd.WrapCommandFuncForCobra(cmdStats),
 			}
 			cmd.AddCommand(key, forget, stats)
+			// Runnable, so that a mistyped subcommand is an error (non-zero
+			// exit) rather than help and success.
+			cmd.Args = cobra.NoArgs
+			cmd.RunE = func(c *cobra.Command, _ []string) error {
+				return fmt.Errorf("name a subcommand: key, forget or stats (see %s --help)", c.CommandPath())
+			}
 		},
 	})
 }
@@ -114,6 +120,13 @@ func cmdKey(fl caddycmd.Flags) (int, error) {
 	if err := printJSON(body); err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
+	// A store that failed may hold the key too: the answer is partial.
+	var ans struct {
+		Errors []storeError `json:"errors"`
+	}
+	if err := json.Unmarshal(body, &ans); err == nil && len(ans.Errors) > 0 {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("%d store(s) could not be asked: the key may be there too", len(ans.Errors))
+	}
 	return caddy.ExitCodeSuccess, nil
 }
 
@@ -148,6 +161,16 @@ func cmdStats(fl caddycmd.Flags) (int, error) {
 	}
 	if err := printJSON(body); err != nil {
 		return caddy.ExitCodeFailedStartup, err
+	}
+	var ans struct {
+		Stores []storeStats `json:"stores"`
+	}
+	if err := json.Unmarshal(body, &ans); err == nil {
+		for _, s := range ans.Stores {
+			if s.Error != "" {
+				return caddy.ExitCodeFailedStartup, fmt.Errorf("store %s could not count: %s", s.Store, s.Error)
+			}
+		}
 	}
 	return caddy.ExitCodeSuccess, nil
 }

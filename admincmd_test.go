@@ -3,6 +3,8 @@ package icebergidempotency
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -12,9 +14,11 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/google/uuid"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
 )
 
 // runCmd runs one of the command functions with the command line args
@@ -74,5 +78,47 @@ func TestAdminCommands(t *testing.T) {
 	code, err, out = runCmd(t, cmdStats, addr)
 	if code != caddy.ExitCodeSuccess || err != nil || !strings.Contains(out, `"final": 1`) {
 		t.Fatalf("stats = %d, %v, %q", code, err, out)
+	}
+}
+
+// countFails is a store whose Count fails, as a Redis store does when its
+// server is down.
+type countFails struct{ *memory.Store }
+
+func (countFails) Count(context.Context) (stores.Counts, error) {
+	return stores.Counts{}, errors.New("dial tcp 127.0.0.1:6379: connection refused")
+}
+
+// A store that could not count makes stats fail, and a mistyped
+// subcommand is an error: scripts read the exit status. Before, both
+// exited 0 (the second printing help).
+func TestAdminCommandsFailOnPartialAnswers(t *testing.T) {
+	mem := newMemory(t)
+	h := adminFixture(t, map[string]stores.Store{"memory": mem, "redis/x": countFails{newMemory(t)}})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h.ServeHTTP(w, r); err != nil {
+			apiErr := err.(caddy.APIError)
+			http.Error(w, `{"error":"`+apiErr.Err.Error()+`"}`, apiErr.HTTPStatus)
+		}
+	}))
+	defer srv.Close()
+	code, err, out := runCmd(t, cmdStats, "--address="+strings.TrimPrefix(srv.URL, "http://"))
+	if code == caddy.ExitCodeSuccess || err == nil || !strings.Contains(err.Error(), "redis/x") || !strings.Contains(out, `"final"`) {
+		t.Fatalf("stats with a store that could not count = %d, %v, %q; want the counts printed and a failure naming the store", code, err, out)
+	}
+
+	cmd, ok := caddycmd.Commands()["iceberg-idempotency"]
+	if !ok {
+		t.Fatal("the iceberg-idempotency command is not registered")
+	}
+	cobraCmd := &cobra.Command{Use: cmd.Name}
+	cmd.CobraFunc(cobraCmd)
+	root := &cobra.Command{Use: "caddy"} // as under caddy's root command
+	root.AddCommand(cobraCmd)
+	root.SetArgs([]string{cmd.Name, "forgte", uuid.NewString()})
+	root.SetOut(io.Discard)
+	root.SetErr(io.Discard)
+	if err := root.Execute(); err == nil {
+		t.Fatal("a mistyped subcommand succeeded")
 	}
 }

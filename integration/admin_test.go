@@ -128,6 +128,11 @@ func testAdminAPI(t *testing.T, backend, store string) {
 	if !strings.Contains(node.Logs(), "forgotten by the admin API") || !strings.Contains(node.Logs(), flightKey) {
 		t.Error("the forget was not logged with its key")
 	}
+	// Under the module's logger name, so that it can be routed and
+	// filtered like the module's other logs.
+	if !strings.Contains(node.Logs(), `"logger":"admin.api.iceberg_idempotency","msg":"idempotency record forgotten by the admin API"`) {
+		t.Error("the forget's log line is not under the admin.api.iceberg_idempotency logger")
+	}
 	if status, _ := adminCall(t, node, http.MethodGet, "/iceberg_idempotency/keys/"+flightKey); status != http.StatusNotFound {
 		t.Errorf("GET of the forgotten key = %d, want 404", status)
 	}
