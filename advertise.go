@@ -44,6 +44,9 @@ func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyht
 		return err
 	}
 	if cw.overflowed {
+		h.logger.Warn("config response larger than the handler rewrites: passed on as it came, "+
+			"idempotency-key-lifetime not advertised, so clients will not send keys",
+			zap.Int("max_bytes", maxConfigSize))
 		return nil
 	}
 	hdr := w.Header()

@@ -9,6 +9,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func TestISODuration(t *testing.T) {
@@ -139,5 +143,26 @@ func TestAdvertiseOnEverySpellingOfConfig(t *testing.T) {
 		if got := strings.Contains(res.body, LifetimeField); got != advertised {
 			t.Errorf("GET %s: body %s, advertised %v, want %v", target, res.body, got, advertised)
 		}
+	}
+}
+
+// A config answer too large to rewrite goes out as it came, and says so in
+// the log: without the lifetime, clients send no keys at all. Before, it
+// passed without a word.
+func TestOversizeConfigIsLogged(t *testing.T) {
+	doc := `{"defaults":{"padding":"` + strings.Repeat("x", maxConfigSize) + `"},"overrides":{}}`
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, doc)
+	})
+	h := newTestHandler(t, newMemoryStore(t))
+	core, logs := observer.New(zapcore.WarnLevel)
+	h.logger = zap.New(core)
+	res := serve(t, h, newReverseProxy(t, catalog.addr()), "GET", "/v1/config", "", "")
+	if res.code() != http.StatusOK || len(res.body) != len(doc) {
+		t.Fatalf("GET /v1/config = %d, %d bytes; want the catalog's %d bytes as they came", res.code(), len(res.body), len(doc))
+	}
+	if logs.FilterMessageSnippet("not advertised").Len() != 1 {
+		t.Fatalf("log = %v; want one warning that the lifetime was not advertised", logs.All())
 	}
 }
