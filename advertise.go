@@ -25,9 +25,10 @@ const maxConfigSize = 1 << 20
 
 // advertise adds the lifetime to a successful GET /v1/config response.
 //
-// The catalog is asked for an uncompressed answer: the field is added to the
-// JSON text, and clients ask for gzip by default (Go's transport, the Java
-// client's HttpClient 5), which a catalog may honour. Caddy's encode handler,
+// The client's Accept-Encoding is dropped for the call: the field is added
+// to the JSON text, and clients ask for codings a catalog may honour (gzip
+// from Go's transport and the Java client's HttpClient 5; br and zstd from
+// others). Caddy's transport then asks for gzip itself and decodes it. Caddy's encode handler,
 // when configured, runs before this one and still compresses the answer for
 // the client: it chose its encoding from the client's request already.
 func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {

@@ -190,6 +190,10 @@ type Handler struct {
 	// outsideBaseWarned is set (atomically) once catalog paths outside
 	// base_path were warned of.
 	outsideBaseWarned int32
+	// unguardedWarned is set (atomically) once a keyed request, or a config
+	// request under a prefix, that the handler does not recognise was
+	// warned of.
+	unguardedWarned int32
 	// nestedWarned is set (atomically) once a request passed through
 	// because another handler guards its key in the same store.
 	nestedWarned int32
@@ -574,9 +578,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	op, path := h.classifyRequest(r.Method, r.URL.EscapedPath())
 	if op == "" {
+		if len(r.Header[IdempotencyKeyHeader]) > 0 {
+			h.warnUnrecognised(r)
+		}
 		return next.ServeHTTP(w, r)
 	}
 	return h.admit(w, r, next, op, path)
+}
+
+// warnUnrecognised says, once, that a request the handler does not guard
+// looks like one it should: a mutation carrying an Idempotency-Key, or a
+// GET of a config below some prefix. Most often the catalog is mounted
+// under a prefix the handler sees and base_path is not set (the directive
+// at the site level with handle_path, or in a handle block with the
+// prefix kept): every mutation then passes unguarded, and no lifetime is
+// advertised.
+func (h *Handler) warnUnrecognised(r *http.Request) {
+	if atomic.CompareAndSwapInt32(&h.unguardedWarned, 0, 1) {
+		h.logger.Warn("a request that looks like the catalog's is not one iceberg_idempotency recognises, and passes unguarded "+
+			"(a mutation with an Idempotency-Key, or a config below a prefix): if the catalog is mounted under a prefix here, "+
+			"set base_path to it",
+			zap.String("method", r.Method), zap.String("path", r.URL.EscapedPath()), zap.String("base_path", h.BasePath))
+	}
 }
 
 // classifyRequest is classifyPath of the normalized path or, if that is no
@@ -617,7 +640,13 @@ func (h *Handler) isConfigRequest(r *http.Request) bool {
 		h.warnOutsideBase(path)
 		return true
 	}
-	return ok && rel == "/v1/config"
+	if ok && rel == "/v1/config" {
+		return true
+	}
+	if strings.HasSuffix(path, "/v1/config") {
+		h.warnUnrecognised(r)
+	}
+	return false
 }
 
 // classifyPath returns the mutation's operationId, or "" for requests that

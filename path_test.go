@@ -6,6 +6,11 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
 func TestNormalizePath(t *testing.T) {
@@ -190,4 +195,40 @@ func classifyByList(method, rest string) string {
 		}
 	}
 	return ""
+}
+
+// A catalog mounted under a prefix the handler sees, without base_path:
+// its keyed mutations and its config pass unguarded, which the handler
+// cannot fix but says once, naming base_path. Before, nothing was logged,
+// and every commit behind it ran unguarded.
+func TestUnrecognisedPrefixIsWarnedOf(t *testing.T) {
+	for _, tt := range []struct{ method, path, key string }{
+		{"POST", "/api/catalog/v1/namespaces", storetest.NewKey(t)},
+		{"GET", "/api/catalog/v1/config", ""},
+	} {
+		h := newTestHandler(t, newMemoryStore(t))
+		core, logs := observer.New(zapcore.WarnLevel)
+		h.logger = zap.New(core)
+		up := answering(http.StatusOK, `{}`)
+		body := ""
+		if tt.method == "POST" {
+			body = nsBody
+		}
+		for range 2 {
+			if res := serve(t, h, up, tt.method, tt.path, tt.key, body); res.code() != http.StatusOK || res.header.Get(ReplayedHeader) != "" {
+				t.Fatalf("%s %s = %d (replayed %q), want it passed through", tt.method, tt.path, res.code(), res.header.Get(ReplayedHeader))
+			}
+		}
+		if warned := logs.FilterMessageSnippet("set base_path"); warned.Len() != 1 || warned.All()[0].ContextMap()["path"] != tt.path {
+			t.Fatalf("%s %s: log = %v; want one warning naming the path and base_path", tt.method, tt.path, logs.All())
+		}
+	}
+	// A mutation without a key, under any prefix, is no sign of anything.
+	h := newTestHandler(t, newMemoryStore(t))
+	core, logs := observer.New(zapcore.WarnLevel)
+	h.logger = zap.New(core)
+	serve(t, h, answering(http.StatusOK, `{}`), "POST", "/api/catalog/v1/namespaces", "", nsBody)
+	if logs.Len() != 0 {
+		t.Fatalf("log = %v, want nothing for a request without a key", logs.All())
+	}
 }
