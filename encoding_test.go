@@ -2,10 +2,15 @@ package icebergidempotency
 
 import (
 	"bytes"
+	"compress/gzip"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -150,5 +155,51 @@ func TestNarrowAcceptEncoding(t *testing.T) {
 		if got := r.Header.Get("Accept-Encoding"); got != in {
 			t.Errorf("%q restored as %q", in, got)
 		}
+	}
+}
+
+// A stored body that breaks off while it is decoded for a replay (the
+// catalog's own compressed answer was cut short: stored as it came) ends
+// the replay with a broken connection, never a clean end: the client must
+// not take the part for the whole. Before, the replay ended as if complete.
+func TestReplayBrokenOffWhileDecodedIsAborted(t *testing.T) {
+	var whole bytes.Buffer
+	zw := gzip.NewWriter(&whole)
+	_, _ = zw.Write(make([]byte, 200_000))
+	_ = zw.Close()
+	cut := whole.Bytes()[:whole.Len()/2]
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		_, _ = w.Write(cut)
+	})
+	h := newTestHandler(t, newMemoryStore(t))
+	h.MaxResponseSize = 1024
+	proxy := newReverseProxy(t, catalog.addr())
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		_ = h.ServeHTTP(w, r, proxy)
+	}))
+	defer front.Close()
+	key := storetest.NewKey(t)
+	send := func(accept string) (*http.Response, []byte, error) {
+		req, _ := http.NewRequest("POST", front.URL+"/v1/namespaces", strings.NewReader(nsBody))
+		req.Header.Set(IdempotencyKeyHeader, key)
+		req.Header.Set("Accept-Encoding", accept) // set by hand: the client's transport decodes nothing
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer res.Body.Close()
+		body, err := io.ReadAll(res.Body)
+		return res, body, err
+	}
+	if res, body, err := send("gzip"); err != nil || !bytes.Equal(body, cut) {
+		t.Fatalf("first = %v, %d bytes; want the catalog's %d bytes as they came", err, len(body), len(cut))
+	} else if res.StatusCode != http.StatusOK {
+		t.Fatalf("first = %d", res.StatusCode)
+	}
+	if res, body, err := send("identity"); err == nil {
+		t.Fatalf("replay decoded from a broken body = %d, %d bytes, and a clean end; want the connection broken off", res.StatusCode, len(body))
 	}
 }

@@ -415,7 +415,7 @@ func (g *guarded) execute() error {
 	}
 	status := cw.finalStatus()
 	switch {
-	case commitStateUnknown(g.binding.Operation, status, g.w.Header().Get("Content-Encoding"), cw.buf.Bytes(), !cw.overflowed):
+	case g.mayHaveReachedCatalog() && commitStateUnknown(g.binding.Operation, status, g.w.Header().Get("Content-Encoding"), cw.buf.Bytes(), !cw.overflowed):
 		g.log(zapcore.WarnLevel, "the answer says the commit's state is unknown: delivered, not stored, not released; the key's outcome is unknown",
 			zap.Int("status", status))
 		g.markUnknown(detached, nil)
@@ -495,6 +495,16 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 		}
 	}()
 	return g.next.ServeHTTP(w, r)
+}
+
+// mayHaveReachedCatalog reports whether the answer being delivered may
+// come from beyond this handler's catalog call: an upstream was chosen,
+// and unless the transport reports none (another transport), a connection
+// was had. A 502 that a nested guard wrote after its dial failed, or that
+// a handler after this one wrote without asking any upstream, proves
+// nothing reached the catalog, whatever its status says.
+func (g *guarded) mayHaveReachedCatalog() bool {
+	return upstreamChosen(g.r) && !(g.conns.askedConn.Load() && !g.conns.gotConn.Load())
 }
 
 // warnAskedAfterAnswer says, once per handler, that a catalog call asked
@@ -1064,11 +1074,17 @@ func (g *guarded) replay(rec *stores.Record) error {
 	}
 	hdr.Set(ReplayedHeader, "true")
 	if stream != nil {
-		// Decoded as it is written: its length is not known before.
+		// body is what was decoded so far; the rest is decoded as it is
+		// written, its length not known before.
 		defer stream.Close()
 		g.w.WriteHeader(resp.Status)
+		_, _ = g.w.Write(body)
 		if _, err := io.Copy(g.w, stream); err != nil {
-			g.log(zapcore.WarnLevel, "decoding the stored response broke off while replaying it", zap.Error(err))
+			// The status line is out: only breaking the connection off
+			// (or the HTTP/2 stream) keeps the client from taking what
+			// came for the whole answer.
+			g.log(zapcore.WarnLevel, "decoding the stored response broke off while replaying it: connection aborted", zap.Error(err))
+			panic(http.ErrAbortHandler)
 		}
 		return nil
 	}
@@ -1081,27 +1097,31 @@ func (g *guarded) replay(rec *stores.Record) error {
 // acceptableBody is the stored body in a form this request accepts. The
 // catalog compressed it as the first request allowed (its Accept-Encoding
 // went through); a retry or a waiting duplicate that does not accept that
-// coding gets it decoded (gzip, deflate), decoded true: at once, or when it
-// decodes to more than max_response_size (a compressed answer stored within
-// the limit can be ten times that and more), as stream to be decoded while
-// it is written. A coding this handler cannot decode goes as stored.
+// coding gets it decoded (gzip, deflate), decoded true: at once, or, when
+// it decodes to more than max_response_size (a compressed answer stored
+// within the limit can be ten times that and more), its first part in body
+// and the rest as stream, to be decoded while it is written. A coding this
+// handler cannot decode goes as stored.
 func (g *guarded) acceptableBody(resp *stores.Response) (body []byte, decoded bool, stream io.ReadCloser) {
 	enc := resp.Header.Get("Content-Encoding")
 	if enc == "" || acceptsEncoding(g.r.Header, enc) {
 		return resp.Body, false, nil
 	}
-	plain, err := decodeBody(enc, resp.Body, max(g.h.MaxResponseSize, int64(len(resp.Body))))
-	if errors.Is(err, errDecodedTooLarge) {
-		if stream, err = newDecoder(enc, resp.Body); err == nil {
-			return nil, true, stream
+	rd, err := newDecoder(enc, resp.Body)
+	if err == nil {
+		limit := max(g.h.MaxResponseSize, int64(len(resp.Body)))
+		if body, err = io.ReadAll(io.LimitReader(rd, limit+1)); err == nil {
+			if int64(len(body)) > limit {
+				return body, true, rd
+			}
+			_ = rd.Close()
+			return body, true, nil
 		}
+		_ = rd.Close()
 	}
-	if err != nil {
-		g.log(zapcore.WarnLevel, "the stored response is in a content coding the retry does not accept, and cannot be decoded: replayed as stored",
-			zap.String("content_encoding", enc), zap.Error(err))
-		return resp.Body, false, nil
-	}
-	return plain, true, nil
+	g.log(zapcore.WarnLevel, "the stored response is in a content coding the retry does not accept, and cannot be decoded: replayed as stored",
+		zap.String("content_encoding", enc), zap.Error(err))
+	return resp.Body, false, nil
 }
 
 // unreadable answers for a final record whose sealed response cannot be
@@ -1165,8 +1185,10 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
 		g.count(outcomeFailOpen)
 		// Unguarded, but not replayed by the transport behind the
-		// client's back either (see hideKeyFromTransport).
+		// client's back either (see hideKeyFromTransport), nor answered
+		// in another protocol (hideUpgrade), as a guarded request.
 		defer hideKeyFromTransport(g.r).restore()
+		defer hideUpgrade(g.r)()
 		return g.next.ServeHTTP(g.w, g.r)
 	}
 	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.Error(err))

@@ -27,7 +27,7 @@ var (
 		Namespace: "caddy",
 		Subsystem: "iceberg_idempotency",
 		Name:      "executions_total",
-		Help:      "Mutations executed under a key, by operation and whether the response was stored (finalized) or not (released).",
+		Help:      "Mutations executed under a key, by operation and whether the response was stored (finalized), not (released), left the outcome unknown (unknown), or was refused by the store because the key was no longer the request's (refused).",
 	}, []string{"operation", "result"})
 
 	memoryEvictions = prometheus.NewCounterVec(prometheus.CounterOpts{

@@ -24,8 +24,10 @@ const (
 // catalog. reverse_proxy sets the upstream placeholders just before it
 // sends, so without them no upstream was even chosen; a dial error, or a
 // TLS handshake that failed, means no connection existed; "no upstreams
-// available" means none was chosen. Any other error (connection broken
-// after sending, the execution timeout) leaves the outcome unknown, and so
+// available" means none was chosen, and so does the execution timeout (or
+// the call's end) while the transport still waited for its first
+// connection. Any other error (connection broken after sending, the
+// execution timeout after a connection) leaves the outcome unknown, and so
 // does any of these once the call had a connection: with lb_retry_match
 // retrying POSTs after a transport error, reverse_proxy may end with a dial
 // error after an earlier attempt reached the catalog.

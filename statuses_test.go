@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -104,10 +106,17 @@ func TestCommitStateUnknownAnswers(t *testing.T) {
 			if tt.method == "DELETE" {
 				body = ""
 			}
-			if first := serve(t, h, proxy, tt.method, tt.path, key, body); first.code() != tt.status {
+			var extra []string
+			if tt.encoding != "" {
+				// Asked by the client, the coding reaches the handler as
+				// the catalog sent it (Go's transport decodes only what
+				// it asked for itself).
+				extra = []string{"Accept-Encoding", tt.encoding}
+			}
+			if first := serve(t, h, proxy, tt.method, tt.path, key, body, extra...); first.code() != tt.status {
 				t.Fatalf("first = %d, want the catalog's %d passed on", first.code(), tt.status)
 			}
-			retry := serve(t, h, proxy, tt.method, tt.path, key, body)
+			retry := serve(t, h, proxy, tt.method, tt.path, key, body, extra...)
 			switch n := catalog.executed.Load(); {
 			case tt.unknown && (n != 1 || retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown):
 				t.Fatalf("retry = %d %q, catalog executed %d times; want 500 %s and one execution", retry.code(), retry.body, n, typeCommitStateUnknown)
@@ -116,4 +125,32 @@ func TestCommitStateUnknownAnswers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A 502 to a commit that provably did not come from the catalog leaves
+// the key released, as before: a nested guard (another store) whose dial
+// failed answers 502 "not sent", and a handler after the directive that
+// asks no upstream may answer 502 itself. Marking those unknown would
+// leave the retries of a commit that never ran hearing 500 for good.
+func TestCommitAnswersThatDidNotReachTheCatalogRelease(t *testing.T) {
+	t.Run("nested guard whose dial failed", func(t *testing.T) {
+		outer, inner := newTestHandler(t, newMemoryStore(t)), newTestHandler(t, newMemoryStore(t))
+		proxy := newReverseProxy(t, deadAddr(t))
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return inner.ServeHTTP(w, r, proxy) })
+		key := storetest.NewKey(t)
+		for i := range 2 {
+			if res := serve(t, outer, next, "POST", commitPath, key, commitBody); res.code() != http.StatusBadGateway || res.errorType() != typeServiceFailure {
+				t.Fatalf("try %d = %d %q; want 502 %s (not sent) each time", i+1, res.code(), res.body, typeServiceFailure)
+			}
+		}
+	})
+	t.Run("502 written without an upstream", func(t *testing.T) {
+		h := newTestHandler(t, newMemoryStore(t))
+		up := answering(http.StatusBadGateway, `{"error":{"message":"maintenance","type":"ServiceFailureException","code":502}}`)
+		key := storetest.NewKey(t)
+		serve(t, h, up, "POST", commitPath, key, commitBody)
+		if res := serve(t, h, up, "POST", commitPath, key, commitBody); res.code() != http.StatusBadGateway || up.calls.Load() != 2 {
+			t.Fatalf("retry = %d %q, handler called %d times; want the key released and the retry run", res.code(), res.body, up.calls.Load())
+		}
+	})
 }

@@ -131,7 +131,8 @@ func newQueries(table string) queries {
 
 		purge: fmt.Sprintf("DELETE FROM %s WHERE expires_at <= UTC_TIMESTAMP(6) ORDER BY expires_at LIMIT ?", table),
 
-		// Forget (admin API) deletes a row whatever its state or owner.
+		// Forget (admin API) deletes an abandoned row (in flight, its lease
+		// lapsed), or, forced, a row whatever its state or owner.
 		forget: fmt.Sprintf("DELETE FROM %s WHERE `key` = ? AND (? OR (state = 'in_flight' AND lease_until <= UTC_TIMESTAMP(6)))", table),
 	}
 }

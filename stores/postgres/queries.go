@@ -77,7 +77,8 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND
 	ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ) AND expires_at <= now()`, table),
 
-		// Forget (admin API) deletes a row whatever its state or owner.
+		// Forget (admin API) deletes an abandoned row (in flight, its lease
+		// lapsed), or, forced, a row whatever its state or owner.
 		forget: fmt.Sprintf(`DELETE FROM %s WHERE key = $1 AND ($2 OR (state = 'in_flight' AND lease_until <= now()))`, table),
 	}
 	if channel != "" {
