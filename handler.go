@@ -190,10 +190,10 @@ type Handler struct {
 	// outsideBaseWarned is set (atomically) once catalog paths outside
 	// base_path were warned of.
 	outsideBaseWarned int32
-	// unguardedWarned is set (atomically) once a keyed request, or a config
-	// request under a prefix, that the handler does not recognise was
-	// warned of.
-	unguardedWarned int32
+	// keyBelowPrefixWarned and configBelowPrefixWarned are set
+	// (atomically) once a keyed mutation, or a config request, below a
+	// prefix the handler does not know was warned of.
+	keyBelowPrefixWarned, configBelowPrefixWarned int32
 	// nestedWarned is set (atomically) once a request passed through
 	// because another handler guards its key in the same store.
 	nestedWarned int32
@@ -578,26 +578,42 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	op, path := h.classifyRequest(r.Method, r.URL.EscapedPath())
 	if op == "" {
-		if len(r.Header[IdempotencyKeyHeader]) > 0 {
-			h.warnUnrecognised(r)
+		if len(r.Header[IdempotencyKeyHeader]) > 0 && atomic.LoadInt32(&h.keyBelowPrefixWarned) == 0 {
+			h.warnKeyBelowPrefix(r)
 		}
 		return next.ServeHTTP(w, r)
 	}
 	return h.admit(w, r, next, op, path)
 }
 
-// warnUnrecognised says, once, that a request the handler does not guard
-// looks like one it should: a mutation carrying an Idempotency-Key, or a
-// GET of a config below some prefix. Most often the catalog is mounted
-// under a prefix the handler sees and base_path is not set (the directive
-// at the site level with handle_path, or in a handle block with the
-// prefix kept): every mutation then passes unguarded, and no lifetime is
-// advertised.
-func (h *Handler) warnUnrecognised(r *http.Request) {
-	if atomic.CompareAndSwapInt32(&h.unguardedWarned, 0, 1) {
-		h.logger.Warn("a request that looks like the catalog's is not one iceberg_idempotency recognises, and passes unguarded "+
-			"(a mutation with an Idempotency-Key, or a config below a prefix): if the catalog is mounted under a prefix here, "+
-			"set base_path to it",
+// warnKeyBelowPrefix says, once, that a keyed request the handler passes
+// would be a guarded mutation below some prefix of its path: most often
+// the catalog is mounted under a prefix the handler sees, and base_path is
+// not set (the directive at the site level with handle_path, or in a
+// handle block that keeps the prefix), so every mutation passes unguarded.
+// Another catalog under another prefix, guarded by a handler of its own,
+// looks the same: hence "may".
+func (h *Handler) warnKeyBelowPrefix(r *http.Request) {
+	path := normalizePath(r.URL.EscapedPath())
+	for i := 1; i < len(path); i++ {
+		j := strings.Index(path[i:], "/v1/")
+		if j < 0 {
+			return
+		}
+		i += j
+		if classify(r.Method, path[i:]) != "" {
+			h.warnBelowPrefix(&h.keyBelowPrefixWarned, r, "a keyed mutation")
+			return
+		}
+	}
+}
+
+// warnBelowPrefix logs, once per flag, that a request below a prefix the
+// handler does not know passes unguarded.
+func (h *Handler) warnBelowPrefix(flag *int32, r *http.Request, what string) {
+	if atomic.CompareAndSwapInt32(flag, 0, 1) {
+		h.logger.Warn(what+" below a prefix iceberg_idempotency does not know passes unguarded (no lifetime advertised for a config): "+
+			"if the catalog is mounted under that prefix here, set base_path to it",
 			zap.String("method", r.Method), zap.String("path", r.URL.EscapedPath()), zap.String("base_path", h.BasePath))
 	}
 }
@@ -643,8 +659,8 @@ func (h *Handler) isConfigRequest(r *http.Request) bool {
 	if ok && rel == "/v1/config" {
 		return true
 	}
-	if strings.HasSuffix(path, "/v1/config") {
-		h.warnUnrecognised(r)
+	if strings.HasSuffix(path, "/v1/config") && atomic.LoadInt32(&h.configBelowPrefixWarned) == 0 {
+		h.warnBelowPrefix(&h.configBelowPrefixWarned, r, "a config request")
 	}
 	return false
 }

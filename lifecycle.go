@@ -1079,12 +1079,15 @@ func (g *guarded) replay(rec *stores.Record) error {
 		defer stream.Close()
 		g.w.WriteHeader(resp.Status)
 		_, _ = g.w.Write(body)
-		if _, err := io.Copy(g.w, stream); err != nil {
+		src := &readErrors{r: stream}
+		if _, err := io.Copy(g.w, src); err != nil && src.err != nil {
 			// The status line is out: only breaking the connection off
 			// (or the HTTP/2 stream) keeps the client from taking what
 			// came for the whole answer.
-			g.log(zapcore.WarnLevel, "decoding the stored response broke off while replaying it: connection aborted", zap.Error(err))
+			g.log(zapcore.WarnLevel, "decoding the stored response broke off while replaying it: connection aborted", zap.Error(src.err))
 			panic(http.ErrAbortHandler)
+		} else if err != nil {
+			g.log(zapcore.DebugLevel, "the client left during a replay", zap.Error(err))
 		}
 		return nil
 	}
@@ -1122,6 +1125,22 @@ func (g *guarded) acceptableBody(resp *stores.Response) (body []byte, decoded bo
 	g.log(zapcore.WarnLevel, "the stored response is in a content coding the retry does not accept, and cannot be decoded: replayed as stored",
 		zap.String("content_encoding", enc), zap.Error(err))
 	return resp.Body, false, nil
+}
+
+// readErrors passes r's reads on and keeps the error one ended with
+// (io.EOF aside), so that a copy's error can be told to be the source's,
+// not the destination's.
+type readErrors struct {
+	r   io.Reader
+	err error
+}
+
+func (e *readErrors) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		e.err = err
+	}
+	return n, err
 }
 
 // unreadable answers for a final record whose sealed response cannot be
