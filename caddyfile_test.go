@@ -164,6 +164,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"unknown option", "iceberg_idempotency {\n\t\tlifetyme 30m\n\t}", `unknown iceberg_idempotency option "lifetyme"`, "at Caddyfile:3"},
 		{"bad duration", "iceberg_idempotency {\n\t\tlifetime soon\n\t}", `lifetime must be a positive duration`, "at Caddyfile:3"},
 		{"negative duration", "iceberg_idempotency {\n\t\tin_flight_wait -1s\n\t}", `in_flight_wait must be a positive duration`, "at Caddyfile:3"},
+		{"duration past ten years", "iceberg_idempotency {\n\t\tlifetime 3651d\n\t}", `lifetime must be at most 87600h0m0s (ten years)`, "at Caddyfile:3"},
+		{"lease past ten years", "iceberg_idempotency {\n\t\tlease 3651d\n\t}", `lease must be at most 87600h0m0s (ten years)`, "at Caddyfile:3"},
 		{"missing value", "iceberg_idempotency {\n\t\tgrace\n\t}", `grace needs a value`, "at Caddyfile:3"},
 		{"negative grace", "iceberg_idempotency {\n\t\tgrace -1s\n\t}", `grace must be a duration`, "at Caddyfile:3"},
 		{"two values", "iceberg_idempotency {\n\t\tlease 1s 2s\n\t}", `lease takes a single value`, "at Caddyfile:3"},

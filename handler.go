@@ -418,6 +418,7 @@ func (h *Handler) validateOption(opt string) error {
 		if h.Lease != 0 && time.Duration(h.Lease) < 3*time.Millisecond {
 			return fmt.Errorf("lease must be at least 3ms, got %v", time.Duration(h.Lease))
 		}
+		return nonNegative(opt, h.Lease)
 	case "in_flight_status":
 		if h.InFlightStatus != 0 && h.InFlightStatus != http.StatusServiceUnavailable && h.InFlightStatus != http.StatusConflict {
 			return fmt.Errorf("in_flight_status must be 503 or 409, got %d", h.InFlightStatus)
@@ -552,8 +553,17 @@ func nonNegative(opt string, d caddy.Duration) error {
 	if d < 0 {
 		return fmt.Errorf("%s must not be negative, got %v", opt, time.Duration(d))
 	}
+	if d > maxDuration {
+		return fmt.Errorf("%s must be at most %v (ten years), got %v", opt, time.Duration(maxDuration), time.Duration(d))
+	}
 	return nil
 }
+
+// maxDuration bounds every duration option: a record's TTL adds lifetime,
+// grace, execution_timeout and lease, and a sum past time.Duration's 292
+// years would wrap to a negative TTL, a record expired as it is made, and
+// every retry would execute again.
+const maxDuration = caddy.Duration(10 * 365 * 24 * time.Hour)
 
 // Cleanup gives the store back to the pool; the last user closes it. It
 // copes with a Provision that failed before the store was acquired.
