@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"compress/zlib"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,7 +12,7 @@ import (
 )
 
 // decodeBody reads a body the catalog compressed with gzip or deflate, up
-// to limit bytes decompressed; past it, the error is errDecodedTooLarge.
+// to limit bytes decompressed.
 func decodeBody(encoding string, body []byte, limit int64) ([]byte, error) {
 	rd, err := newDecoder(encoding, body)
 	if err != nil {
@@ -25,13 +24,10 @@ func decodeBody(encoding string, body []byte, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	if int64(len(plain)) > limit {
-		return nil, fmt.Errorf("%w: more than %d bytes", errDecodedTooLarge, limit)
+		return nil, fmt.Errorf("decompressed body exceeds %d bytes", limit)
 	}
 	return plain, nil
 }
-
-// errDecodedTooLarge: a body decodes to more than the caller would hold.
-var errDecodedTooLarge = errors.New("decompressed body too large")
 
 // newDecoder reads body, compressed with gzip or deflate, decompressed.
 func newDecoder(encoding string, body []byte) (io.ReadCloser, error) {

@@ -147,13 +147,16 @@ const (
 	outcomeNoPrincipal      = "no_principal"
 )
 
+// collectors are the collectors registerMetrics registers.
+var collectors = []prometheus.Collector{
+	decisions, executions, memoryEvictions, storeDuration, executing, purged, leaseRenewalsFailed,
+}
+
 func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{
-		decisions, executions, memoryEvictions, storeDuration, executing, purged, leaseRenewalsFailed,
-	} {
+	for _, c := range collectors {
 		var already prometheus.AlreadyRegisteredError
 		if err := reg.Register(c); err != nil && !errors.As(err, &already) {
 			return err

@@ -295,7 +295,7 @@ func TestExampleAlertsNameWhatExists(t *testing.T) {
 	// family without a series yet is not gathered).
 	names := map[string]bool{}
 	descs := make(chan *prometheus.Desc, 100)
-	for _, c := range []prometheus.Collector{decisions, executions, memoryEvictions, storeDuration, executing, purged, leaseRenewalsFailed} {
+	for _, c := range collectors {
 		c.Describe(descs)
 	}
 	close(descs)
