@@ -18,15 +18,16 @@ import (
 func init() {
 	httpcaddyfile.RegisterHandlerDirective("iceberg_idempotency", parseHandler)
 	// Keys must be checked before the request reaches the catalog, so no
-	// `order` line is needed in the Caddyfile. Ordered before handle (and
-	// so before handle_path, route and reverse_proxy, which come after it),
-	// a site-level iceberg_idempotency guards a reverse_proxy written inside
-	// any of those blocks: a handle's subroute terminates, so anything
-	// sorted after it would never run. It still comes after basic_auth and
+	// `order` line is needed in the Caddyfile. Ordered before invoke (and
+	// so before handle, handle_path, route and reverse_proxy, which come
+	// after it), a site-level iceberg_idempotency guards a reverse_proxy
+	// written inside any of those blocks or in a named route that invoke
+	// calls: a handle's subroute and an invoked route terminate, so
+	// anything sorted after them would never run. It still comes after basic_auth and
 	// forward_auth, so that {http.auth.user.id} is set and unauthenticated
 	// requests are rejected before they reach the store, and after encode,
 	// so that a compressed answer is captured before it is compressed.
-	httpcaddyfile.RegisterDirectiveOrder("iceberg_idempotency", httpcaddyfile.Before, "handle")
+	httpcaddyfile.RegisterDirectiveOrder("iceberg_idempotency", httpcaddyfile.Before, "invoke")
 	httpcaddyfile.RegisterGlobalOption("iceberg_idempotency", parseApp)
 }
 
