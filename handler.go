@@ -458,7 +458,7 @@ func (h *Handler) validateOption(opt string) error {
 		switch normal := normalizePath(h.BasePath); {
 		case normal == "/":
 			return fmt.Errorf("base_path must be a clean path (no //, . or .. segments), got %q", h.BasePath)
-		case path.Base(normal) == "v1":
+		case strings.EqualFold(path.Base(normal), "v1"): // paths meet it without case
 			return fmt.Errorf("base_path is the part of the path before /v1, got %q: leave /v1 out", h.BasePath)
 		}
 	case "finalize_statuses":
@@ -715,6 +715,10 @@ func (h *Handler) warnOutsideBase(path string) {
 // "/api/catalog" too. A stricter reading would let those spellings reach
 // the catalog, prefix stripped, unguarded; a looser one costs at most a
 // stored 4xx from a catalog that routes them nowhere.
+//
+// The base ends at a segment boundary, as a matched prefix does: "/v1/…"
+// is not below "/v" (as "1/…", no catalog path, it went unguarded), it is
+// outside it.
 func (h *Handler) belowBase(path string) (string, bool) {
 	rel, ok := cutPrefixFold(path, h.basePath)
 	if !ok {
@@ -722,6 +726,9 @@ func (h *Handler) belowBase(path string) (string, bool) {
 	}
 	if strings.HasPrefix(rel, "%2F") {
 		rel = "/" + rel[3:] // the base's own separator, escaped
+	}
+	if rel != "" && rel[0] != '/' {
+		return "", false
 	}
 	return rel, true
 }

@@ -418,6 +418,9 @@ func TestValidateNamesTheOption(t *testing.T) {
 		// Below either, no path starts with /v1/: every mutation passed
 		// unguarded.
 		{func(h *Handler) { h.BasePath = "/api/catalog/v1" }, `base_path is the part of the path before /v1, got "/api/catalog/v1": leave /v1 out`},
+		// Paths are matched to the base without case: "/api/v1/…" was
+		// below "/api/V1", and its mutations passed unguarded.
+		{func(h *Handler) { h.BasePath = "/api/V1" }, `base_path is the part of the path before /v1, got "/api/V1": leave /v1 out`},
 		{func(h *Handler) { h.BasePath = "/." }, `base_path must be a clean path (no //, . or .. segments), got "/."`},
 		{func(h *Handler) { h.ReleaseStatuses = []string{"7xx"} }, "release_statuses: invalid status"},
 		// JSON can give what the Caddyfile cannot: an empty list.

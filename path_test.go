@@ -93,6 +93,34 @@ func TestClassifyLiteralReading(t *testing.T) {
 	}
 }
 
+// A path is below base_path only at a segment boundary, as a prefix a
+// handle_path or path matcher strips ends at one. Before, "/v1/namespaces"
+// was below base_path "/v" as "1/namespaces", which is no catalog path:
+// the mutation, outside the base and guarded as such once the prefix was
+// stripped, passed unguarded without a warning.
+func TestBasePathEndsAtASegment(t *testing.T) {
+	h := &Handler{BasePath: "/v"}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ path, op, bound string }{
+		{"/v1/namespaces", "createNamespace", "/v1/namespaces"},
+		{"/v/v1/namespaces", "createNamespace", "/v/v1/namespaces"},
+		{"/V%2Fv1/namespaces", "createNamespace", "/v/v1/namespaces"},
+	} {
+		if op, bound := h.classifyRequest("POST", c.path); op != c.op || bound != c.bound {
+			t.Errorf("POST %s below base_path /v = %q bound to %q, want %q bound to %q", c.path, op, bound, c.op, c.bound)
+		}
+	}
+	h = &Handler{BasePath: "/api"}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h.belowBase("/apix/v1/namespaces"); ok {
+		t.Error("/apix/v1/namespaces is taken as below base_path /api")
+	}
+}
+
 // require_key applies to every spelling of a mutation's path.
 func TestRequireKeyOnEscapedPath(t *testing.T) {
 	h := newTestHandler(t, newMemoryStore(t))
