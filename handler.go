@@ -487,6 +487,13 @@ func (h *Handler) validateOption(opt string) error {
 		if h.Principal != "" && !perRequestPlaceholder(h.Principal) {
 			return fmt.Errorf("principal %q has no placeholder that differs from request to request, so every caller would be one principal and could replay another's answers: write one such as {http.auth.user.id} or {http.request.header.Authorization}", h.Principal)
 		}
+		// A retry after a lost answer comes on a new connection, and is
+		// another request: a principal that changes with either refuses
+		// it 422 as another caller's, which a commit client takes for a
+		// failed commit although it landed.
+		if name, why := perAttemptPlaceholder(h.Principal); name != "" {
+			return fmt.Errorf("principal %q differs between a request and its retry: {%s} %s, so every retry would be refused as another principal's; use %s", h.Principal, name, why, "{http.auth.user.id}, {http.request.header.Authorization}, {http.request.remote.host} or {client_ip}")
+		}
 	case "replay_headers":
 		for i, name := range h.ReplayHeaders {
 			if name == "" {
@@ -531,6 +538,28 @@ func perRequestPlaceholder(expr string) bool {
 		}
 	}
 	return false
+}
+
+// perAttemptPlaceholders are Caddy placeholders that differ between a
+// request and its retry, with why.
+var perAttemptPlaceholders = map[string]string{
+	"http.request.remote":      "changes with every connection",
+	"http.request.remote.port": "changes with every connection",
+	"http.request.uuid":        "changes with every request",
+	"http.request.duration":    "changes with every request",
+	"http.request.duration_ms": "changes with every request",
+	"http.request.tls.resumed": "changes with the connection's TLS session",
+}
+
+// perAttemptPlaceholder returns the first placeholder in expr that differs
+// between a request and its retry, and why; "" if there is none.
+func perAttemptPlaceholder(expr string) (name, why string) {
+	for _, m := range placeholderPattern.FindAllStringSubmatch(expr, -1) {
+		if why, ok := perAttemptPlaceholders[m[1]]; ok {
+			return m[1], why
+		}
+	}
+	return "", ""
 }
 
 // unreplayableHeaders are response headers replay_headers refuses, with why.
