@@ -12,12 +12,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
 
 // Defaults of the app's options.
 const (
 	DefaultCleanupInterval = 5 * time.Minute
 	DefaultCleanupBatch    = 1000
+
+	// minCleanupInterval is the shortest cleanup_interval.
+	minCleanupInterval = time.Second
 )
 
 // App is the iceberg_idempotency Caddy app. It purges expired records from
@@ -26,7 +30,8 @@ const (
 // name.
 type App struct {
 	// How often expired records are purged; each run is jittered by ±10%
-	// so that nodes sharing a database spread out. Default: 5m.
+	// so that nodes sharing a database spread out. At least 1s.
+	// Default: 5m.
 	CleanupInterval caddy.Duration `json:"cleanup_interval,omitempty"`
 
 	// Most records deleted by one purge statement; a run repeats it until
@@ -34,7 +39,8 @@ type App struct {
 	// took over 50 ms halves the next one's limit, one under 12.5 ms
 	// doubles it again (up to this), and after each full batch the run
 	// pauses twice as long as the batch took, so that a backlog keeps the
-	// database busy a third of the time at most. Default: 1000.
+	// database busy a third of the time at most. A statement that timed
+	// out is retried with half its limit (see purgePacer). Default: 1000.
 	CleanupBatch int `json:"cleanup_batch,omitempty"`
 
 	mu     sync.Mutex
@@ -42,10 +48,13 @@ type App struct {
 	// selfExpiringNoted remembers the stores already reported as left
 	// out of the purge rounds.
 	selfExpiringNoted map[string]bool
-	logger            *zap.Logger
-	config            <-chan struct{} // the config's Done channel: which config's bounds the memory store holds
-	cancel            context.CancelFunc
-	done              chan struct{}
+	// paces keeps each store's purge limit from one run to the next, so
+	// that a limit whose statement timed out is not tried again first.
+	paces  map[string]*purgePacer
+	logger *zap.Logger
+	config <-chan struct{} // the config's Done channel: which config's bounds the memory store holds
+	cancel context.CancelFunc
+	done   chan struct{}
 	// prev is the app the admin API answered for before this one
 	// started: it answers again if this one's config fails to start.
 	// It is cleared once that app stops, so that a stopped app (and the
@@ -87,6 +96,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 func (a *App) Validate() error {
 	if a.CleanupInterval < 0 {
 		return fmt.Errorf("cleanup_interval must be positive, got %v", time.Duration(a.CleanupInterval))
+	}
+	// Below it, a run follows a run: one statement per store, over and
+	// over, for nothing (1ns kept PostgreSQL at 15,000 commits/s).
+	if a.CleanupInterval < caddy.Duration(minCleanupInterval) {
+		return fmt.Errorf("cleanup_interval must be at least %v, got %v", minCleanupInterval, time.Duration(a.CleanupInterval))
 	}
 	if a.CleanupBatch < 0 {
 		return fmt.Errorf("cleanup_batch must be positive, got %d", a.CleanupBatch)
@@ -216,35 +230,81 @@ func (a *App) PurgeOnce(ctx context.Context) {
 		}
 		backend := backendOf(s)
 		s := instrumentStore(s, backend)
-		total := 0
-		pace := newPurgePacer(a.CleanupBatch)
+		total, inARow, failures := 0, 0, 0
+		pace := a.pacer(key)
 		for ctx.Err() == nil {
 			start := time.Now()
 			limit := pace.limit
 			n, err := s.PurgeExpired(ctx, limit)
 			total += n
 			if err != nil {
-				if ctx.Err() == nil {
-					a.logger.Error("purging expired records", zap.String("store", key), zap.Error(err))
+				if ctx.Err() != nil {
+					break
 				}
+				// A statement that timed out deleted nothing (it was
+				// rolled back); with the same limit it would time out
+				// again at every run, and the table would only grow. (A
+				// transient error that came at once, such as a refused
+				// connection, says nothing about the limit.)
+				took := time.Since(start)
+				if sqlstore.IsTransient(err) && took > purgeTarget && limit > 1 && inARow < maxPurgeFailures {
+					inARow++
+					failures++
+					a.logger.Warn("purging expired records: retrying with a smaller batch",
+						zap.String("store", key), zap.Int("batch", limit), zap.Duration("took", took), zap.Error(err))
+					if !sleepCtx(ctx, pace.failed(took)) {
+						break
+					}
+					continue
+				}
+				a.logger.Error("purging expired records", zap.String("store", key), zap.Error(err))
 				break
 			}
+			inARow = 0
 			if n < limit {
 				break
 			}
 			// More may be left: the requests get the database for a
 			// while first (see purgePacer).
-			pause := time.NewTimer(pace.next(time.Since(start)))
-			select {
-			case <-ctx.Done():
-				pause.Stop()
-			case <-pause.C:
-			}
+			sleepCtx(ctx, pace.next(time.Since(start)))
 		}
+		pace.ended(failures)
 		purged.WithLabelValues(backend).Add(float64(total))
 		if total > 0 {
 			a.logger.Info("purged expired records", zap.String("store", key), zap.Int("records", total))
 		}
+	}
+}
+
+// maxPurgeFailures is how many statements in a row one purge run may see
+// fail slowly with a transient error (a timeout), each retried with half
+// the limit, before the run gives up until the next.
+const maxPurgeFailures = 8
+
+// pacer returns the store's purge pacer, kept from run to run.
+func (a *App) pacer(key string) *purgePacer {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.paces == nil {
+		a.paces = make(map[string]*purgePacer)
+	}
+	p := a.paces[key]
+	if p == nil || p.max != a.CleanupBatch {
+		p = newPurgePacer(a.CleanupBatch)
+		a.paces[key] = p
+	}
+	return p
+}
+
+// sleepCtx waits d, or until ctx ends; it reports whether d passed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -74,6 +75,10 @@ func TestAppDefaultsAndValidation(t *testing.T) {
 	}
 	if err := (&App{CleanupBatch: -1}).Validate(); err == nil {
 		t.Fatal("negative cleanup_batch accepted")
+	}
+	// JSON's nanoseconds: a run followed a run.
+	if err := (&App{CleanupInterval: 1}).Validate(); err == nil || !strings.Contains(err.Error(), "cleanup_interval must be at least 1s") {
+		t.Fatalf("cleanup_interval 1ns: %v", err)
 	}
 	// Stop without Start (a config that failed to load) must not block.
 	if err := (&App{}).Stop(); err != nil {

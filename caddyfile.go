@@ -377,6 +377,9 @@ func parseApp(d *caddyfile.Dispenser, existing any) (any, error) {
 			if err := parseDuration(d, &app.CleanupInterval); err != nil {
 				return nil, err
 			}
+			if app.CleanupInterval < caddy.Duration(minCleanupInterval) {
+				return nil, d.Errf("cleanup_interval must be at least %v, got %v", minCleanupInterval, time.Duration(app.CleanupInterval))
+			}
 		case "cleanup_batch":
 			arg, err := singleArg(d)
 			if err != nil {

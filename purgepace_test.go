@@ -2,10 +2,13 @@ package icebergidempotency
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
 
 // The limit follows how long each statement took: halved after a slow one
@@ -80,5 +83,84 @@ func TestPurgeShrinksHeavyBatches(t *testing.T) {
 	// before until the statements get cheap.
 	if len(s.limits) < 3 || s.limits[1] >= s.limits[0] || s.limits[2] >= s.limits[1] {
 		t.Fatalf("limits %v: want each slow statement's limit halved", s.limits)
+	}
+}
+
+// timingOutPurger stands in for a SQL store whose purge statement runs
+// past statement_timeout when it deletes more than fits (a real server's
+// timeout depends on the machine's speed, which a test cannot fix): such a
+// statement takes slow, fails with a transient error and deletes nothing,
+// as the real one is rolled back. A refusing one fails at once.
+type timingOutPurger struct {
+	stores.Store
+	left, fits int
+	slow       time.Duration
+	refusing   bool
+	limits     []int
+}
+
+func (s *timingOutPurger) PurgeExpired(_ context.Context, limit int) (int, error) {
+	s.limits = append(s.limits, limit)
+	if s.refusing {
+		return 0, sqlstore.MarkTransient(errors.New("postgres purge: dial tcp 127.0.0.1:5432: connection refused"))
+	}
+	if limit > s.fits {
+		time.Sleep(s.slow)
+		return 0, sqlstore.MarkTransient(errors.New("postgres purge: timeout: context deadline exceeded"))
+	}
+	n := min(limit, s.left)
+	s.left -= n
+	return n, nil
+}
+
+// A purge statement that times out is retried with half its limit, and
+// the next run starts below the limit that failed. Before, the run gave up
+// at the first timeout and the next run tried the same limit again: with
+// cleanup_batch over what fits in statement_timeout, nothing was ever
+// purged and the table only grew.
+func TestPurgeShrinksATimedOutBatch(t *testing.T) {
+	s := &timingOutPurger{Store: newMemoryStore(t), left: 1000, fits: 100, slow: 2 * purgeTarget}
+	app := &App{CleanupBatch: 1000}
+	if err := app.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	app.track("timeout/test", s)
+	app.PurgeOnce(t.Context())
+	if s.left != 0 {
+		t.Fatalf("%d records left after the run (limits %v)", s.left, s.limits)
+	}
+	if want := []int{1000, 500, 250, 125, 62}; !slices.Equal(s.limits[:5], want) {
+		t.Fatalf("limits %v: want %v first, each timed-out limit halved", s.limits, want)
+	}
+	if m := slices.Max(s.limits[4:]); m > 62 {
+		t.Fatalf("limits %v: grew back to %d, past half the last limit that timed out", s.limits, m)
+	}
+
+	s.left, s.limits = 300, nil
+	app.PurgeOnce(t.Context())
+	if s.left != 0 || slices.Max(s.limits) > s.fits {
+		t.Fatalf("second run: %d left, limits %v: want it to start below the limit that timed out", s.left, s.limits)
+	}
+	// A run without failures lets the limit grow again, up to where it
+	// times out once more.
+	s.left, s.limits = 1000, nil
+	app.PurgeOnce(t.Context())
+	if s.left != 0 || slices.Max(s.limits) != 124 {
+		t.Fatalf("third run: %d left, limits %v: want it to try 124 after a clean run", s.left, s.limits)
+	}
+}
+
+// A transient error that comes at once (a refused connection) says
+// nothing about the batch: it is logged, not retried smaller.
+func TestPurgeDoesNotShrinkOnARefusal(t *testing.T) {
+	s := &timingOutPurger{Store: newMemoryStore(t), left: 10, fits: 100, refusing: true}
+	app := &App{CleanupBatch: 50}
+	if err := app.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	app.track("refusing/test", s)
+	app.PurgeOnce(t.Context())
+	if !slices.Equal(s.limits, []int{50}) {
+		t.Fatalf("limits %v: want one statement of cleanup_batch", s.limits)
 	}
 }
