@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
@@ -48,6 +49,42 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 	}
 }
 
+// A call that waited for a pooled connection and got none never sent its
+// script. Before, the pool's own wait (read timeout + 1 s) outlasted the
+// call's deadline, so the call ended as "context deadline exceeded", which
+// proves nothing, and the handler undid it with releases sent to a pool
+// that had no connection to spare.
+func TestPoolWaitIsNotSent(t *testing.T) {
+	proxy := sqltest.NewProxy(t, testAddr(t))
+	s, _ := openStore(t, func(c *Config) {
+		c.Addrs = []string{proxy.Addr()}
+		c.PoolSize = 1
+		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = outageTimeout, outageTimeout, outageTimeout
+	})
+	ctx := context.Background()
+	if _, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
+		t.Fatal(err)
+	}
+	// The pool's one connection takes a script and answers nothing.
+	proxy.Blackhole()
+	defer proxy.Stop()
+	held := make(chan error, 1)
+	go func() {
+		_, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+		held <- err
+	}()
+	for s.client.PoolStats().IdleConns != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	_, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+	if err == nil || !stores.NotSent(err) {
+		t.Fatalf("Reserve that found no free connection: err = %v, NotSent = %v; want a not-sent error", err, stores.NotSent(err))
+	}
+	if err := <-held; err == nil || stores.NotSent(err) {
+		t.Fatalf("Reserve on the blackholed connection: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
+	}
+}
+
 // A cluster client resends a command after a network error, whatever
 // MaxRetries says, so even its dial error does not prove that no attempt
 // ran: it is never marked not sent.
@@ -76,20 +113,26 @@ func TestClusterErrorsNeverNotSent(t *testing.T) {
 // Redis cannot be held loading or busy on demand.
 func TestServerRefusalsAreNotSent(t *testing.T) {
 	for _, c := range []struct {
-		reply   string
-		notSent bool
+		reply    string
+		notSent  bool
+		password string
 	}{
-		{"LOADING Redis is loading the dataset in memory", true},
-		{"READONLY You can't write against a read only replica.", true},
-		{"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", true},
-		{"BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.", true},
-		{"OOM command not allowed when used memory > 'maxmemory'.", false},
-		{"ERR user_script:1: Script attempted to access nonexistent global variable 'x'", false},
-		{"BUSYKEY Target key name already exists.", false},
+		{"LOADING Redis is loading the dataset in memory", true, ""},
+		// A connection that could not log in runs nothing. Before, these
+		// started a background release for every keyed request, each
+		// refused the same way and resent every 2 s for 2 minutes.
+		{"NOAUTH Authentication required.", true, ""},
+		{"WRONGPASS invalid username-password pair or user is disabled.", true, "not-the-password"},
+		{"READONLY You can't write against a read only replica.", true, ""},
+		{"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", true, ""},
+		{"BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.", true, ""},
+		{"OOM command not allowed when used memory > 'maxmemory'.", false, ""},
+		{"ERR user_script:1: Script attempted to access nonexistent global variable 'x'", false, ""},
+		{"BUSYKEY Target key name already exists.", false, ""},
 	} {
 		name, _, _ := strings.Cut(c.reply, " ")
 		t.Run(name, func(t *testing.T) {
-			s, err := Open(Config{Addrs: []string{replyingServer(t, c.reply)}, KeyPrefix: testPrefix(t)}, nil)
+			s, err := Open(Config{Addrs: []string{replyingServer(t, c.reply)}, KeyPrefix: testPrefix(t), Password: c.password}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -227,6 +230,45 @@ func TestCountKeepsToItsPrefix(t *testing.T) {
 		}
 		if got, err := c.Count(ctx); err != nil || got != want {
 			t.Fatalf("%s: Count = %+v, %v; want %+v", name, got, err, want)
+		}
+	}
+}
+
+// A server whose maxmemory-policy evicts keys is warned of when the store
+// warms up: every record has a TTL, so a volatile-* policy evicts exactly
+// the records, and a retry whose record was evicted executes again. (The
+// README used to recommend volatile-* "if nothing else has a TTL".) The
+// test server's policy is changed for the test and put back; with its
+// maxmemory 0 no policy evicts anything meanwhile.
+func TestEvictingPolicyIsWarnedOf(t *testing.T) {
+	c := admin(t)
+	ctx := context.Background()
+	was, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		t.Skipf("the test server refuses CONFIG: %v", err)
+	}
+	t.Cleanup(func() { c.ConfigSet(context.Background(), "maxmemory-policy", was["maxmemory-policy"]) })
+	for _, c2 := range []struct {
+		policy string
+		warned bool
+	}{{"volatile-lru", true}, {"allkeys-lfu", true}, {"noeviction", false}} {
+		if err := c.ConfigSet(ctx, "maxmemory-policy", c2.policy).Err(); err != nil {
+			t.Fatal(err)
+		}
+		core, logs := observer.New(zap.DebugLevel)
+		s, err := Open(Config{Addrs: []string{testAddr(t)}, KeyPrefix: testPrefix(t)}, zap.New(core))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Warm()
+		// The check runs in the background and logs either way.
+		deadline := time.Now().Add(5 * time.Second)
+		for logs.FilterMessageSnippet("maxmemory-policy").Len() == 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		s.Close()
+		if got := logs.FilterMessageSnippet("maxmemory-policy evicts keys").Len(); got != map[bool]int{true: 1, false: 0}[c2.warned] {
+			t.Fatalf("maxmemory-policy %s: %d warnings, want warned = %v (logs %v)", c2.policy, got, c2.warned, logs.All())
 		}
 	}
 }

@@ -29,6 +29,8 @@ type Store struct {
 	listenOnce sync.Once
 	listener   *listener // set by the first Warm or Await
 
+	evictionOnce sync.Once
+
 	closeOnce sync.Once
 	closed    chan struct{}
 }
@@ -56,6 +58,11 @@ func Open(cfg Config, logger *zap.Logger) (*Store, error) {
 		ReadTimeout:  cfg.ReadTimeout,
 		WriteTimeout: cfg.WriteTimeout,
 		PoolSize:     cfg.PoolSize,
+		// A call that waits this long for a pooled connection fails with
+		// ErrPoolTimeout, which proves it sent nothing. go-redis's own
+		// default (read timeout + 1 s) outlasts the call's deadline, whose
+		// error proves nothing, and the handler would undo the call.
+		PoolTimeout: cfg.opTimeout() / 2,
 		// A store call is one attempt: the handler decides about retries
 		// (a script whose reply was lost may have run; a blind resend of
 		// Finalize would then report ErrNotOwner, as the SQL stores do).
@@ -85,7 +92,32 @@ func Open(cfg Config, logger *zap.Logger) (*Store, error) {
 // Warm starts the subscription that wakes Await, in the background. The
 // Caddy app calls it from Start, so that `caddy validate` connects to
 // nothing; Await starts it too.
-func (s *Store) Warm() { s.startListener() }
+func (s *Store) Warm() {
+	s.startListener()
+	s.evictionOnce.Do(func() { go s.checkEviction() })
+}
+
+// checkEviction warns, once, when the server's maxmemory-policy may evict
+// records: every record has a TTL, so volatile-* policies evict exactly
+// them, and an evicted record lets its retry execute again. A server that
+// refuses CONFIG (managed services often do) is only noted at debug.
+func (s *Store) checkEviction() {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+	defer cancel()
+	v, err := s.client.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		s.log.Debug("could not read maxmemory-policy: make sure it is noeviction", zap.Error(err))
+		return
+	}
+	p := v["maxmemory-policy"]
+	if p == "" || p == "noeviction" {
+		s.log.Debug("maxmemory-policy keeps records", zap.String("maxmemory_policy", p))
+		return
+	}
+	s.log.Warn("maxmemory-policy evicts keys: once Redis reaches maxmemory, it deletes records (each has a TTL), "+
+		"and a retry of a commit whose record was evicted executes again; set maxmemory-policy noeviction",
+		zap.String("maxmemory_policy", p))
+}
 
 func (s *Store) startListener() {
 	s.listenOnce.Do(func() {
@@ -159,16 +191,18 @@ var notNow = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUS
 // refusedUnrun reports a reply of the server that refuses the command
 // instead of running it: while it loads its data set (LOADING), on a
 // replica (READONLY: no write of a script runs there), without a reachable
-// master (MASTERDOWN), or while another script runs (BUSY). A script that
-// ran and failed answers an ERR reply, and OOM may come from a write
-// inside a script after others succeeded: neither counts.
+// master (MASTERDOWN), while another script runs (BUSY), or on a
+// connection that is not logged in (NOAUTH; WRONGPASS, which the login at
+// connect answers, before any command is sent on it). A script that ran
+// and failed answers an ERR reply, and OOM or NOPERM may come from a
+// command inside a script after others wrote: neither counts.
 func refusedUnrun(err error) bool {
 	var rerr goredis.Error
 	if !errors.As(err, &rerr) {
 		return false
 	}
 	msg := rerr.Error()
-	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "BUSY "} {
+	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "BUSY ", "NOAUTH ", "WRONGPASS "} {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}
