@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"fmt"
 	"strings"
@@ -22,6 +23,10 @@ import (
 func migrateLockWait(statementTimeout time.Duration) time.Duration {
 	return max(time.Second, (2 * statementTimeout).Truncate(time.Second))
 }
+
+// migrateLockTimeout is how long a migration's DDL waits for its metadata
+// lock (lock_wait_timeout, in whole seconds) before the attempt gives up.
+const migrateLockTimeout = time.Second
 
 // migrate applies the missing versions of sql/mysql/ (auto) or checks that
 // none is missing. Nodes starting together serialize on a named lock
@@ -68,6 +73,23 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 		var released sql.NullInt64
 		if err := conn.QueryRowContext(rctx, "SELECT RELEASE_LOCK(?)", lock).Scan(&released); err != nil {
 			s.log.Warn("mysql migrate: release lock", zap.Error(s.wrap("release lock", err)))
+		}
+	}()
+
+	// An ALTER waiting for its metadata lock (behind a transaction that
+	// read the table: a dump, a session left open) waits lock_wait_timeout,
+	// a year by default: the attempt ran out its whole time, and the ALTER
+	// kept waiting on the server after the node gave up, holding up MySQL
+	// 8's writes on the table behind it. The session goes back to the pool
+	// with the server's default again, or not at all.
+	if _, err := conn.ExecContext(ctx, fmt.Sprintf("SET SESSION lock_wait_timeout = %d", int(migrateLockTimeout.Seconds()))); err != nil {
+		return s.wrap("migrate", err)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+		defer cancel()
+		if _, err := conn.ExecContext(rctx, "SET SESSION lock_wait_timeout = DEFAULT"); err != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		}
 	}()
 

@@ -147,3 +147,57 @@ func columnExists(t *testing.T, db *sql.DB, table, column string) bool {
 	}
 	return n == 1
 }
+
+// A migration waits for its table's metadata lock only briefly
+// (migrateLockTimeout), and its session goes back to the pool with the
+// server's lock_wait_timeout. Before, a transaction that had read the table
+// (a dump, a session left open) made each attempt run out its whole
+// statement time, with the ALTER left waiting on the server after the node
+// gave up. The next attempt, once the table is free, migrates.
+func TestMigrationGivesUpOnABusyTable(t *testing.T) {
+	ctx := context.Background()
+	dsn := testDSN(t)
+	table := sqltest.TableName(t)
+	dropOnCleanup(t, table)
+	db := admin(t)
+	ms, err := schema.Migrations(schema.MySQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyMigrations(t, db, table, ms[:1])
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback() //nolint:errcheck
+	var n int
+	if err := tx.QueryRow("SELECT COUNT(*) FROM " + table).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, Config{DSN: dsn, Table: table, AutoMigrate: true, MaxConns: 1, RetryCooldown: time.Nanosecond}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	key := storetest.NewKey(t)
+	_, err = s.Load(ctx, key)
+	if err == nil || !strings.Contains(err.Error(), "Error 1205") {
+		t.Fatalf("Load while another transaction holds the table = %v; want the migration to give up on its lock (1205)", err)
+	}
+	var session, global int
+	if err := s.db.QueryRowContext(ctx, "SELECT @@SESSION.lock_wait_timeout, @@GLOBAL.lock_wait_timeout").Scan(&session, &global); err != nil {
+		t.Fatal(err)
+	}
+	if session != global {
+		t.Fatalf("the pool's session has lock_wait_timeout %d after the migration, the server's is %d", session, global)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Load(ctx, key); err != nil {
+		t.Fatalf("Load once the table is free: %v", err)
+	}
+	if !columnExists(t, db, table, "key_id") {
+		t.Fatal("not migrated once the table was free")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -12,6 +13,10 @@ import (
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
+
+// migrateLockTimeout is how long a migration's DDL waits for its table
+// lock (lock_timeout) before the attempt gives up.
+const migrateLockTimeout = 200 * time.Millisecond
 
 // migrate applies the missing versions of sql/postgres/ (auto) or checks that
 // none is missing. It runs in one transaction holding a transaction-scoped
@@ -39,6 +44,15 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // no-op after Commit
 	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", lockKey(table)); err != nil {
 		return s.wrap("migrate lock", err)
+	}
+	// Set after the advisory lock, which may wait for another node's
+	// migration. An ALTER waiting for its table lock holds up every
+	// statement on the table behind it, on every node: with a long
+	// transaction on the table (a pg_dump), the attempt gives up at once
+	// and a later one migrates, instead of stalling the writes for a whole
+	// statement_timeout at every attempt.
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", migrateLockTimeout.Milliseconds())); err != nil {
+		return s.wrap("migrate", err)
 	}
 	have, err := schemaVersion(ctx, tx, table)
 	if err != nil {

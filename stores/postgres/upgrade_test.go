@@ -217,3 +217,46 @@ func tableAtVersion(t *testing.T, version int) (dsn, table string, conn *pgx.Con
 	}
 	return dsn, table, conn
 }
+
+// A migration waits for its table lock only briefly (migrateLockTimeout):
+// while it waits, every statement on the table queues behind it, on every
+// node. Before, a transaction holding the table (a pg_dump, a psql session
+// left open) made each attempt wait out statement_timeout, and the old
+// nodes' writes stood still for 5 s of every 6 while an upgraded node kept
+// trying. The attempt now fails on the lock, and the next one, after the
+// blocker is gone, migrates.
+func TestMigrationGivesUpOnABusyTable(t *testing.T) {
+	ctx := context.Background()
+	dsn, table, _ := tableAtVersion(t, 2)
+	blocker, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close(ctx)
+	tx, err := blocker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT count(*) FROM "+table); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, Config{DSN: dsn, Table: table, AutoMigrate: true, RetryCooldown: time.Nanosecond}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	key := storetest.NewKey(t)
+	_, err = s.Load(ctx, key)
+	if err == nil || !strings.Contains(err.Error(), "lock timeout") || !strings.Contains(err.Error(), "55P03") {
+		t.Fatalf("Load while another transaction holds the table = %v; want the migration to give up on its lock (55P03)", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Load(ctx, key); err != nil {
+		t.Fatalf("Load once the table is free: %v", err)
+	}
+	if !columnExists(t, table, "watched") {
+		t.Fatal("not migrated once the table was free")
+	}
+}
