@@ -185,6 +185,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"memory store size", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entries 0\n\t\t}\n\t}", `max_entries must be a positive integer`, "at Caddyfile:4"},
 		{"postgres without dsn", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable t\n\t\t}\n\t}", `postgres store needs a dsn`, "at Caddyfile:5"},
 		{"postgres bad table", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable Bad-Name\n\t\t}\n\t}", `table: `, "at Caddyfile:4"},
+		// PostgreSQL counts it in whole milliseconds: 500µs was sent as 0,
+		// no limit at all.
+		{"statement_timeout below 1ms", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tstatement_timeout 500us\n\t\t}\n\t}", `statement_timeout must be at least 1ms, got 500µs`, "at Caddyfile:4"},
 		{"combined_writes value", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tcombined_writes 0\n\t\t}\n\t}", `combined_writes must be a positive integer or off, got "0"`, "at Caddyfile:4"},
 		{"combined_writes mysql", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tcombined_writes many\n\t\t}\n\t}", `combined_writes must be a positive integer or off, got "many"`, "at Caddyfile:5"},
 		{"mysql unknown option", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tlisten_notify on\n\t\t}\n\t}", `unknown mysql store option "listen_notify"`, "at Caddyfile:5"},

@@ -70,6 +70,9 @@ func (m *MemoryStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	m.MaxEntries, m.MaxBytes = limits.MaxEntries, limits.MaxBytes
+	if m.MaxBytes > maxSize { // as the Caddyfile's sizes
+		return fmt.Errorf("memory store: max_bytes must be at most 1TiB, got %d", m.MaxBytes)
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}

@@ -278,6 +278,10 @@ func TestMemoryStoreDefaults(t *testing.T) {
 	if p.StoreKey() != (&MemoryStore{MaxEntries: 1, MaxBytes: 1}).StoreKey() {
 		t.Fatal("StoreKey depends on the bounds: a reload changing them would open an empty store")
 	}
+	// JSON gives what the Caddyfile refuses.
+	if err := (&MemoryStore{MaxBytes: maxSize + 1}).Provision(newCaddyContext(t)); err == nil || !strings.Contains(err.Error(), "max_bytes must be at most 1TiB") {
+		t.Fatalf("max_bytes past 1TiB: %v", err)
+	}
 }
 
 // startMemoryApp provisions and starts the app of the config ctx, tracking

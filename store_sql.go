@@ -194,7 +194,15 @@ func (c *SQLStoreConfig) unmarshalOption(d *caddyfile.Dispenser) (bool, error) {
 		}
 		c.AutoMigrate = &on
 	case "statement_timeout":
-		return true, parseDuration(d, &c.StatementTimeout)
+		if err := parseDuration(d, &c.StatementTimeout); err != nil {
+			return true, err
+		}
+		// PostgreSQL counts it in whole milliseconds, where 0 means no
+		// limit at all.
+		if c.StatementTimeout < caddy.Duration(time.Millisecond) {
+			return true, d.Errf("statement_timeout must be at least 1ms, got %v", time.Duration(c.StatementTimeout))
+		}
+		return true, nil
 	case "combined_writes":
 		n, err := parseCombinedWrites(d)
 		c.CombinedWrites = &n

@@ -101,6 +101,11 @@ func (c *Config) setDefaults() error {
 	if c.StatementTimeout == 0 {
 		c.StatementTimeout = sqlstore.DefaultStatementTimeout
 	}
+	// The server counts it in whole milliseconds, and 0 there means no
+	// limit at all.
+	if c.StatementTimeout < time.Millisecond {
+		return fmt.Errorf("postgres: statement_timeout must be at least 1ms, got %v", c.StatementTimeout)
+	}
 	if c.PollMin == 0 {
 		c.PollMin = sqlstore.DefaultPollMin
 	}

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,5 +47,14 @@ func TestKeyTooLong(t *testing.T) {
 	r := storetest.Reservation(storetest.NewKey(t)+"x", storetest.Long, storetest.Long)
 	if _, err := s.Reserve(context.Background(), r); err == nil {
 		t.Fatal("a 37-byte key was accepted")
+	}
+}
+
+// The server counts statement_timeout in whole milliseconds, and 0 there
+// is no limit: a shorter one (JSON's nanoseconds) was sent as 0.
+func TestStatementTimeoutBelowAMillisecond(t *testing.T) {
+	_, err := Open(context.Background(), Config{DSN: "postgres://postgres@127.0.0.1:1/x", StatementTimeout: 500 * time.Microsecond}, nil)
+	if err == nil || !strings.Contains(err.Error(), "statement_timeout must be at least 1ms") {
+		t.Fatalf("Open with a 500µs statement_timeout = %v", err)
 	}
 }
