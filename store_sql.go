@@ -401,6 +401,13 @@ func (m *MySQLStore) Provision(caddy.Context) error {
 	return nil
 }
 
+// writeSettle implements writeSettler: a statement may also wait for a row
+// lock on the server as long as the DSN's own innodb_lock_wait_timeout, and
+// commit then.
+func (m *MySQLStore) writeSettle() time.Duration {
+	return max(m.SQLStoreConfig.writeSettle(), m.cfg.ServerLockWait()+m.statementTimeout())
+}
+
 // StoreKey implements StoreProvider.
 func (m *MySQLStore) StoreKey() string {
 	c := m.cfg

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -159,6 +160,20 @@ func lockWaitBound(mc *mysql.Config, timeout time.Duration) {
 }
 
 const lockWaitVar = "innodb_lock_wait_timeout"
+
+// ServerLockWait is how long a statement of the store may wait for a row
+// lock on the server: the DSN's innodb_lock_wait_timeout if it sets one,
+// else the statement timeout rounded up to whole seconds (lockWaitBound).
+func (c Config) ServerLockWait() time.Duration {
+	if mc, err := mysql.ParseDSN(c.DSN); err == nil {
+		if v, set := mc.Params[lockWaitVar]; set {
+			if n, err := strconv.Atoi(strings.Trim(v, "'\"")); err == nil && n > 0 {
+				return time.Duration(n) * time.Second
+			}
+		}
+	}
+	return time.Duration(max(1, int(math.Ceil(c.StatementTimeout.Seconds())))) * time.Second
+}
 
 // Warm starts connecting in the background (see sqlstore.Lazy.Warm). The
 // Caddy app calls it from Start: never at provisioning, so that `caddy
