@@ -25,6 +25,11 @@ type RedisStore struct {
 	// Redis Cluster. Placeholders are expanded. Required.
 	Addresses []string `json:"addresses,omitempty"`
 
+	// The one address is a Redis Cluster's configuration endpoint (as
+	// managed services give one), through which the nodes are discovered.
+	// Several addresses are a cluster's anyway. Default: false.
+	Cluster bool `json:"cluster,omitempty"`
+
 	// ACL user name, if any. Placeholders are expanded.
 	Username string `json:"username,omitempty"`
 
@@ -84,6 +89,7 @@ func (r *RedisStore) Provision(caddy.Context) error {
 	}
 	cfg, err := redis.Config{
 		Addrs:         addrs,
+		Cluster:       r.Cluster,
 		Username:      repl.ReplaceKnown(r.Username, ""),
 		Password:      repl.ReplaceKnown(r.Password, ""),
 		DB:            r.DB,
@@ -130,7 +136,7 @@ func (r *RedisStore) callTimeouts() []namedTimeout {
 func (r *RedisStore) StoreKey() string {
 	c := r.cfg
 	parts := append([]string{}, c.Addrs...)
-	parts = append(parts, "|", c.Username, c.Password, strconv.Itoa(c.DB), c.KeyPrefix,
+	parts = append(parts, "|", strconv.FormatBool(c.Cluster), c.Username, c.Password, strconv.Itoa(c.DB), c.KeyPrefix,
 		strconv.FormatBool(c.TLS), c.TLSServerName, c.DialTimeout.String(), c.ReadTimeout.String(),
 		c.WriteTimeout.String(), strconv.Itoa(c.PoolSize))
 	return storeKey("redis", c.KeyPrefix, parts...)
@@ -146,7 +152,7 @@ func (r *RedisStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 	goredis.SetLogger(redisLog{logger.Named("client")})
 	s, err := redis.Open(r.cfg, logger)
 	if err == nil {
-		logger.Info("opened redis store", zap.Strings("addresses", r.cfg.Addrs), zap.String("key_prefix", r.cfg.KeyPrefix),
+		logger.Info("opened redis store", zap.Strings("addresses", r.cfg.Addrs), zap.Bool("cluster", r.cfg.Cluster || len(r.cfg.Addrs) > 1), zap.String("key_prefix", r.cfg.KeyPrefix),
 			zap.Int("db", r.cfg.DB), zap.Bool("tls", r.cfg.TLS), zap.Bool("password", r.cfg.Password != ""))
 	}
 	return s, err
@@ -164,6 +170,7 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) {
 //
 //	store redis {
 //	    address         <host:port>...
+//	    cluster         [on|off]
 //	    username        <name>
 //	    password        <password>
 //	    db              <n>
@@ -213,6 +220,11 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 			r.Addresses = append(r.Addresses, args...)
+		case "cluster":
+			r.Cluster = true
+			if d.CountRemainingArgs() > 0 {
+				r.Cluster, err = parseOnOff(d)
+			}
 		case "username":
 			r.Username, err = singleArg(d)
 		case "password":
@@ -269,8 +281,8 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(r.Addresses) == 0 {
 		return d.Errf("redis store needs an address")
 	}
-	if len(r.Addresses) > 1 && r.DB != 0 {
-		return d.Errf("db %d with several addresses: a Redis Cluster has only db 0", r.DB)
+	if (len(r.Addresses) > 1 || r.Cluster) && r.DB != 0 {
+		return d.Errf("db %d on a cluster (several addresses, or cluster on): a Redis Cluster has only db 0", r.DB)
 	}
 	return nil
 }

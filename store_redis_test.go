@@ -92,9 +92,27 @@ func TestRedisStoreCaddyfile(t *testing.T) {
 	if len(r.Addresses) != 2 || r.DialTimeout != 1e9 || r.ReadTimeout != 1e9 || r.WriteTimeout != 2e9 {
 		t.Fatalf("write_timeout before timeout: parsed %+v", r)
 	}
+	// One address of a cluster: a managed service's configuration
+	// endpoint.
+	r = new(RedisStore)
+	if err := r.UnmarshalCaddyfile(caddyfile.NewTestDispenser("redis {\naddress a:1\ncluster\n}")); err != nil || !r.Cluster {
+		t.Fatalf("cluster: parsed %+v, %v", r, err)
+	}
+	if err := r.Provision(newCaddyContext(t)); err != nil || !r.cfg.Cluster {
+		t.Fatalf("cluster: provisioned %+v, %v", r.cfg, err)
+	}
+	plain := &RedisStore{Addresses: []string{"a:1"}}
+	if err := plain.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	if r.StoreKey() == plain.StoreKey() {
+		t.Fatal("StoreKey does not depend on cluster: a reload switching it would keep the old client")
+	}
 	for src, want := range map[string]string{
-		`redis`:               "needs an address",
-		"redis {\naddress\n}": "needs at least one",
+		`redis`:                                  "needs an address",
+		"redis {\naddress a:1\ncluster\ndb 1\n}": "Cluster has only db 0",
+		"redis {\naddress a:1\ncluster maybe\n}": "cluster must be on or off",
+		"redis {\naddress\n}":                    "needs at least one",
 		"redis {\naddress a:1 redis://default:s3cret@r:6379/0\n}": "address: value 2 of 2: a URL, not host:port",
 		"redis {\naddress r\n}":                                   "not host:port",
 		"redis {\naddress a:1\ndb x\n}":                           "db must be a non-negative integer",

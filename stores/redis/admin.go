@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"strings"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -45,30 +46,61 @@ func (s *Store) Inspect(ctx context.Context, key string) (*stores.Record, time.D
 	return s.load(ctx, key)
 }
 
+// countScript reads a record's state without its body: 0 gone, 1 final,
+// 2 abandoned (in flight, its lease lapsed), 3 in flight.
+var countScript = goredis.NewScript(prelude + `
+local cur = redis.call('HMGET', KEYS[1], 'state', 'lease')
+if cur[1] == 'final' then return 1 end
+if cur[1] ~= 'in_flight' then return 0 end
+if tonumber(cur[2] or '0') <= now() then return 2 end
+return 3
+`)
+
 // Count implements stores.Counter by scanning every key under the prefix
 // (SCAN, in batches, so the server is never blocked) and reading each
-// record: one round trip per record. It serves an operator's occasional
-// look; on a Cluster it covers the node the client reaches for SCAN only.
+// record's state: one round trip per record. It serves an operator's
+// occasional look. On a Cluster it scans every master in turn: a keyless
+// SCAN sent through the cluster client goes to any node, page by page,
+// and a cursor of one node is meaningless on another.
 func (s *Store) Count(ctx context.Context) (stores.Counts, error) {
-	var c stores.Counts
-	iter := s.client.Scan(ctx, 0, recordPattern(s.cfg.KeyPrefix), 1000).Iterator()
-	for iter.Next(ctx) {
-		key := strings.TrimPrefix(iter.Val(), s.cfg.KeyPrefix)
-		rec, _, err := s.load(ctx, key)
-		if err != nil {
-			return stores.Counts{}, err
+	var (
+		mu sync.Mutex
+		c  stores.Counts
+	)
+	scan := func(ctx context.Context, node goredis.UniversalClient) error {
+		var mine stores.Counts
+		iter := node.Scan(ctx, 0, recordPattern(s.cfg.KeyPrefix), 1000).Iterator()
+		for iter.Next(ctx) {
+			n, err := countScript.Run(ctx, node, []string{iter.Val()}).Int()
+			if err != nil {
+				return err
+			}
+			switch n {
+			case 1:
+				mine.Final++
+			case 2:
+				mine.Abandoned++
+			case 3:
+				mine.InFlight++
+			}
 		}
-		switch {
-		case rec == nil:
-		case rec.State == stores.StateFinal:
-			c.Final++
-		case rec.Abandoned:
-			c.Abandoned++
-		default:
-			c.InFlight++
+		if err := iter.Err(); err != nil {
+			return err
 		}
+		mu.Lock()
+		defer mu.Unlock()
+		c.Final += mine.Final
+		c.Abandoned += mine.Abandoned
+		c.InFlight += mine.InFlight
+		return nil
 	}
-	if err := iter.Err(); err != nil {
+	var err error
+	if cluster, ok := s.client.(*goredis.ClusterClient); ok {
+		err = cluster.ForEachMaster(ctx, func(ctx context.Context, node *goredis.Client) error { return scan(ctx, node) })
+	} else {
+		err = scan(ctx, s.client)
+	}
+	if err != nil {
 		return stores.Counts{}, s.wrap("count", err)
 	}
 	return c, nil

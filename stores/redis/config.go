@@ -41,6 +41,10 @@ type Config struct {
 	// proxy in front of several); more than one is a Redis Cluster, whose
 	// nodes are discovered from them. Required.
 	Addrs []string
+	// Cluster makes one address a Redis Cluster's too: a managed
+	// service's configuration endpoint, through which the nodes are
+	// discovered. Several addresses are a cluster's whatever it says.
+	Cluster bool
 	// Username and Password authenticate (ACL user, or only a password for
 	// requirepass). The password never appears in errors or logs.
 	Username, Password string
@@ -103,8 +107,8 @@ func (c *Config) setDefaults() error {
 	if c.DB < 0 {
 		return fmt.Errorf("redis: negative db %d", c.DB)
 	}
-	if len(c.Addrs) > 1 && c.DB != 0 {
-		return fmt.Errorf("redis: db %d with several addresses: a cluster has only db 0", c.DB)
+	if (len(c.Addrs) > 1 || c.Cluster) && c.DB != 0 {
+		return fmt.Errorf("redis: db %d on a cluster (several addresses, or cluster on): a cluster has only db 0", c.DB)
 	}
 	if c.DialTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.PoolSize < 0 || c.NotifyFallback < 0 {
 		return errors.New("redis: negative timeout, interval or pool size")

@@ -50,14 +50,15 @@ func Open(cfg Config, logger *zap.Logger) (*Store, error) {
 		logger = zap.NewNop()
 	}
 	opts := &goredis.UniversalOptions{
-		Addrs:        cfg.Addrs,
-		Username:     cfg.Username,
-		Password:     cfg.Password,
-		DB:           cfg.DB,
-		DialTimeout:  cfg.DialTimeout,
-		ReadTimeout:  cfg.ReadTimeout,
-		WriteTimeout: cfg.WriteTimeout,
-		PoolSize:     cfg.PoolSize,
+		Addrs:         cfg.Addrs,
+		IsClusterMode: cfg.Cluster,
+		Username:      cfg.Username,
+		Password:      cfg.Password,
+		DB:            cfg.DB,
+		DialTimeout:   cfg.DialTimeout,
+		ReadTimeout:   cfg.ReadTimeout,
+		WriteTimeout:  cfg.WriteTimeout,
+		PoolSize:      cfg.PoolSize,
 		// A call that waits this long for a pooled connection fails with
 		// ErrPoolTimeout, which proves it sent nothing. go-redis's own
 		// default (read timeout + 1 s) outlasts the call's deadline, whose
@@ -174,6 +175,9 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 // password.
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("redis %s: %w", op, err)
+	if !s.resends() && redirected(err) {
+		out = fmt.Errorf("redis %s: %w (the address is a Redis Cluster node: set cluster on, or list several nodes)", op, err)
+	}
 	if !s.resends() && (errors.Is(err, goredis.ErrPoolTimeout) || sqlstore.DialFailed(err) || refusedUnrun(err)) {
 		out = stores.MarkNotSent(out)
 	}
@@ -193,7 +197,9 @@ var notNow = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUS
 // replica (READONLY: no write of a script runs there), without a reachable
 // master (MASTERDOWN), while another script runs (BUSY), or on a
 // connection that is not logged in (NOAUTH; WRONGPASS, which the login at
-// connect answers, before any command is sent on it). A script that ran
+// connect answers, before any command is sent on it), or by a cluster node
+// that does not serve the key's slot (MOVED, ASK: only the cluster client
+// follows them). A script that ran
 // and failed answers an ERR reply, and OOM or NOPERM may come from a
 // command inside a script after others wrote: neither counts.
 func refusedUnrun(err error) bool {
@@ -202,12 +208,23 @@ func refusedUnrun(err error) bool {
 		return false
 	}
 	msg := rerr.Error()
-	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "BUSY ", "NOAUTH ", "WRONGPASS "} {
+	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "BUSY ", "NOAUTH ", "WRONGPASS ", "MOVED ", "ASK "} {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}
 	}
 	return false
+}
+
+// redirected reports a cluster node's redirection (MOVED, ASK), which a
+// client for a single server meets when its address is a cluster's.
+func redirected(err error) bool {
+	var rerr goredis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	msg := rerr.Error()
+	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")
 }
 
 // resends reports a cluster client, which sends a command again after a
