@@ -281,6 +281,9 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(r.Addresses) == 0 {
 		return d.Errf("redis store needs an address")
 	}
+	if _, off := given["tls"]; off && !r.TLS && r.TLSServerName != "" {
+		return d.Errf("tls off with tls_server_name, which implies tls: leave one out")
+	}
 	if (len(r.Addresses) > 1 || r.Cluster) && r.DB != 0 {
 		return d.Errf("db %d on a cluster (several addresses, or cluster on): a Redis Cluster has only db 0", r.DB)
 	}

@@ -109,10 +109,11 @@ func TestRedisStoreCaddyfile(t *testing.T) {
 		t.Fatal("StoreKey does not depend on cluster: a reload switching it would keep the old client")
 	}
 	for src, want := range map[string]string{
-		`redis`:                                  "needs an address",
-		"redis {\naddress a:1\ncluster\ndb 1\n}": "Cluster has only db 0",
-		"redis {\naddress a:1\ncluster maybe\n}": "cluster must be on or off",
-		"redis {\naddress\n}":                    "needs at least one",
+		`redis`:                                                   "needs an address",
+		"redis {\naddress a:1\ncluster\ndb 1\n}":                  "Cluster has only db 0",
+		"redis {\naddress a:1\ncluster maybe\n}":                  "cluster must be on or off",
+		"redis {\naddress a:1\ntls off\ntls_server_name r\n}":     "tls off with tls_server_name",
+		"redis {\naddress\n}":                                     "needs at least one",
 		"redis {\naddress a:1 redis://default:s3cret@r:6379/0\n}": "address: value 2 of 2: a URL, not host:port",
 		"redis {\naddress r\n}":                                   "not host:port",
 		"redis {\naddress a:1\ndb x\n}":                           "db must be a non-negative integer",
