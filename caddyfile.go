@@ -23,10 +23,11 @@ func init() {
 	// after it), a site-level iceberg_idempotency guards a reverse_proxy
 	// written inside any of those blocks or in a named route that invoke
 	// calls: a handle's subroute and an invoked route terminate, so
-	// anything sorted after them would never run. It still comes after basic_auth and
-	// forward_auth, so that {http.auth.user.id} is set and unauthenticated
-	// requests are rejected before they reach the store, and after encode,
-	// so that a compressed answer is captured before it is compressed.
+	// anything sorted after them would never run. It still comes after
+	// basic_auth and forward_auth, so that {http.auth.user.id} is set and
+	// unauthenticated requests are rejected before they reach the store,
+	// and after encode, so that a compressed answer is captured before it
+	// is compressed.
 	httpcaddyfile.RegisterDirectiveOrder("iceberg_idempotency", httpcaddyfile.Before, "invoke")
 	httpcaddyfile.RegisterGlobalOption("iceberg_idempotency", parseApp)
 }
