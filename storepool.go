@@ -184,7 +184,20 @@ func (p *pooledStore) enter() (leave func()) {
 // Destruct closes the store once no request has used it for dropLinger.
 // It returns at once: Caddy calls it from the old config's Cleanup, which
 // must not hold up a reload.
+//
+// When the process exits, it waits instead (at most exitDrain) for what
+// still uses the store: the background repairs of failed store writes (a
+// Finalize retried after the answer went out, the release of a reservation
+// whose reply was lost) and requests past the server's grace period. The
+// process ends when Cleanup returns, and a repair cut off there left its
+// key in flight until its record expired, 36 minutes by default: a commit
+// the catalog never received answered "unknown", or an answered one not
+// replayed.
 func (p *pooledStore) Destruct() error {
+	if processExiting() {
+		p.drainForExit(exitDrain)
+		return p.Close()
+	}
 	p.dropped.Store(true)
 	linger := dropLinger // read here: tests change it between tests, and this goroutine may outlive its test
 	go func() {
@@ -202,6 +215,31 @@ func (p *pooledStore) Destruct() error {
 		_ = p.Close()
 	}()
 	return nil
+}
+
+// exitDrain bounds how long an exiting process waits for the store's
+// background repairs: they give up by themselves after the longest of
+// their windows (lostReplyWindow, the finalize window), and each call
+// within is bounded too.
+var exitDrain = lostReplyWindow + storeOpTimeout
+
+// processExiting reports whether the process is exiting (a variable so
+// that a test can say it is).
+var processExiting = caddy.Exiting
+
+// drainForExit waits, at most timeout, until nothing uses the store, and
+// says what it waits for and what it leaves.
+func (p *pooledStore) drainForExit(timeout time.Duration) {
+	n := p.active.Load()
+	if n == 0 {
+		return
+	}
+	p.logger.Info("exiting: waiting for the store writes still under way (background repairs, requests past the grace period)",
+		zap.String("backend", p.backend), zap.Int64("uses", n), zap.Duration("at_most", timeout))
+	if !p.waitIdle(timeout) {
+		p.logger.Error("exiting with store writes still under way: their keys stay in flight until their leases lapse, and then answer as abandoned",
+			zap.String("backend", p.backend), zap.Int64("uses", p.active.Load()))
+	}
 }
 
 // waitIdle blocks until no request uses the store, or timeout passes; it

@@ -1,7 +1,9 @@
 package icebergidempotency
 
 import (
+	"context"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -79,4 +82,36 @@ func TestDroppedStoreStaysOpenForLateRequests(t *testing.T) {
 		t.Fatal("the store closed a linger after it was dropped, though a request used it since")
 	}
 	waitClosed(t, inner, 1)
+}
+
+// An exiting process waits for the store's background repairs before it
+// closes the store: a Finalize that failed once is retried after the
+// answer went out, and the exit lets it land. Before, Destruct returned at
+// once and the process ended with the retry pending: the answered commit's
+// key stayed in flight until its record expired, and every retry heard
+// "unknown" for 36 minutes instead of the replay.
+func TestExitWaitsForBackgroundRepairs(t *testing.T) {
+	flaky := &flakyStore{Store: newMemoryStore(t)}
+	flaky.finalizeFailures.Store(2)
+	p := newPooledStore(&closeCounter{Store: flaky})
+	h := &Handler{store: p, pooled: p, logger: zap.NewNop()}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
+		t.Fatalf("first answer = %d, want the catalog's 200 delivered", first.code())
+	}
+	exiting := processExiting
+	processExiting = func() bool { return true }
+	t.Cleanup(func() { processExiting = exiting })
+	if err := p.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := flaky.Load(context.Background(), key)
+	if err != nil || rec == nil || rec.State != stores.StateFinal {
+		t.Fatalf("record when the exiting process closed its store = %+v, %v; want the answer stored", rec, err)
+	}
 }
