@@ -169,18 +169,22 @@ type Handler struct {
 	// clear. Default: false.
 	RequireSecret bool `json:"require_secret,omitempty"`
 
-	store          stores.Store
-	pooled         *pooledStore // store's pool entry; nil in tests that set store directly
-	storeKey       string
-	keyVersions    keyVersionSet // KeyVersions as a set
-	basePath       string        // BasePath, normalized like request paths
-	finalizeWindow time.Duration // how long a failing Finalize is retried; tests shorten it
-	settleWindow   time.Duration // how long a lost write may still commit (undoLostReply); tests shorten it
-	finalizeSet    statusSet
-	releaseSet     statusSet
-	replayHdrs     []string
-	keys           keyring // derived from Secret and PreviousSecrets; never marshalled
-	logger         *zap.Logger
+	store    stores.Store
+	pooled   *pooledStore // store's pool entry; nil in tests that set store directly
+	storeKey string
+	// retention is the floor of the records' TTL on the store's table
+	// (see retentionFloors); releaseRetention lets this config's hold go.
+	retention        *retentionFloor
+	releaseRetention func()
+	keyVersions      keyVersionSet // KeyVersions as a set
+	basePath         string        // BasePath, normalized like request paths
+	finalizeWindow   time.Duration // how long a failing Finalize is retried; tests shorten it
+	settleWindow     time.Duration // how long a lost write may still commit (undoLostReply); tests shorten it
+	finalizeSet      statusSet
+	releaseSet       statusSet
+	replayHdrs       []string
+	keys             keyring // derived from Secret and PreviousSecrets; never marshalled
+	logger           *zap.Logger
 	// principalHeader is the header Principal names when it is one
 	// {http.request.header.*} placeholder (see principalOf), else "".
 	principalHeader string
@@ -266,6 +270,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// tracks the pool entry itself, and times its purges the same way.
 	h.store = instrumentStore(h.pooled, h.pooled.backend)
 	h.storeKey = provider.StoreKey()
+	h.retention, h.releaseRetention = holdRetention(placeOf(h.storeKey), time.Duration(h.Lifetime+*h.Grace))
 	app.track(h.storeKey, h.pooled)
 	return nil
 }
@@ -597,6 +602,9 @@ const maxDuration = caddy.Duration(10 * 365 * 24 * time.Hour)
 // Cleanup gives the store back to the pool; the last user closes it. It
 // copes with a Provision that failed before the store was acquired.
 func (h *Handler) Cleanup() error {
+	if h.releaseRetention != nil {
+		h.releaseRetention()
+	}
 	if h.storeKey == "" {
 		return nil
 	}

@@ -882,6 +882,11 @@ const defaultSettleWindow = 10 * time.Second
 // already spans the execution (see executionLease).
 func (g *guarded) recordTTL(lease time.Duration) time.Duration {
 	ttl := time.Duration(g.h.Lifetime + *g.h.Grace)
+	if g.h.retention != nil {
+		// A lifetime this process advertised for the store before a
+		// reload lowered it, while clients may still count on it.
+		ttl = max(ttl, g.h.retention.get())
+	}
 	ends := g.executionEnds
 	if ends.IsZero() { // not started yet: it starts now at the latest
 		ends = time.Now().Add(time.Duration(g.h.ExecutionTimeout))
