@@ -9,16 +9,19 @@ package icebergidempotency
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/textproto"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -55,10 +58,13 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		}
 	}
 	key, err := parseKey(values[0], h.keyVersions)
+	otherVersion := false
 	if err != nil {
-		decisionCounters.inc(op, outcomeInvalidKey)
-		writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+err.Error(), 0)
-		return nil
+		if key, otherVersion = h.keyOfOtherVersion(values[0]); !otherVersion {
+			decisionCounters.inc(op, outcomeInvalidKey)
+			writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+err.Error(), 0)
+			return nil
+		}
 	}
 
 	if h.pooled != nil {
@@ -67,6 +73,24 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// large body uploads must not close the store under it.
 		h.pooled.use()
 		defer h.pooled.done()
+	}
+	if otherVersion {
+		// A valid key of a version key_versions leaves out is refused,
+		// unless another node (or this one before a reload) accepted it:
+		// its retry is owed the stored answer, and a 400 to a commit
+		// tells the client it failed, which leads to the cleanup.
+		switch known, lerr := h.keyRecorded(r.Context(), key); {
+		case lerr != nil:
+			decisionCounters.inc(op, outcomeStoreUnavailable)
+			writeError(w, http.StatusServiceUnavailable, typeUnavailable,
+				"Idempotency store is unavailable; retry with the same Idempotency-Key", int(math.Ceil(time.Duration(h.RetryAfter).Seconds())))
+			return nil
+		case !known:
+			decisionCounters.inc(op, outcomeInvalidKey)
+			_, err := parseKey(values[0], h.keyVersions)
+			writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+err.Error(), 0)
+			return nil
+		}
 	}
 	// A body announced too large is refused before it is read: a client
 	// that sent Expect: 100-continue is then not asked to upload it.
@@ -306,6 +330,24 @@ func parseKey(s string, allowed keyVersionSet) (string, error) {
 	}
 	return strings.ToLower(s), nil
 }
+
+// keyOfOtherVersion returns s as a key, if it is a valid one of a version
+// key_versions leaves out.
+func (h *Handler) keyOfOtherVersion(s string) (string, bool) {
+	key, err := parseKey(s, anyKeyVersion)
+	return key, err == nil
+}
+
+// keyRecorded reports whether the store holds a record for key.
+func (h *Handler) keyRecorded(ctx context.Context, key string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, storeOpTimeout)
+	defer cancel()
+	rec, err := h.store.Load(ctx, key)
+	return rec != nil, err
+}
+
+// anyKeyVersion is every version RFC 9562 defines (key_versions any).
+const anyKeyVersion keyVersionSet = 1<<(maxKeyVersion+1) - 1<<minKeyVersion
 
 // keyVersionSet is a set of UUID versions, one bit per version: the
 // versions an Idempotency-Key may have (key_versions).

@@ -377,6 +377,10 @@ func (failingStore) Reserve(context.Context, stores.Reservation) (stores.Reserve
 
 func (failingStore) Release(context.Context, string, string) error { return errors.New("store down") }
 
+func (failingStore) Load(context.Context, string) (*stores.Record, error) {
+	return nil, errors.New("store down")
+}
+
 // "Store failures" fail closed with 503 + Retry-After, or pass through
 // unguarded with fail_open.
 func TestStoreFailure(t *testing.T) {
@@ -505,5 +509,47 @@ func TestKeyVersions(t *testing.T) {
 					res.code(), again.code(), again.header.Get(ReplayedHeader), up.calls.Load())
 			}
 		})
+	}
+}
+
+// A node whose key_versions leaves out a key's version answers its retry
+// from the record another node (or this one, before a reload) made for it:
+// during a rolling change to key_versions 4 7, a v4 key executed on an
+// upgraded node got 400 from an old one, which tells a commit client it
+// failed. A key of that version with no record is refused as before, and
+// the store down answers 503, not a 400 it cannot be sure of.
+func TestKeyOfAnotherVersionAcceptedElsewhere(t *testing.T) {
+	const v4 = "f47ac10b-58cc-4372-a567-0e02b2c3d479"
+	s := newMemoryStore(t)
+	node := func(versions []int) *Handler {
+		h := &Handler{store: s, logger: zap.NewNop(), KeyVersions: versions}
+		if err := h.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.prepare(); err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	upgraded, old := node([]int{4, 7}), node(nil)
+	up := answering(200, "{}")
+	if first := serve(t, upgraded, up, "POST", "/v1/namespaces", v4, nsBody); first.code() != 200 {
+		t.Fatalf("first = %d %s", first.code(), first.body)
+	}
+	retry := serve(t, old, up, "POST", "/v1/namespaces", v4, nsBody)
+	if retry.code() != 200 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+		t.Fatalf("retry on a node without version 4 = %d %s replayed=%q, catalog called %d; want the stored answer",
+			retry.code(), retry.body, retry.header.Get(ReplayedHeader), up.calls.Load())
+	}
+	other := "0f47ac10-58cc-4372-a567-0e02b2c3d479"
+	if fresh := serve(t, old, up, "POST", "/v1/namespaces", other, nsBody); fresh.code() != 400 || !strings.Contains(fresh.body, "got version 4") {
+		t.Fatalf("unrecorded v4 key = %d %s; want 400", fresh.code(), fresh.body)
+	}
+	down := &Handler{store: failingStore{s}, logger: zap.NewNop()}
+	if err := down.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	if res := serve(t, down, up, "POST", "/v1/namespaces", other, nsBody); res.code() != 503 || up.calls.Load() != 1 {
+		t.Fatalf("v4 key with the store down = %d %s, catalog called %d; want 503", res.code(), res.body, up.calls.Load())
 	}
 }
