@@ -28,18 +28,10 @@ var oldBody = []byte("{\"metadata-location\":\"s3://b/m.json\"}\n\x00\xff")
 // afterwards sit next to it, and 0002 applied again by hand changes nothing.
 func TestUpgradeFromVersion1(t *testing.T) {
 	ctx := context.Background()
-	dsn := testDSN(t)
-	table := sqltest.TableName(t)
-	dropOnCleanup(t, table)
-	db := admin(t)
-	ms, err := schema.Migrations(schema.MySQL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applyMigrations(t, db, table, ms[:1])
+	dsn, table, db := tableAtVersion(t, 1)
 	// The row exactly as the version-1 Finalize left it.
 	oldKey := storetest.NewKey(t)
-	_, err = db.Exec("INSERT INTO "+table+" (`key`, operation, path, principal, fingerprint, state, owner, lease_until,"+
+	_, err := db.Exec("INSERT INTO "+table+" (`key`, operation, path, principal, fingerprint, state, owner, lease_until,"+
 		` created_at, expires_at, status, headers, body)
 	VALUES (?, 'createTable', '/v1/namespaces/ns/tables', 'p-old', 'fp-old', 'final', NULL, NULL,
 		UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, 200, ?, ?)`,
@@ -118,6 +110,10 @@ func TestUpgradeFromVersion1(t *testing.T) {
 	}
 
 	// The file is idempotent: applied again by hand, it changes nothing.
+	ms, err := schema.Migrations(schema.MySQL)
+	if err != nil {
+		t.Fatal(err)
+	}
 	applyMigrations(t, db, table, ms[1:])
 	checkVersion2(t, db, table)
 	if rec, err := s.Load(ctx, newKey); err != nil || rec == nil || !reflect.DeepEqual(*rec.Response, sealed) {
@@ -156,15 +152,7 @@ func columnExists(t *testing.T, db *sql.DB, table, column string) bool {
 // gave up. The next attempt, once the table is free, migrates.
 func TestMigrationGivesUpOnABusyTable(t *testing.T) {
 	ctx := context.Background()
-	dsn := testDSN(t)
-	table := sqltest.TableName(t)
-	dropOnCleanup(t, table)
-	db := admin(t)
-	ms, err := schema.Migrations(schema.MySQL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	applyMigrations(t, db, table, ms[:1])
+	dsn, table, db := tableAtVersion(t, 1)
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -200,4 +188,21 @@ func TestMigrationGivesUpOnABusyTable(t *testing.T) {
 	if !columnExists(t, db, table, "key_id") {
 		t.Fatal("not migrated once the table was free")
 	}
+}
+
+// tableAtVersion creates a table as an older build left it, by applying the
+// first version schema migrations only, and returns the test DSN, the table
+// and an admin connection.
+func tableAtVersion(t *testing.T, version int) (dsn, table string, db *sql.DB) {
+	t.Helper()
+	dsn = testDSN(t)
+	table = sqltest.TableName(t)
+	dropOnCleanup(t, table)
+	db = admin(t)
+	ms, err := schema.Migrations(schema.MySQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyMigrations(t, db, table, ms[:version])
+	return dsn, table, db
 }
