@@ -12,6 +12,7 @@ package integration_test
 // figures in the summary should not depend on what else the machine ran.
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -367,4 +368,75 @@ func testSQLReloadUnderLoad(t *testing.T, db *sqlDB, dsn, mode string) {
 			"afterwards %d keys that got 200 replayed from both nodes, %d did not (%d logged as delivered but not stored)",
 			failed, lostConns, slowStore, out.Replayed, out.Lost, out.Unstored),
 	})
+}
+
+// TestFaultSQLStopDuringOutage: the catalog answers a keyed commit while
+// the node's database is cut, so the node delivers the 200 and retries its
+// Finalize in the background; then the node is stopped gracefully (SIGINT,
+// as `caddy stop` or a SIGTERM), and the database comes back. The exiting
+// node waits for that retry, which stores the answer: the client's retry on
+// the other node gets it replayed, and the catalog executed once. Before,
+// the process exited at once, the key stayed in flight until its record
+// expired, and every retry heard 500 "unknown".
+func TestFaultSQLStopDuringOutage(t *testing.T) {
+	forEachSQLFaultDB(t, func(t *testing.T, db *sqlDB, dsn string) {
+		target, err := db.target(dsn)
+		if err != nil {
+			t.Skip(err)
+		}
+		proxy := sqltest.NewProxy(t, target)
+		viaProxy, err := db.via(dsn, proxy.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := caddyproc.NewBackend(t)
+		table := db.newTable(t, dsn)
+		options := []string{"lease 6s", "in_flight_wait 2s"}
+		stopping := caddyproc.Start(t, multiNodeSite(b, db.storeBlock(viaProxy, table, "statement_timeout 1s"), options...))
+		other := caddyproc.Start(t, multiNodeSite(b, db.storeBlock(dsn, table, "statement_timeout 1s"), options...))
+
+		const path = "/v1/namespaces/ns/tables/stop"
+		gate := b.Stall(path)
+		key := newKey(t)
+		first := make(chan response, 1)
+		go func() {
+			r, err := request(context.Background(), http.MethodPost, stopping.URL()+path, multiNodeBody, keyHeader, key)
+			if err != nil {
+				r.Status = -1
+			}
+			first <- r
+		}()
+		gate.WaitArrived(t, 1, 10*time.Second)
+		proxy.Stop()
+		gate.Release()
+		if r := <-first; r.Status != http.StatusOK {
+			t.Fatalf("first answer = %v, want the catalog's 200 delivered", r)
+		}
+		waitForLog(t, stopping, "finalize failed: will retry")
+
+		exited := make(chan struct{})
+		go func() { stopping.Stop(); close(exited) }()
+		waitForLog(t, stopping, "exiting: waiting for the store writes still under way")
+		proxy.Start()
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			t.Fatal("the stopping node did not exit")
+		}
+		retry := commit(t, other, path, key)
+		if retry.Status != http.StatusOK || !retry.replayed() || b.Count(path) != 1 {
+			t.Fatalf("retry on the other node = %v, catalog executed %d; want the stored 200 replayed, executed once\nlogs of the stopped node:\n%s",
+				retry, b.Count(path), stopping.Logs())
+		}
+	})
+}
+
+// waitForLog waits until node has logged a line containing msg.
+func waitForLog(t *testing.T, node *caddyproc.Instance, msg string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(node.Logs(), msg); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %q in the node's log:\n%s", msg, node.Logs())
+		}
+	}
 }
