@@ -497,7 +497,7 @@ func (h *Handler) validateOption(opt string) error {
 		// it 422 as another caller's, which a commit client takes for a
 		// failed commit although it landed.
 		if name, why := perAttemptPlaceholder(h.Principal); name != "" {
-			return fmt.Errorf("principal %q differs between a request and its retry: {%s} %s, so every retry would be refused as another principal's; use %s", h.Principal, name, why, "{http.auth.user.id}, {http.request.header.Authorization}, {http.request.remote.host} or {client_ip}")
+			return fmt.Errorf("principal %q differs between a request and its retry: {%s} %s, so every retry would be refused as another principal's; use %s", h.Principal, name, why, "the caller's identity, such as {http.auth.user.id} or {http.request.header.Authorization}")
 		}
 	case "replay_headers":
 		for i, name := range h.ReplayHeaders {
@@ -562,6 +562,9 @@ func perAttemptPlaceholder(expr string) (name, why string) {
 	for _, m := range placeholderPattern.FindAllStringSubmatch(expr, -1) {
 		if why, ok := perAttemptPlaceholders[m[1]]; ok {
 			return m[1], why
+		}
+		if strings.HasPrefix(m[1], "time.") {
+			return m[1], "changes with the time"
 		}
 	}
 	return "", ""
