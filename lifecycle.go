@@ -843,7 +843,7 @@ func (g *guarded) undoLostReply(undo func(ctx context.Context, s stores.Store, k
 			cancel()
 			since := time.Since(failed)
 			switch {
-			case err == nil, since > lostReplyWindow:
+			case err == nil, since > max(lostReplyWindow, settle):
 				return
 			case errors.Is(err, stores.ErrNotOwner) && since >= settle:
 				return

@@ -185,7 +185,7 @@ func (p *pooledStore) enter() (leave func()) {
 // It returns at once: Caddy calls it from the old config's Cleanup, which
 // must not hold up a reload.
 //
-// When the process exits, it waits instead (at most exitDrain) for what
+// When the process exits, it waits instead (until exitDeadline) for what
 // still uses the store: the background repairs of failed store writes (a
 // Finalize retried after the answer went out, the release of a reservation
 // whose reply was lost) and requests past the server's grace period. The
@@ -195,10 +195,11 @@ func (p *pooledStore) enter() (leave func()) {
 // replayed.
 func (p *pooledStore) Destruct() error {
 	if processExiting() {
-		p.drainForExit(exitDrain)
+		drainForExit(p)
 		return p.Close()
 	}
 	p.dropped.Store(true)
+	lingering.Store(p, struct{}{})
 	linger := dropLinger // read here: tests change it between tests, and this goroutine may outlive its test
 	go func() {
 		for {
@@ -212,31 +213,75 @@ func (p *pooledStore) Destruct() error {
 				break
 			}
 		}
+		lingering.Delete(p)
 		_ = p.Close()
 	}()
 	return nil
 }
 
-// exitDrain bounds how long an exiting process waits for the store's
-// background repairs: they give up by themselves after the longest of
-// their windows (lostReplyWindow, the finalize window), and each call
-// within is bounded too.
-var exitDrain = lostReplyWindow + storeOpTimeout
+// lingering holds the stores a reload dropped that stay open for what
+// still uses them (see Destruct): an exit waits for them too.
+var lingering sync.Map // *pooledStore → struct{}
+
+// longestRepair is the longest a store's background repairs may take, over
+// every store opened (see repairBound), in nanoseconds.
+var longestRepair atomic.Int64
+
+// repairBound is how long the background repairs of a store whose writes
+// may settle for settle go on: the longest of their windows, each call
+// within bounded too.
+func repairBound(settle time.Duration) time.Duration {
+	return max(lostReplyWindow, defaultFinalizeWindow, settle) + storeOpTimeout
+}
+
+// noteRepairBound raises longestRepair to d.
+func noteRepairBound(d time.Duration) {
+	for {
+		cur := longestRepair.Load()
+		if int64(d) <= cur || longestRepair.CompareAndSwap(cur, int64(d)) {
+			return
+		}
+	}
+}
+
+// exitDeadline is when an exiting process stops waiting for its stores:
+// set by the first store drained, so that several stores wait together,
+// not one after the other.
+var exitDeadline struct {
+	sync.Mutex
+	at time.Time
+}
 
 // processExiting reports whether the process is exiting (a variable so
 // that a test can say it is).
 var processExiting = caddy.Exiting
 
-// drainForExit waits, at most timeout, until nothing uses the store, and
-// says what it waits for and what it leaves.
-func (p *pooledStore) drainForExit(timeout time.Duration) {
+// drainForExit waits, until exitDeadline, for p and every store a reload
+// dropped to be idle.
+func drainForExit(p *pooledStore) {
+	exitDeadline.Lock()
+	if exitDeadline.at.IsZero() {
+		exitDeadline.at = time.Now().Add(time.Duration(longestRepair.Load()))
+	}
+	at := exitDeadline.at
+	exitDeadline.Unlock()
+	p.drainUntil(at)
+	lingering.Range(func(k, _ any) bool {
+		k.(*pooledStore).drainUntil(at)
+		return true
+	})
+}
+
+// drainUntil waits, until at, for nothing to use the store, and says what
+// it waits for and what it leaves.
+func (p *pooledStore) drainUntil(at time.Time) {
 	n := p.active.Load()
 	if n == 0 {
 		return
 	}
 	p.logger.Info("exiting: waiting for the store writes still under way (background repairs, requests past the grace period)",
-		zap.String("backend", p.backend), zap.Int64("uses", n), zap.Duration("at_most", timeout))
-	if !p.waitIdle(timeout) {
+		zap.String("backend", p.backend), zap.Int64("uses", n), zap.Time("at_most_until", at))
+	if !p.waitIdle(time.Until(at)) {
 		p.logger.Error("exiting with store writes still under way: their keys stay in flight until their leases lapse, and then answer as abandoned",
 			zap.String("backend", p.backend), zap.Int64("uses", p.active.Load()))
 	}
@@ -276,6 +321,7 @@ func acquireStore(ctx caddy.Context, p StoreProvider) (*pooledStore, error) {
 			return nil, err
 		}
 		ps := newPooledStore(s)
+		noteRepairBound(repairBound(settleWindowFor(p)))
 		ps.backend = storeBackend(p)
 		ps.logger = ctx.Logger()
 		return ps, nil

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,9 +105,7 @@ func TestExitWaitsForBackgroundRepairs(t *testing.T) {
 	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusOK {
 		t.Fatalf("first answer = %d, want the catalog's 200 delivered", first.code())
 	}
-	exiting := processExiting
-	processExiting = func() bool { return true }
-	t.Cleanup(func() { processExiting = exiting })
+	exitNow(t)
 	if err := p.Destruct(); err != nil {
 		t.Fatal(err)
 	}
@@ -114,4 +113,46 @@ func TestExitWaitsForBackgroundRepairs(t *testing.T) {
 	if err != nil || rec == nil || rec.State != stores.StateFinal {
 		t.Fatalf("record when the exiting process closed its store = %+v, %v; want the answer stored", rec, err)
 	}
+}
+
+// The exit waits too for a store that a reload dropped shortly before and
+// that still runs a repair: before, only the stores of the running config
+// were waited for.
+func TestExitWaitsForAStoreAReloadDropped(t *testing.T) {
+	lingerFor(t, time.Hour)
+	dropped, current := newPooledStore(&closeCounter{Store: newMemoryStore(t)}), newPooledStore(&closeCounter{Store: newMemoryStore(t)})
+	if err := dropped.Destruct(); err != nil { // the reload
+		t.Fatal(err)
+	}
+	leave := dropped.enter() // a repair still under way
+	var repaired atomic.Bool
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		repaired.Store(true)
+		leave()
+	}()
+	exitNow(t)
+	if err := current.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	if !repaired.Load() {
+		t.Fatal("the exit did not wait for the dropped store's repair")
+	}
+}
+
+// exitNow makes the process read as exiting, with a fresh exit deadline
+// as far off as a store's repairs may take, for the rest of t.
+func exitNow(t *testing.T) {
+	exiting := processExiting
+	processExiting = func() bool { return true }
+	noteRepairBound(repairBound(0))
+	exitDeadline.Lock()
+	exitDeadline.at = time.Time{}
+	exitDeadline.Unlock()
+	t.Cleanup(func() {
+		processExiting = exiting
+		exitDeadline.Lock()
+		exitDeadline.at = time.Time{}
+		exitDeadline.Unlock()
+	})
 }

@@ -59,7 +59,7 @@ return 3
 // Count implements stores.Counter by scanning every key under the prefix
 // (SCAN, in batches, so the server is never blocked) and reading each
 // record's state: one round trip per record. It serves an operator's
-// occasional look. On a Cluster it scans every master in turn: a keyless
+// occasional look. On a Cluster it scans every master (concurrently): a keyless
 // SCAN sent through the cluster client goes to any node, page by page,
 // and a cursor of one node is meaningless on another.
 func (s *Store) Count(ctx context.Context) (stores.Counts, error) {
