@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
 
 // forEachSQLFaultDB runs test once per database server, one after the other.
@@ -136,15 +135,7 @@ func TestFaultSQLNodeKilled(t *testing.T) {
 // TCP proxy between the nodes and the server.
 func TestFaultSQLDatabaseGone(t *testing.T) {
 	forEachSQLFaultDB(t, func(t *testing.T, db *sqlDB, dsn string) {
-		target, err := db.target(dsn)
-		if err != nil {
-			t.Skip(err)
-		}
-		proxy := sqltest.NewProxy(t, target)
-		viaProxy, err := db.via(dsn, proxy.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
+		proxy, viaProxy := db.proxied(t, dsn)
 		b := caddyproc.NewBackend(t)
 		// statement_timeout bounds every store call to the cut database.
 		// The 6s lease makes a key left in flight by the outage show up
@@ -380,15 +371,7 @@ func testSQLReloadUnderLoad(t *testing.T, db *sqlDB, dsn, mode string) {
 // expired, and every retry heard 500 "unknown".
 func TestFaultSQLStopDuringOutage(t *testing.T) {
 	forEachSQLFaultDB(t, func(t *testing.T, db *sqlDB, dsn string) {
-		target, err := db.target(dsn)
-		if err != nil {
-			t.Skip(err)
-		}
-		proxy := sqltest.NewProxy(t, target)
-		viaProxy, err := db.via(dsn, proxy.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
+		proxy, viaProxy := db.proxied(t, dsn)
 		b := caddyproc.NewBackend(t)
 		table := db.newTable(t, dsn)
 		options := []string{"lease 6s", "in_flight_wait 2s"}

@@ -18,6 +18,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/testdb"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
 
 // sqlDB is one database server the multi-node tests run against, with what
@@ -113,4 +114,21 @@ func myVia(dsn, addr string) (string, error) {
 	}
 	cfg.Net, cfg.Addr = "tcp", addr
 	return cfg.FormatDSN(), nil
+}
+
+// proxied puts a TCP proxy the test controls between the nodes and the
+// database server, and returns it with dsn pointed at it. It skips when
+// dsn names no TCP server (a socket).
+func (d *sqlDB) proxied(t *testing.T, dsn string) (*sqltest.Proxy, string) {
+	t.Helper()
+	target, err := d.target(dsn)
+	if err != nil {
+		t.Skip(err)
+	}
+	proxy := sqltest.NewProxy(t, target)
+	viaProxy, err := d.via(dsn, proxy.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proxy, viaProxy
 }

@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
 
 // multiNodeBody is an updateTable request body; its content does not matter
@@ -407,15 +406,7 @@ func TestMultiNodeReloadKeepsStore(t *testing.T) {
 // client's retry and replays it after.
 func TestMultiNodeDatabaseOutage(t *testing.T) {
 	forEachDB(t, func(t *testing.T, db *sqlDB, dsn string) {
-		target, err := db.target(dsn)
-		if err != nil {
-			t.Skip(err)
-		}
-		proxy := sqltest.NewProxy(t, target)
-		viaProxy, err := db.via(dsn, proxy.Addr())
-		if err != nil {
-			t.Fatal(err)
-		}
+		proxy, viaProxy := db.proxied(t, dsn)
 		b := caddyproc.NewBackend(t)
 		table := db.newTable(t, dsn)
 		// statement_timeout bounds every call to the dead database, so each
