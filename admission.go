@@ -15,13 +15,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"net/textproto"
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -57,12 +55,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			return nil
 		}
 	}
-	key, err := parseKey(values[0], h.keyVersions)
+	key, keyErr := parseKey(values[0], h.keyVersions)
 	otherVersion := false
-	if err != nil {
+	if keyErr != nil {
 		if key, otherVersion = h.keyOfOtherVersion(values[0]); !otherVersion {
 			decisionCounters.inc(op, outcomeInvalidKey)
-			writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+err.Error(), 0)
+			writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+keyErr.Error(), 0)
 			return nil
 		}
 	}
@@ -83,12 +81,11 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		case lerr != nil:
 			decisionCounters.inc(op, outcomeStoreUnavailable)
 			writeError(w, http.StatusServiceUnavailable, typeUnavailable,
-				"Idempotency store is unavailable; retry with the same Idempotency-Key", int(math.Ceil(time.Duration(h.RetryAfter).Seconds())))
+				"Idempotency store is unavailable; retry with the same Idempotency-Key", h.retryAfterSeconds())
 			return nil
 		case !known:
 			decisionCounters.inc(op, outcomeInvalidKey)
-			_, err := parseKey(values[0], h.keyVersions)
-			writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+err.Error(), 0)
+			writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+keyErr.Error(), 0)
 			return nil
 		}
 	}

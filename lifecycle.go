@@ -1222,8 +1222,12 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 	return nil
 }
 
-func (g *guarded) retryAfterSeconds() int {
-	return int(math.Ceil(time.Duration(g.h.RetryAfter).Seconds()))
+func (g *guarded) retryAfterSeconds() int { return g.h.retryAfterSeconds() }
+
+// retryAfterSeconds is retry_after in whole seconds, rounded up, for a
+// Retry-After header.
+func (h *Handler) retryAfterSeconds() int {
+	return int(math.Ceil(time.Duration(h.RetryAfter).Seconds()))
 }
 
 // log writes msg with fields and the request's key and operation, if level
