@@ -203,12 +203,18 @@ var notNow = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUS
 // and failed answers an ERR reply, and OOM or NOPERM may come from a
 // command inside a script after others wrote: neither counts.
 func refusedUnrun(err error) bool {
+	return replyStarts(err, "LOADING ", "READONLY ", "MASTERDOWN ", "BUSY ", "NOAUTH ", "WRONGPASS ", "MOVED ", "ASK ")
+}
+
+// replyStarts reports whether err is an error reply of the server that
+// starts with one of prefixes.
+func replyStarts(err error, prefixes ...string) bool {
 	var rerr goredis.Error
 	if !errors.As(err, &rerr) {
 		return false
 	}
 	msg := rerr.Error()
-	for _, p := range []string{"LOADING ", "READONLY ", "MASTERDOWN ", "BUSY ", "NOAUTH ", "WRONGPASS ", "MOVED ", "ASK "} {
+	for _, p := range prefixes {
 		if strings.HasPrefix(msg, p) {
 			return true
 		}
@@ -218,14 +224,7 @@ func refusedUnrun(err error) bool {
 
 // redirected reports a cluster node's redirection (MOVED, ASK), which a
 // client for a single server meets when its address is a cluster's.
-func redirected(err error) bool {
-	var rerr goredis.Error
-	if !errors.As(err, &rerr) {
-		return false
-	}
-	msg := rerr.Error()
-	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ")
-}
+func redirected(err error) bool { return replyStarts(err, "MOVED ", "ASK ") }
 
 // resends reports a cluster client, which sends a command again after a
 // network error whatever MaxRetries says (to the same node, then another):
