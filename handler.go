@@ -180,6 +180,7 @@ type Handler struct {
 	basePath         string        // BasePath, normalized like request paths
 	finalizeWindow   time.Duration // how long a failing Finalize is retried; tests shorten it
 	settleWindow     time.Duration // how long a lost write may still commit (undoLostReply); tests shorten it
+	repairWindow     time.Duration // how long undoLostReply retries a failing undo (lostReplyWindow); tests shorten it
 	finalizeSet      statusSet
 	releaseSet       statusSet
 	replayHdrs       []string
@@ -300,6 +301,7 @@ func (h *Handler) prepare() error {
 	h.setDefaults()
 	h.finalizeWindow = defaultFinalizeWindow
 	h.settleWindow = defaultSettleWindow
+	h.repairWindow = lostReplyWindow
 	h.basePath = ""
 	if h.BasePath != "" {
 		h.basePath = normalizePath(h.BasePath)

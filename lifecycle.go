@@ -829,7 +829,7 @@ func (g *guarded) release(ctx context.Context, why string) {
 // database the moment it came back.
 func (g *guarded) undoLostReply(undo func(ctx context.Context, s stores.Store, key, owner string) error) {
 	store, key, owner := g.h.store, g.key, g.owner
-	settle := g.h.settleWindow
+	settle, repair := g.h.settleWindow, g.h.repairWindow
 	leave := func() {}
 	if g.h.pooled != nil {
 		leave = g.h.pooled.enter()
@@ -843,7 +843,7 @@ func (g *guarded) undoLostReply(undo func(ctx context.Context, s stores.Store, k
 			cancel()
 			since := time.Since(failed)
 			switch {
-			case err == nil, since > max(lostReplyWindow, settle):
+			case err == nil, since > max(repair, settle):
 				return
 			case errors.Is(err, stores.ErrNotOwner) && since >= settle:
 				return

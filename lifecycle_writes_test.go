@@ -234,6 +234,79 @@ func TestSettleWindowFollowsStatementTimeout(t *testing.T) {
 	}
 }
 
+// outageStore's first Reserve commits but reports a failure, like a
+// connection cut after the statement was sent, and every Release fails
+// until back is closed: the database stays unreachable after the cut.
+type outageStore struct {
+	stores.Store
+	reserved       atomic.Bool
+	back           chan struct{}
+	releaseAttempt atomic.Int32
+	released       chan struct{}
+	releasedOnce   sync.Once
+}
+
+func (s *outageStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
+	res, err := s.Store.Reserve(ctx, r)
+	if err == nil && s.reserved.CompareAndSwap(false, true) {
+		return stores.ReserveResult{}, errInjected
+	}
+	return res, err
+}
+
+func (s *outageStore) Release(ctx context.Context, key, owner string) error {
+	s.releaseAttempt.Add(1)
+	select {
+	case <-s.back:
+	default:
+		return errInjected
+	}
+	err := s.Store.Release(ctx, key, owner)
+	if err == nil {
+		s.releasedOnce.Do(func() { close(s.released) })
+	}
+	return err
+}
+
+// When a store's writes may settle later than the repair window (a MySQL
+// DSN's own innodb_lock_wait_timeout, say), the undo of a lost
+// reservation keeps retrying through an outage for the whole settle
+// window: the store that comes back inside it gets the release, and the
+// retry executes. Before, the undo stopped at the repair window (2 minutes
+// in production) and the reservation held the key until its lease lapsed,
+// then read "outcome unknown" for a request the catalog never saw. The
+// windows are shortened here; their order is what production has.
+func TestLostReserveUndoOutlastsTheRepairWindow(t *testing.T) {
+	s := &outageStore{Store: newMemoryStore(t), back: make(chan struct{}), released: make(chan struct{})}
+	h := newTestHandler(t, s)
+	h.repairWindow = 300 * time.Millisecond
+	h.settleWindow = 20 * time.Second
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusServiceUnavailable {
+		t.Fatalf("first answer = %d %s, want 503", first.code(), first.body)
+	}
+	// Let the undo fail past the repair window (its tries run at about
+	// 0, 0.1, 0.3, 0.7 and 1.5 s) before the store comes back.
+	gaveUp := func() { t.Fatalf("the undo gave up after %d tries: the lost reservation still holds the key", s.releaseAttempt.Load()) }
+	for deadline := time.Now().Add(15 * time.Second); s.releaseAttempt.Load() < 5; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			gaveUp()
+		}
+	}
+	close(s.back)
+	select {
+	case <-s.released:
+	case <-time.After(15 * time.Second):
+		gaveUp()
+	}
+	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	if retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %s, executed %d; want 200, executed once", retry.code(), retry.body, catalog.executed.Load())
+	}
+}
+
 // resendingStore runs Reserve and TakeOver twice and answers with the
 // second run, as a client library that resends a command whose reply was
 // lost does (go-redis's cluster client resends on a broken connection). A
