@@ -131,3 +131,12 @@ func takeTrailers(h http.Header) http.Header {
 	}
 	return taken
 }
+
+// dropEntityHeaders removes from h what describes the body of an answer
+// about to be replaced by another: left, they would describe the new body
+// (an encoding it does not have, the old length) to the client.
+func dropEntityHeaders(h http.Header) {
+	for _, name := range []string{"Content-Encoding", "Content-Length", "Content-Type", "Content-Range", "Etag", "Last-Modified", "Trailer"} {
+		delete(h, name)
+	}
+}

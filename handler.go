@@ -206,6 +206,10 @@ type Handler struct {
 	// seen asking an upstream after an answer came back: see
 	// warnAskedAfterAnswer.
 	askedAfterAnswerWarned int32
+	// resentWarned is set (atomically) once a catalog call was seen sent
+	// again after an attempt that was written and never answered: see
+	// warnResent.
+	resentWarned int32
 }
 
 var (

@@ -363,6 +363,9 @@ func (g *guarded) execute() error {
 	if g.conns.askedAfterAnswer.Load() {
 		g.warnAskedAfterAnswer()
 	}
+	if g.conns.resent.Load() {
+		g.warnResent()
+	}
 
 	if err != nil {
 		status := errorStatus(err)
@@ -377,10 +380,27 @@ func (g *guarded) execute() error {
 			// to execute.
 			g.log(zapcore.ErrorLevel, "catalog unreachable: key released", zap.Int("status", status), zap.Error(err))
 			g.release(detached, "catalog unreachable")
+			if hasErrorRoutes(g.r) {
+				// The site's handle_errors answers, as it does without
+				// this module: it may fail over to a standby catalog
+				// (guarded by a directive of its own) or render the
+				// error page the operator chose.
+				return err
+			}
 			writeError(g.w, status, typeFor(status),
 				"The catalog could not be reached; the request was not sent to it. Retry with the same Idempotency-Key.",
 				retryAfterFor(status, g.retryAfterSeconds()))
 			return nil
+		}
+		if answer, ok := g.soleAnswer(); ok && answer < 500 && !h.shouldFinalize(answer) {
+			// The catalog answered once, with a status that says it did
+			// not execute (401, 403, 429, ...), and a handle_response
+			// route turned the answer into an error: the key is released
+			// and the error goes on to handle_errors, as without this
+			// module. A 5xx is not released here: its body, which may
+			// say CommitStateUnknownException, is gone.
+			g.release(detached, "status "+strconv.Itoa(answer)+" turned into an error")
+			return err
 		}
 		// The request may have reached the catalog: it may have
 		// committed. This client gets Caddy's status (502, 504) with an
@@ -414,14 +434,45 @@ func (g *guarded) execute() error {
 		return nil
 	}
 	status := cw.finalStatus()
+	// What the catalog itself answered, which replace_status or a
+	// handle_response route may have rewritten into status.
+	answer, ok := catalogStatus(g.r)
+	if !ok {
+		answer = status
+	}
+	stateUnknown := func(code int) bool {
+		return commitStateUnknown(g.binding.Operation, code, g.w.Header().Get("Content-Encoding"), cw.buf.Bytes(), !cw.overflowed)
+	}
 	switch {
-	case g.mayHaveReachedCatalog() && commitStateUnknown(g.binding.Operation, status, g.w.Header().Get("Content-Encoding"), cw.buf.Bytes(), !cw.overflowed):
-		g.log(zapcore.WarnLevel, "the answer says the commit's state is unknown: delivered, not stored, not released; the key's outcome is unknown",
-			zap.Int("status", status))
+	case g.conns.resent.Load() && status/100 != 2:
+		// An earlier attempt was written and never answered, and may
+		// have executed: this answer may be the catalog refusing the
+		// commit it already made (409), which must neither be stored
+		// nor reach a client that would clean up after it.
+		g.log(zapcore.ErrorLevel, "the request was sent to the catalog again after an attempt that got no answer (lb_retry_match retrying mutations?): "+
+			"its answer is not delivered nor stored; the key's outcome is unknown", zap.Int("status", status))
 		g.markUnknown(detached, nil)
 		if cw.overflowed {
 			return nil
 		}
+		dropEntityHeaders(g.w.Header())
+		writeError(g.w, http.StatusBadGateway, typeCommitStateUnknown,
+			"The proxy sent the request to the catalog again after an attempt that got no answer; its outcome is unknown. Check the catalog's state before retrying.", 0)
+		return nil
+	case g.mayHaveReachedCatalog() && (stateUnknown(status) || answer != status && stateUnknown(answer)):
+		g.log(zapcore.WarnLevel, "the answer says the commit's state is unknown: delivered, not stored, not released; the key's outcome is unknown",
+			zap.Int("status", status), zap.Int("catalog_status", answer))
+		g.markUnknown(detached, nil)
+		if cw.overflowed {
+			return nil
+		}
+	case !h.shouldFinalize(status) && answer != status && h.shouldFinalize(answer) && g.mayHaveReachedCatalog():
+		// The catalog executed, or refused for good, and a handler
+		// after this one rewrote its answer into one that is released:
+		// a retry would execute the commit again.
+		g.log(zapcore.WarnLevel, "the catalog's final answer was rewritten (replace_status, handle_response) into one that is not stored: "+
+			"delivered, not released; the key's outcome is unknown", zap.Int("status", status), zap.Int("catalog_status", answer))
+		g.markUnknown(detached, nil)
 	case !h.shouldFinalize(status):
 		g.release(detached, "status "+strconv.Itoa(status))
 	case status == http.StatusConflict && caddyhttp.GetVar(g.r.Context(), inFlightAnswerVar) != nil:
@@ -476,10 +527,12 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 	defer narrowAcceptEncoding(r)()
 	defer hideUpgrade(r)()
 	// howMuchSent reads the upstream reverse_proxy chose from the
-	// replacer; one chosen before this call (forward_auth is a
-	// reverse_proxy too) proves nothing about this request's catalog.
+	// replacer, and execute the catalog's status; those of a call before
+	// this one (forward_auth is a reverse_proxy too) say nothing about
+	// this request's catalog.
 	if repl := replacerOf(r); repl != nil {
 		repl.Delete(upstreamVar)
+		repl.Delete(catalogStatusVar)
 	}
 	defer func() {
 		if v := recover(); v != nil {
@@ -520,6 +573,32 @@ func (g *guarded) warnAskedAfterAnswer() {
 			"The first upstream's connection counts as the catalog's, so a catalog that cannot be reached leaves the key unknown "+
 			"instead of released; put forward_auth before iceberg_idempotency, and do not retry mutations in reverse_proxy")
 	}
+}
+
+// warnResent says, once per handler, that a catalog call was sent again
+// after an attempt that was written and never answered (see connTrace):
+// the catalog may execute a mutation twice within the one request.
+func (g *guarded) warnResent() {
+	if atomic.CompareAndSwapInt32(&g.h.resentWarned, 0, 1) {
+		g.log(zapcore.WarnLevel, "a keyed request was sent to the catalog again after an attempt that got no answer: "+
+			"lb_retry_match retrying mutations after a transport error makes the catalog execute them twice, which no key can stop. "+
+			"Do not retry POST or DELETE in reverse_proxy; such answers other than 2xx are not stored and the key's outcome is unknown")
+	}
+}
+
+// soleAnswer is the status of the catalog's one answer to this request,
+// when exactly one came back and nothing was sent after it.
+func (g *guarded) soleAnswer() (int, bool) {
+	if !g.conns.answered.Load() || g.conns.askedAfterAnswer.Load() || g.conns.resent.Load() {
+		return 0, false
+	}
+	return catalogStatus(g.r)
+}
+
+// hasErrorRoutes reports whether r's server has handle_errors routes.
+func hasErrorRoutes(r *http.Request) bool {
+	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	return srv != nil && srv.Errors != nil && len(srv.Errors.Routes) > 0
 }
 
 func replacerOf(r *http.Request) *caddy.Replacer {

@@ -17,6 +17,9 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
@@ -446,5 +449,201 @@ func TestTimeoutWithoutAConnectionReleasesTheKey(t *testing.T) {
 	catalog := newCountingCatalog(t, answerOK)
 	if retry := serve(t, h, newReverseProxy(t, catalog.addr()), http.MethodPost, commitPath, key, commitBody); retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
 		t.Fatalf("retry = %d %q, catalog executed %d; want it to execute once", retry.code(), retry.body, catalog.executed.Load())
+	}
+}
+
+// answerStatus answers with code and an Iceberg error of typ.
+func answerStatus(code int, typ string) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		writeError(w, code, typ, "from the catalog", 0)
+	}
+}
+
+// replaceStatus is reverse_proxy's replace_status: answers of the catalog
+// with one of from reach the handlers before it as to.
+func replaceStatus(to string, from ...int) func(*reverseproxy.Handler) {
+	return func(rp *reverseproxy.Handler) {
+		rp.HandleResponse = []caddyhttp.ResponseHandler{{
+			Match:      &caddyhttp.ResponseMatcher{StatusCode: from},
+			StatusCode: caddyhttp.WeakString(to),
+		}}
+	}
+}
+
+// The handler decides on the catalog's own answer, not on what
+// replace_status (or a handle_response route) made of it: a commit the
+// catalog answered with 504 (its state unknown), or with a final 409, and
+// that reached the client as 503 is neither released nor executed again
+// by the retry. Before, the 503 released the key: the retry executed the
+// commit a second time. A motive to write that: Java 1.11 retries a POST
+// only on 503.
+func TestRewrittenCatalogAnswerIsNotReleased(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		answer func(http.ResponseWriter, *http.Request)
+		status int
+	}{
+		{"commit state unknown", answerStatus(http.StatusGatewayTimeout, typeServiceFailure), http.StatusGatewayTimeout},
+		{"final answer", answerStatus(http.StatusConflict, "CommitFailedException"), http.StatusConflict},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			catalog := newCountingCatalog(t, c.answer)
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, catalog.addr(), replaceStatus("503", c.status))
+			key := storetest.NewKey(t)
+			if first := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody); first.code() != http.StatusServiceUnavailable {
+				t.Fatalf("first = %d %q, want the rewritten 503", first.code(), first.body)
+			}
+			retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+			if n := catalog.executed.Load(); n != 1 || retry.errorType() != typeCommitStateUnknown {
+				t.Fatalf("retry = %d %q, catalog executed %d; want %s and one execution", retry.code(), retry.body, n, typeCommitStateUnknown)
+			}
+		})
+	}
+}
+
+// errorRoute is a handle_response route that turns the catalog's answers
+// with one of codes into a handler error of the same status, for
+// handle_errors to answer: the usual way to reach handle_errors from a
+// catalog's answer.
+func errorRoute(codes ...int) func(*reverseproxy.Handler) {
+	return func(rp *reverseproxy.Handler) {
+		rp.HandleResponse = []caddyhttp.ResponseHandler{{
+			Match: &caddyhttp.ResponseMatcher{StatusCode: codes},
+			Routes: caddyhttp.RouteList{{HandlersRaw: []json.RawMessage{
+				json.RawMessage(`{"handler":"error","error":"catalog error","status_code":"{http.reverse_proxy.status_code}"}`),
+			}}},
+		}}
+	}
+}
+
+// A catalog's answer that a handle_response route turns into an error is
+// decided on by its status: one that says the catalog did not execute
+// (403) releases the key and goes on as the error, for handle_errors, and
+// the retry executes; a commit's 500 stays unknown. Before, any such
+// error left the key unknown for the record's life, and handle_errors never
+// ran.
+func TestCatalogAnswerTurnedIntoAnError(t *testing.T) {
+	var forbidden atomic.Bool
+	forbidden.Store(true)
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		if forbidden.Load() {
+			answerStatus(http.StatusForbidden, "ForbiddenException")(w, r)
+			return
+		}
+		answerOK(w, r)
+	})
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, catalog.addr(), errorRoute(403, 500))
+	key := storetest.NewKey(t)
+	first := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+	var herr caddyhttp.HandlerError
+	if !errors.As(first.err, &herr) || herr.StatusCode != http.StatusForbidden {
+		t.Fatalf("first = %d %q, error %v; want the route's 403 error, for handle_errors", first.code(), first.body, first.err)
+	}
+	forbidden.Store(false)
+	if retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody); retry.code() != http.StatusOK || catalog.executed.Load() != 2 {
+		t.Fatalf("retry = %d %q, executed %d; want the released key executed", retry.code(), retry.body, catalog.executed.Load())
+	}
+
+	failing := newCountingCatalog(t, answerStatus(http.StatusInternalServerError, typeServiceFailure))
+	proxy = newReverseProxy(t, failing.addr(), errorRoute(403, 500))
+	key = storetest.NewKey(t)
+	_ = serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+	if retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody); retry.errorType() != typeCommitStateUnknown || failing.executed.Load() != 1 {
+		t.Fatalf("retry after a commit's 500 = %d %q, executed %d; want %s, one execution", retry.code(), retry.body, failing.executed.Load(), typeCommitStateUnknown)
+	}
+}
+
+// With lb_retry_match resending POSTs after a transport error, the catalog
+// executes the commit, the connection breaks before the answer, and the
+// resent commit is refused (409): that answer must not reach the client,
+// which would clean up after a commit that landed, nor be stored for its
+// retry. The client and the retry hear "unknown". A 2xx of the resent
+// attempt is a real answer and is stored. Before, the 409 was delivered,
+// stored and replayed, and nothing was logged.
+func TestResendAfterAnUnansweredAttempt(t *testing.T) {
+	resendPOSTs := func(rp *reverseproxy.Handler) {
+		rp.LoadBalancing = &reverseproxy.LoadBalancing{
+			Retries:       2,
+			RetryMatchRaw: caddyhttp.RawMatcherSets{{"method": json.RawMessage(`["POST"]`)}},
+		}
+		rp.RequestBuffers = 1 << 20 // the whole body, so that it can be sent again
+	}
+	for _, c := range []struct {
+		name    string
+		resent  func(http.ResponseWriter, *http.Request)
+		first   int
+		replays bool
+	}{
+		{"refused", answerStatus(http.StatusConflict, "CommitFailedException"), http.StatusBadGateway, false},
+		{"succeeded", answerOK, http.StatusOK, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var calls atomic.Int32
+			catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+				if calls.Add(1) == 1 {
+					answerNothing(w, r)
+					return
+				}
+				c.resent(w, r)
+			})
+			core, logs := observer.New(zapcore.WarnLevel)
+			h := newTestHandler(t, newMemoryStore(t))
+			h.logger = zap.New(core)
+			proxy := newReverseProxy(t, catalog.addr(), resendPOSTs)
+			key := storetest.NewKey(t)
+			first := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+			if first.code() != c.first || catalog.executed.Load() != 2 {
+				t.Fatalf("first = %d %q, executed %d; want %d after the resend", first.code(), first.body, catalog.executed.Load(), c.first)
+			}
+			if logs.FilterMessageSnippet("sent to the catalog again after an attempt that got no answer").Len() == 0 {
+				t.Error("no warning of the resend")
+			}
+			retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+			if replayed := retry.header.Get(ReplayedHeader) != ""; replayed != c.replays || catalog.executed.Load() != 2 {
+				t.Fatalf("retry = %d %q (replayed %v), executed %d; want replayed %v and no third execution",
+					retry.code(), retry.body, replayed, catalog.executed.Load(), c.replays)
+			}
+			if !c.replays && retry.errorType() != typeCommitStateUnknown {
+				t.Fatalf("retry = %d %q, want %s", retry.code(), retry.body, typeCommitStateUnknown)
+			}
+		})
+	}
+}
+
+// On a site with handle_errors, a keyed request whose catalog cannot be
+// reached goes on to it as the error, with its key released, as an
+// unkeyed one does: handle_errors may fail over to a standby catalog.
+// Without handle_errors the module answers with its own Iceberg error.
+// Before, the module always answered, and the failover never ran for
+// keyed requests.
+func TestUnreachableCatalogGoesOnToHandleErrors(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, deadAddr(t))
+	withErrors := &caddyhttp.Server{Errors: &caddyhttp.HTTPErrorConfig{Routes: caddyhttp.RouteList{{}}}}
+	for _, c := range []struct {
+		srv        *caddyhttp.Server
+		wantErr    bool
+		wantStatus int
+	}{
+		{withErrors, true, http.StatusOK},
+		{&caddyhttp.Server{}, false, http.StatusBadGateway},
+	} {
+		key := storetest.NewKey(t)
+		req := httptest.NewRequest(http.MethodPost, commitPath, strings.NewReader(commitBody))
+		req.Header.Set(IdempotencyKeyHeader, key)
+		rec := httptest.NewRecorder()
+		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, c.srv)
+		err := h.ServeHTTP(rec, req, proxy)
+		var herr caddyhttp.HandlerError
+		if got := errors.As(err, &herr) && herr.StatusCode == http.StatusBadGateway; got != c.wantErr || rec.Code != c.wantStatus {
+			t.Fatalf("handle_errors %v: error %v, written %d; want the 502 error %v, written %d",
+				c.srv.Errors != nil, err, rec.Code, c.wantErr, c.wantStatus)
+		}
+		catalog := newCountingCatalog(t, answerOK)
+		if retry := serve(t, h, newReverseProxy(t, catalog.addr()), http.MethodPost, commitPath, key, commitBody); retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
+			t.Fatalf("retry = %d %q, want the released key executed", retry.code(), retry.body)
+		}
 	}
 }

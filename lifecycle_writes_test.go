@@ -289,7 +289,9 @@ func TestLostReserveUndoOutlastsTheRepairWindow(t *testing.T) {
 	}
 	// Let the undo fail past the repair window (its tries run at about
 	// 0, 0.1, 0.3, 0.7 and 1.5 s) before the store comes back.
-	gaveUp := func() { t.Fatalf("the undo gave up after %d tries: the lost reservation still holds the key", s.releaseAttempt.Load()) }
+	gaveUp := func() {
+		t.Fatalf("the undo gave up after %d tries: the lost reservation still holds the key", s.releaseAttempt.Load())
+	}
 	for deadline := time.Now().Add(15 * time.Second); s.releaseAttempt.Load() < 5; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			gaveUp()

@@ -80,10 +80,18 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 // where it should be released. What the trace can see is an upstream asked
 // after an answer came back within one call (askedAfterAnswer), which the
 // handler reports once: see warnAskedAfterAnswer.
+//
+// An upstream asked after a request was written and before any answer came
+// (resent) is a resend of that request: reverse_proxy's lb_retry_match
+// retrying a mutation after a transport error, or Go's transport retrying a
+// write the server reset (HTTP/2's REFUSED_STREAM, a body-less request whose
+// bytes never left). The trace cannot tell these apart, so the handler takes
+// the catalog as possibly having executed the first attempt.
 type connTrace struct {
 	askedConn, gotConn           atomic.Bool
 	handshakeOK, handshakeFailed atomic.Bool
 	answered, askedAfterAnswer   atomic.Bool
+	wrote, resent                atomic.Bool
 	trace                        httptrace.ClientTrace
 }
 
@@ -95,6 +103,13 @@ func (c *connTrace) attach(ctx context.Context) context.Context {
 			c.askedConn.Store(true)
 			if c.answered.Load() {
 				c.askedAfterAnswer.Store(true)
+			} else if c.wrote.Load() {
+				c.resent.Store(true)
+			}
+		},
+		WroteRequest: func(info httptrace.WroteRequestInfo) {
+			if info.Err == nil {
+				c.wrote.Store(true)
 			}
 		},
 		GotConn:              func(httptrace.GotConnInfo) { c.gotConn.Store(true) },
@@ -118,6 +133,23 @@ func (c *connTrace) onlyFailedHandshakes() bool {
 
 // upstreamVar is where reverse_proxy notes the upstream it chose.
 const upstreamVar = "http.reverse_proxy.upstream.address"
+
+// catalogStatusVar is where reverse_proxy notes the status of the
+// catalog's answer, before replace_status or a handle_response route
+// changes what is written.
+const catalogStatusVar = "http.reverse_proxy.status_code"
+
+// catalogStatus is the status the catalog itself answered r with, as
+// reverse_proxy noted it during the call; ok is false when it noted none.
+func catalogStatus(r *http.Request) (status int, ok bool) {
+	repl := replacerOf(r)
+	if repl == nil {
+		return 0, false
+	}
+	v, _ := repl.Get(catalogStatusVar)
+	status, ok = v.(int)
+	return status, ok && status >= 100 && status <= 599
+}
 
 // upstreamChosen reports whether reverse_proxy chose an upstream for r
 // during the call; without a replacer it cannot tell, and says yes.
