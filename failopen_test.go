@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"sync/atomic"
@@ -165,5 +166,33 @@ func TestFailOpenDoesNotPassAKeyItReleased(t *testing.T) {
 	if n := executions.Load(); n != 1 {
 		t.Fatalf("catalog executed %d times (answers %v); want 1: the owner released its key and passed through unguarded (fail_open), "+
 			"and the duplicate waiting on it reserved and executed too", n, codes)
+	}
+}
+
+// unreadableRecords is a store whose records this build cannot read, as
+// the SQL and Redis stores report a record a newer build wrote in a state
+// this one does not know.
+type unreadableRecords struct{ stores.Store }
+
+func (unreadableRecords) Reserve(context.Context, stores.Reservation) (stores.ReserveResult, error) {
+	return stores.ReserveResult{}, fmt.Errorf("%w: record has unknown state %q", stores.ErrUnreadableRecord, "done_v9")
+}
+
+// A record the store found but cannot read stands for a request that may
+// have executed: under fail_open it is not passed through, and without it
+// the answer is not a 503 the client would retry until the record expires.
+// Either way the retry hears "outcome unknown" and the catalog is not
+// called. Before, fail_open passed it through (a second execution) and
+// without it every retry got 503 for the record's life.
+func TestUnreadableRecordIsNotPassedThrough(t *testing.T) {
+	for _, failOpen := range []bool{true, false} {
+		h := newTestHandler(t, unreadableRecords{newMemoryStore(t)})
+		h.FailOpen = failOpen
+		catalog := newCountingCatalog(t, answerOK)
+		got := serve(t, h, newReverseProxy(t, catalog.addr()), http.MethodPost, commitPath, storetest.NewKey(t), commitBody)
+		if got.code() != http.StatusInternalServerError || got.errorType() != typeCommitStateUnknown || catalog.executed.Load() != 0 {
+			t.Fatalf("fail_open %v: %d %q, catalog executed %d; want 500 %s and no execution",
+				failOpen, got.code(), got.body, catalog.executed.Load(), typeCommitStateUnknown)
+		}
 	}
 }

@@ -1235,8 +1235,11 @@ func (e *readErrors) Read(p []byte) (int, error) {
 // like a duplicate of an abandoned request. The log names the key and the
 // key id, never what the record holds.
 func (g *guarded) unreadable(keyID string, cause error) error {
-	g.log(zapcore.ErrorLevel, "stored response cannot be decrypted: answering outcome unknown; is the secret it was sealed under missing from secret and previous_secrets?",
-		zap.String("outcome", outcomeUnreadable), zap.String("key_id", keyID), zap.Error(cause))
+	msg := "stored response cannot be decrypted: answering outcome unknown; is the secret it was sealed under missing from secret and previous_secrets?"
+	if errors.Is(cause, stores.ErrUnreadableRecord) {
+		msg = "the key's record cannot be read by this build (written by a newer build, or altered): answering outcome unknown"
+	}
+	g.log(zapcore.ErrorLevel, msg, zap.String("outcome", outcomeUnreadable), zap.String("key_id", keyID), zap.Error(cause))
 	g.count(outcomeUnreadable)
 	writeError(g.w, http.StatusInternalServerError, typeCommitStateUnknown,
 		"The stored response for this Idempotency-Key cannot be read; the original request's outcome is unknown. Check the catalog's state before retrying with a new key.", 0)
@@ -1283,6 +1286,12 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		// of the store, and nobody is there to answer.
 		g.log(zapcore.DebugLevel, "client left during a store call", zap.String("step", step))
 		return nil
+	}
+	if errors.Is(err, stores.ErrUnreadableRecord) {
+		// The store answered: the key has a record, which may stand for
+		// a commit that landed. Neither fail_open nor a 503 that the
+		// client would retry until the record expires.
+		return g.unreadable("", err)
 	}
 	if failOpen {
 		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))

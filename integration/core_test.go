@@ -1107,3 +1107,24 @@ func TestCoreDirectiveInHandleErrors(t *testing.T) {
 		"handle_errors {\niceberg_idempotency\nreverse_proxy "+standby.Addr()+"\n}"))
 	wantCommittedOnce(t, standby, c, c, "/v1/standby/namespaces", `{"namespace":["standby"]}`)
 }
+
+// The failover people write: the primary catalog down (its port refuses
+// connections), handle_errors sends the request to a standby, guarded by a
+// directive of its own. The site-level directive releases the key, since
+// nothing reached the primary, and hands the error on; the standby
+// executes once and the retry is replayed. Before, the keyed request got
+// the module's own 502 and the failover never ran.
+func TestCoreUnreachableCatalogFailsOverInHandleErrors(t *testing.T) {
+	t.Parallel()
+	standby := caddyproc.NewBackend(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := ln.Addr().String()
+	_ = ln.Close()
+	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency\n"+
+		"handle /v1/* {\nreverse_proxy "+down+"\n}\n"+
+		"handle_errors 502 {\niceberg_idempotency\nreverse_proxy "+standby.Addr()+"\n}"))
+	wantCommittedOnce(t, standby, c, c, "/v1/failover/namespaces", `{"namespace":["failover"]}`)
+}

@@ -20,6 +20,14 @@ import (
 // not assume its result was stored.
 var ErrNotOwner = errors.New("idempotency record is not owned by this token")
 
+// ErrUnreadableRecord wraps the error of a call that found the key's record
+// but could not read it: a state or a column this build does not know (a
+// newer build's record, during a rolling upgrade or after a rollback), or a
+// row altered by hand. The key is held: the request it records may have
+// executed, so the caller neither passes the request through (fail_open)
+// nor executes it.
+var ErrUnreadableRecord = errors.New("idempotency record cannot be read by this build")
+
 // ErrResponseTooLarge is returned by Finalize when the store cannot hold the
 // response (for example, it exceeds the database server's packet limit). The
 // record is left in flight under its owner, who treats the response like any

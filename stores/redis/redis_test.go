@@ -272,3 +272,30 @@ func TestEvictingPolicyIsWarnedOf(t *testing.T) {
 		}
 	}
 }
+
+// A record in a state this build does not know (a newer build's, or one
+// altered by hand) is reported as unreadable, which the handler answers
+// as outcome unknown: it is neither passed through by fail_open nor
+// answered 503 until it expires.
+func TestUnknownStateIsUnreadable(t *testing.T) {
+	s, cfg := openStore(t, nil)
+	ctx := context.Background()
+	key := storetest.NewKey(t)
+	r := storetest.Reservation(key, storetest.Long, storetest.Long)
+	if _, err := s.Reserve(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 204}); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin(t).HSet(ctx, cfg.KeyPrefix+key, "state", "done_v9").Err(); err != nil {
+		t.Fatal(err)
+	}
+	again := storetest.Reservation(key, storetest.Long, storetest.Long)
+	if _, err := s.Reserve(ctx, again); !errors.Is(err, stores.ErrUnreadableRecord) {
+		t.Fatalf("Reserve over a record in state done_v9: %v, want ErrUnreadableRecord", err)
+	}
+	if _, err := s.Load(ctx, key); !errors.Is(err, stores.ErrUnreadableRecord) {
+		t.Fatalf("Load: %v, want ErrUnreadableRecord", err)
+	}
+}

@@ -302,7 +302,7 @@ func decode(key string, reply []any) (*stores.Record, time.Duration, error) {
 	msTime := func(name string) (int64, error) {
 		n, err := strconv.ParseInt(f[name], 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("record %s: field %s: %w", key, name, err)
+			return 0, fmt.Errorf("%w: record %s: field %s: %w", stores.ErrUnreadableRecord, key, name, err)
 		}
 		return n, nil
 	}
@@ -340,15 +340,15 @@ func decode(key string, reply []any) (*stores.Record, time.Duration, error) {
 		}
 		status, err := strconv.Atoi(f["status"])
 		if err != nil {
-			return nil, 0, fmt.Errorf("record %s: status: %w", key, err)
+			return nil, 0, fmt.Errorf("%w: record %s: status: %w", stores.ErrUnreadableRecord, key, err)
 		}
 		h, err := sqlstore.DecodeHeader([]byte(f["headers"]))
 		if err != nil {
-			return nil, 0, fmt.Errorf("record %s: %w", key, err)
+			return nil, 0, fmt.Errorf("%w: record %s: %w", stores.ErrUnreadableRecord, key, err)
 		}
 		rec.Response = &stores.Response{Status: status, Header: h, Body: body}
 	default:
-		return nil, 0, fmt.Errorf("record %s has unknown state %q", key, rec.State)
+		return nil, 0, fmt.Errorf("%w: record %s has unknown state %q", stores.ErrUnreadableRecord, key, rec.State)
 	}
 	return rec, left, nil
 }

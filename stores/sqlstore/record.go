@@ -52,11 +52,11 @@ func (r *Row) Record() (*stores.Record, time.Duration, error) {
 		}
 		h, err := DecodeHeader(r.Headers)
 		if err != nil {
-			return nil, 0, fmt.Errorf("record %s: %w", r.Key, err)
+			return nil, 0, fmt.Errorf("%w: record %s: %w", stores.ErrUnreadableRecord, r.Key, err)
 		}
 		rec.Response = &stores.Response{Status: r.Status, Header: h, Body: r.Body}
 	default:
-		return nil, 0, fmt.Errorf("record %s has unknown state %q", r.Key, r.State)
+		return nil, 0, fmt.Errorf("%w: record %s has unknown state %q", stores.ErrUnreadableRecord, r.Key, r.State)
 	}
 	return rec, time.Duration(max(r.LeaseLeftMicros, 0)) * time.Microsecond, nil
 }
