@@ -39,6 +39,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	values := keyHeaderValues(r)
 	if len(values) == 0 {
 		if h.RequireKey {
+			closeUnreadBody(w, r)
 			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header is required for "+op, 0)
 			return nil
 		}
@@ -51,6 +52,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	for _, v := range values[1:] {
 		if v != values[0] {
 			decisionCounters.inc(op, outcomeInvalidKey)
+			closeUnreadBody(w, r)
 			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header must have a single value", 0)
 			return nil
 		}
@@ -60,6 +62,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if keyErr != nil {
 		if key, otherVersion = h.keyOfOtherVersion(values[0]); !otherVersion {
 			decisionCounters.inc(op, outcomeInvalidKey)
+			closeUnreadBody(w, r)
 			writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+keyErr.Error(), 0)
 			return nil
 		}
@@ -80,11 +83,13 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		switch known, lerr := h.keyRecorded(r.Context(), key); {
 		case lerr != nil:
 			decisionCounters.inc(op, outcomeStoreUnavailable)
+			closeUnreadBody(w, r)
 			writeError(w, http.StatusServiceUnavailable, typeUnavailable,
 				"Idempotency store is unavailable; retry with the same Idempotency-Key", h.retryAfterSeconds())
 			return nil
 		case !known:
 			decisionCounters.inc(op, outcomeInvalidKey)
+			closeUnreadBody(w, r)
 			writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+keyErr.Error(), 0)
 			return nil
 		}
@@ -92,14 +97,14 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	// A body announced too large is refused before it is read: a client
 	// that sent Expect: 100-continue is then not asked to upload it.
 	if r.ContentLength > h.MaxRequestSize {
-		return h.bodyTooLarge(w)
+		return h.bodyTooLarge(w, r)
 	}
 	body, err := readBody(r, h.MaxRequestSize)
 	if err != nil {
 		return bodyUnread(w, r, err)
 	}
 	if int64(len(body)) > h.MaxRequestSize {
-		return h.bodyTooLarge(w)
+		return h.bodyTooLarge(w, r)
 	}
 	principal := h.principalOf(r)
 	if principal == "" && h.Principal != DefaultPrincipal {
@@ -200,10 +205,24 @@ func (g *guarded) passGuarded() error {
 }
 
 // bodyTooLarge answers a keyed request whose body exceeds MaxRequestSize.
-func (h *Handler) bodyTooLarge(w http.ResponseWriter) error {
+func (h *Handler) bodyTooLarge(w http.ResponseWriter, r *http.Request) error {
+	closeUnreadBody(w, r)
 	writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge,
 		fmt.Sprintf("request body exceeds %d bytes, the largest accepted with an Idempotency-Key", h.MaxRequestSize), 0)
 	return nil
+}
+
+// closeUnreadBody has the connection closed after an answer written while
+// (some of) r's body is still unread. Otherwise net/http reads up to 256 KiB
+// of the body before it sends the answer (Caddy's read timeouts wrap the
+// body, so net/http cannot tell that an Expect: 100-continue client was
+// never asked for it), and a client that waits for the answer before it
+// uploads hears nothing until the idle timeout drops the connection. HTTP/2
+// and HTTP/3 end the stream instead, and take no Connection header.
+func closeUnreadBody(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 && r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
+	}
 }
 
 // bodyUnread answers a keyed request whose body could not be read, before
@@ -215,6 +234,7 @@ func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
 	if r.Context().Err() != nil {
 		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 	}
+	closeUnreadBody(w, r)
 	var maxBytes *http.MaxBytesError
 	var herr caddyhttp.HandlerError
 	if errors.As(err, &maxBytes) || errors.As(err, &herr) && herr.StatusCode == http.StatusRequestEntityTooLarge {

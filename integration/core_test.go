@@ -8,6 +8,7 @@ package integration_test
 // with a real catalog elsewhere.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -850,6 +851,40 @@ func TestCoreMaxRequestSize(t *testing.T) {
 	r = send(t, "POST", c.URL()+path, big)
 	wantStatus(t, "oversize unkeyed request", r, 200)
 	wantCount(t, b, path, 1)
+}
+
+// A client that announces a body over max_request_size and waits for an
+// answer before uploading it (Expect: 100-continue, or none and a slow
+// start) gets the 413 at once. Through a real Caddy, whose read timeouts
+// wrap the body, net/http otherwise reads 256 KiB of it before sending any
+// answer: the client heard nothing until the idle timeout (1 minute)
+// dropped the connection.
+func TestCoreBodyAnnouncedTooLargeIsAnsweredAtOnce(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "max_request_size 1KiB")
+	for _, expect := range []string{"", "Expect: 100-continue\r\n"} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(c.URL(), "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Far below the idle timeout: an answer held back for the body
+		// misses it.
+		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := fmt.Fprintf(conn, "POST /v1/namespaces HTTP/1.1\r\nHost: catalog\r\n%s: %s\r\n"+
+			"Content-Type: application/json\r\nContent-Length: 17000000\r\n%s\r\n", keyHeader, newKey(t), expect); err != nil {
+			t.Fatal(err)
+		}
+		res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%q: no answer before the body: %v", expect, err)
+		}
+		_ = res.Body.Close()
+		_ = conn.Close()
+		if res.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("%q: status %d, want 413", expect, res.StatusCode)
+		}
+	}
+	wantCount(t, b, "/v1/namespaces", 0)
 }
 
 func TestCoreReloadDuringFlight(t *testing.T) {
