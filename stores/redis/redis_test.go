@@ -1,8 +1,11 @@
 package redis
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -297,5 +300,52 @@ func TestUnknownStateIsUnreadable(t *testing.T) {
 	}
 	if _, err := s.Load(ctx, key); !errors.Is(err, stores.ErrUnreadableRecord) {
 		t.Fatalf("Load: %v, want ErrUnreadableRecord", err)
+	}
+}
+
+// Duplicates of one key on one node share one wait: one poll loop and
+// one load of the answer, however many wait. Before, each polled and each
+// loaded the answer on its own, and a thousand of them with a 1 MiB answer
+// emptied the pool: many got "connection pool timeout" and were answered
+// 503 although the answer was stored. A small pool and a fast poll show
+// it here with 200.
+func TestAwaitsOfOneKeyShareAWait(t *testing.T) {
+	s, _ := openStore(t, func(c *Config) {
+		c.PoolSize = 2
+		c.NotifyFallback = 10 * time.Millisecond
+		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = 400*time.Millisecond, 400*time.Millisecond, 400*time.Millisecond
+	})
+	ctx := context.Background()
+	key := storetest.NewKey(t)
+	r := storetest.Reservation(key, storetest.Long, storetest.Long)
+	if _, err := s.Reserve(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 200
+	errs := make(chan error, waiters)
+	for range waiters {
+		go func() {
+			rec, err := s.Await(ctx, key)
+			if err == nil && (rec == nil || rec.State != stores.StateFinal) {
+				err = fmt.Errorf("woke to %+v", rec)
+			}
+			errs <- err
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // all waiting, polling
+	body := bytes.Repeat([]byte("x"), 1<<20)
+	if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 200, Body: body}); err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	var first error
+	for range waiters {
+		if err := <-errs; err != nil {
+			failed++
+			first = cmp.Or(first, err)
+		}
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d Awaits failed, first: %v", failed, waiters, first)
 	}
 }

@@ -31,6 +31,11 @@ type Store struct {
 
 	evictionOnce sync.Once
 
+	// awaits shares one wait per key on this node: a thousand duplicates
+	// of one key then cost one poll loop and one load of the answer, not
+	// a thousand, which emptied the pool and answered many of them 503.
+	awaits sqlstore.AwaitGroup
+
 	closeOnce sync.Once
 	closed    chan struct{}
 }
@@ -388,7 +393,9 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 		sub = func() (<-chan struct{}, func()) { return l.Subscribe(key) }
 	}
 	backoff := sqlstore.Backoff{Min: s.cfg.NotifyFallback, Max: s.cfg.NotifyFallback}
-	return sqlstore.Await(ctx, backoff, load, sub, nil)
+	return s.awaits.Do(ctx, key, func(ctx context.Context) (*stores.Record, error) {
+		return sqlstore.Await(ctx, backoff, load, sub, nil)
+	})
 }
 
 // cas runs a compare-and-swap script and reports whether it applied.
