@@ -1142,7 +1142,7 @@ func (g *guarded) replay(rec *stores.Record) error {
 		}
 		opened, err := k.open(g.key, rec.Binding, resp.Body)
 		if err != nil {
-			return g.unreadable(resp.KeyID, err)
+			return g.unreadable(resp.KeyID, fmt.Errorf("%w: %w", errSealBroken, err))
 		}
 		resp = opened
 	}
@@ -1236,8 +1236,12 @@ func (e *readErrors) Read(p []byte) (int, error) {
 // key id, never what the record holds.
 func (g *guarded) unreadable(keyID string, cause error) error {
 	msg := "stored response cannot be decrypted: answering outcome unknown; is the secret it was sealed under missing from secret and previous_secrets?"
-	if errors.Is(cause, stores.ErrUnreadableRecord) {
+	switch {
+	case errors.Is(cause, stores.ErrUnreadableRecord):
 		msg = "the key's record cannot be read by this build (written by a newer build, or altered): answering outcome unknown"
+	case errors.Is(cause, errSealBroken):
+		msg = "stored response does not open under the secret its key id names: answering outcome unknown; " +
+			"the record was altered or moved onto another key, or sealed by a build whose layout this one does not read"
 	}
 	g.log(zapcore.ErrorLevel, msg, zap.String("outcome", outcomeUnreadable), zap.String("key_id", keyID), zap.Error(cause))
 	g.count(outcomeUnreadable)
@@ -1245,6 +1249,10 @@ func (g *guarded) unreadable(keyID string, cause error) error {
 		"The stored response for this Idempotency-Key cannot be read; the original request's outcome is unknown. Check the catalog's state before retrying with a new key.", 0)
 	return nil
 }
+
+// errSealBroken marks a sealed response that does not open under the
+// configured secret its key id names.
+var errSealBroken = errors.New("the seal does not open")
 
 // inFlightAnswerVar names the Caddy request variable set when a handler
 // answered 409 "still in flight" (in_flight_status 409).

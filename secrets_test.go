@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -173,6 +174,8 @@ func TestSecretRotation(t *testing.T) {
 func TestSealedRecordMovedToAnotherKeyDoesNotOpen(t *testing.T) {
 	s := newMemoryStore(t)
 	h := newSecretHandler(t, s, "secret-A-"+randomHex(t, 16))
+	core, logs := observer.New(zapcore.ErrorLevel)
+	h.logger = zap.New(core)
 	sentinel, auth, up := vendedCredentials(t)
 	key, other := storetest.NewKey(t), storetest.NewKey(t)
 	serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth)
@@ -208,6 +211,11 @@ func TestSealedRecordMovedToAnotherKeyDoesNotOpen(t *testing.T) {
 	}
 	if res := serve(t, h, up, "POST", commitPath, third, commitBody, "Authorization", auth); res.code() != 500 || up.calls.Load() != 1 {
 		t.Fatalf("corrupted record: %d %s, calls %d", res.code(), res.body, up.calls.Load())
+	}
+	// The log says the secret is there and the seal is broken, not that
+	// the secret is missing, which would send an operator looking for it.
+	if n := logs.FilterMessageSnippet("does not open under the secret its key id names").Len(); n != 2 {
+		t.Fatalf("%d log lines say the seal is broken, want 2 (moved, corrupted): %v", n, logs.All())
 	}
 }
 
@@ -530,4 +538,39 @@ func retryAfterRelease(t *testing.T, first, retry *Handler, up *upstream, key, a
 	close(answer)
 	<-done
 	return <-res
+}
+
+// Sealed records, keyed bindings and key ids outlive the build that wrote
+// them: nodes of different builds share a store during a rolling upgrade,
+// and a rollback reads what the newer build wrote. So what a secret
+// derives, what a binding hashes and how a response is sealed never change
+// without a new sealFormat (and the old layout still read): a record
+// sealed by the build of 2026-12-05 under a known secret must open to
+// its answer, under the same key id and binding. The seal layout changed
+// once without that (13ddade), and records of the builds on either side of
+// it could not read one another's: 500 on every retry.
+func TestSealedRecordLayoutIsStable(t *testing.T) {
+	k, err := deriveKeys("golden-secret-0123456789")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.id != "02c46e53" {
+		t.Fatalf("key id %s, want 02c46e53", k.id)
+	}
+	p := requestParts{principal: "Bearer x", method: "POST", path: "/v1/wh/namespaces/ns/tables/t", body: []byte(`{"updates":[]}`)}
+	b := p.binding("updateTable", k)
+	if b.Principal != "d9f82fc8a7d813af7fb676d8baae41e69f4f88e2bad660d8f5f9b475e7cd9996" ||
+		b.Fingerprint != "a607ce049e903220c91bb9e82dcd5b52d4697895023f3c81647e994268e36b0d" {
+		t.Fatalf("binding %+v changed", b)
+	}
+	sealed, _ := hex.DecodeString("4cf7a3023df79f697e629f455ae5eba8bb3f08025346980f66e7bde45ebabec2c356fdbac9da15fceb002abee7d5cab374798553fb75542665532aaaf1aa9e57086bfd637a56605a73e0e7ae03112fbeb2700506d5bb8c9ec16f774bd478ba64d37aa49609c67845a53076f9f25117291e7b12")
+	resp, err := k.open("019386a4-1b2c-7d3e-8f40-123456789abc", b, sealed)
+	if err != nil {
+		t.Fatalf("a record sealed by an earlier build does not open: %v", err)
+	}
+	want := stores.Response{Status: 200, Header: http.Header{"Content-Type": {"application/json"}, "Etag": {`"e1"`}},
+		Body: []byte(`{"metadata-location":"s3://w/t/m/1.json"}`)}
+	if resp.Status != want.Status || !reflect.DeepEqual(resp.Header, want.Header) || !bytes.Equal(resp.Body, want.Body) {
+		t.Fatalf("opened %d %v %s, want %d %v %s", resp.Status, resp.Header, resp.Body, want.Status, want.Header, want.Body)
+	}
 }
