@@ -162,6 +162,22 @@ func TestReadBody(t *testing.T) {
 	}
 }
 
+// A large body of announced length is held in a buffer no larger than it:
+// read as it comes, doubling up to the length and not past it. Before, a
+// 1 MiB + 3 byte body sat in a 2 MiB buffer for the whole request.
+func TestReadBodyHoldsNoMoreThanAnnounced(t *testing.T) {
+	for _, n := range []int{1<<20 + 3, 70000} {
+		// One byte at a time: a body arrives in pieces.
+		body := iotest.OneByteReader(strings.NewReader(strings.Repeat("b", n)))
+		req := httptest.NewRequest("POST", "/v1/namespaces", io.NopCloser(body))
+		req.ContentLength = int64(n)
+		got, err := readBody(req, 16<<20)
+		if err != nil || len(got) != n || cap(got) != n {
+			t.Fatalf("read %d bytes into %d (%v), want %d into %d", len(got), cap(got), err, n, n)
+		}
+	}
+}
+
 // A keyed body that request_body's max_size cuts off (a chunked or HTTP/2
 // body, with no Content-Length to refuse it by), or whose framing breaks,
 // is answered with an Iceberg error, and nothing reaches the catalog.
