@@ -99,7 +99,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if r.ContentLength > h.MaxRequestSize {
 		return h.bodyTooLarge(w, r)
 	}
-	body, err := readBody(r, h.MaxRequestSize)
+	hold := bodyHold{budget: h.bodies}
+	defer hold.release()
+	body, err := readBody(r, h.MaxRequestSize, &hold)
+	if errors.Is(err, errBodyBudget) {
+		return h.bodiesFull(w, r, op)
+	}
 	if err != nil {
 		return bodyUnread(w, r, err)
 	}
@@ -212,6 +217,21 @@ func (h *Handler) bodyTooLarge(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// bodiesFull answers a keyed request whose body would take the bodies held
+// past max_buffered_bytes: before anything is reserved, so its retry, once
+// others are done, executes.
+func (h *Handler) bodiesFull(w http.ResponseWriter, r *http.Request, op string) error {
+	decisionCounters.inc(op, outcomeOverloaded)
+	if atomic.CompareAndSwapInt32(&h.bodiesFullWarned, 0, 1) {
+		h.logger.Warn("keyed requests refused with 503: the bodies held by requests in progress fill max_buffered_bytes "+
+			"(counted in requests_total{outcome=\"overloaded\"}; warned once per config)", zap.String("operation", op))
+	}
+	closeUnreadBody(w, r)
+	writeError(w, http.StatusServiceUnavailable, typeUnavailable,
+		"The proxy holds as many request bodies as it may; the request was not executed. Retry with the same Idempotency-Key.", h.retryAfterSeconds())
+	return nil
+}
+
 // closeUnreadBody has the connection closed after an answer written while
 // (some of) r's body is still unread. Otherwise net/http reads up to 256 KiB
 // of the body before it sends the answer (Caddy's read timeouts wrap the
@@ -282,55 +302,50 @@ func headerPlaceholder(principal string) string {
 	return textproto.CanonicalMIMEHeaderKey(name)
 }
 
-// readBody reads the request body, or limit+1 bytes of it when it is
-// larger. A body that announces its length within the limit is read into
-// one buffer of that size instead of one grown by doubling (net/http and
-// HTTP/2 end such a body at its Content-Length, or fail it), up to
-// presizedBody: past that the buffer grows as bytes arrive, so that a
-// client announcing a large body and sending little holds no more of the
-// proxy's memory than it sent (with a large max_request_size, a buffer
-// allocated for what is announced could exhaust the process's memory).
-func readBody(r *http.Request, limit int64) ([]byte, error) {
+// readBody reads r's body, at most limit+1 bytes of it (one past the limit
+// shows a body over it), into a buffer grown as bytes arrive, so that a
+// client that announces much and sends little holds only what it sent:
+// doubling from the announced length or presizedBody, whichever is less,
+// and never past the announced length (a 16 MiB body sat in 32 MiB).
+// hold takes each growth from the budget of held bodies; errBodyBudget
+// when it is spent. A body shorter than announced fails as io.ReadFull
+// fails it.
+func readBody(r *http.Request, limit int64, hold *bodyHold) ([]byte, error) {
 	n := r.ContentLength
-	if n >= 0 && n <= min(limit, presizedBody) {
-		body := make([]byte, n)
-		if _, err := io.ReadFull(r.Body, body); err != nil {
+	ceiling := limit + 1
+	if n >= 0 && n <= limit {
+		ceiling = n
+	}
+	first := min(ceiling, presizedBody)
+	if !hold.take(first) {
+		return nil, errBodyBudget
+	}
+	body := make([]byte, 0, first)
+	for int64(len(body)) < ceiling {
+		if len(body) == cap(body) {
+			grown := min(2*int64(cap(body)), ceiling)
+			if !hold.take(grown - int64(cap(body))) {
+				return nil, errBodyBudget
+			}
+			body = append(make([]byte, 0, grown), body...)
+		}
+		m, err := r.Body.Read(body[len(body):cap(body)])
+		body = body[:len(body)+m]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
 			return nil, err
 		}
-		return body, nil
 	}
-	if n >= 0 && n <= limit {
-		// A larger announced body is read into a buffer grown as bytes
-		// arrive, so that a client that announces much and sends little
-		// holds only what it sent, and doubled no further than the
-		// announced length: a 16 MiB body held 32 MiB while it waited.
-		body := make([]byte, 0, presizedBody)
-		for int64(len(body)) < n {
-			if len(body) == cap(body) {
-				grown := make([]byte, len(body), int(min(2*int64(cap(body)), n)))
-				copy(grown, body)
-				body = grown
-			}
-			m, err := r.Body.Read(body[len(body):cap(body)])
-			body = body[:len(body)+m]
-			if err == io.EOF && int64(len(body)) < n {
-				return nil, io.ErrUnexpectedEOF // as io.ReadFull says of a body cut short
-			}
-			if err != nil && err != io.EOF {
-				return nil, err
-			}
-			if err == io.EOF {
-				break
-			}
-		}
-		return body, nil
+	if n >= 0 && n <= limit && int64(len(body)) < n {
+		return nil, io.ErrUnexpectedEOF
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, presizedBody))
-	if _, err := buf.ReadFrom(io.LimitReader(r.Body, limit+1)); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return body, nil
 }
+
+// errBodyBudget is readBody's error when the budget of held bodies is spent.
+var errBodyBudget = errors.New("the bodies of keyed requests in progress fill max_buffered_bytes")
 
 // presizedBody is the largest body read into a buffer of its announced
 // size; Iceberg commits are mostly smaller.

@@ -148,7 +148,7 @@ func TestReadBody(t *testing.T) {
 		{"shorter than announced", req("abc", 6), "", 0, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := readBody(tt.r, 10)
+			got, err := readBody(tt.r, 10, &bodyHold{})
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("error %v, want error %v", err, tt.wantErr)
 			}
@@ -171,10 +171,78 @@ func TestReadBodyHoldsNoMoreThanAnnounced(t *testing.T) {
 		body := iotest.OneByteReader(strings.NewReader(strings.Repeat("b", n)))
 		req := httptest.NewRequest("POST", "/v1/namespaces", io.NopCloser(body))
 		req.ContentLength = int64(n)
-		got, err := readBody(req, 16<<20)
+		got, err := readBody(req, 16<<20, &bodyHold{})
 		if err != nil || len(got) != n || cap(got) != n {
 			t.Fatalf("read %d bytes into %d (%v), want %d into %d", len(got), cap(got), err, n, n)
 		}
+	}
+}
+
+// Each growth of a body's buffer is taken from the budget, so that what a
+// request holds is its buffer's capacity; a budget that cannot cover the
+// next growth stops the read.
+func TestReadBodyTakesFromTheBudget(t *testing.T) {
+	const n = 300 << 10
+	body := strings.Repeat("b", n)
+	read := func(budget *bodyBudget) ([]byte, *bodyHold, error) {
+		req := httptest.NewRequest("POST", "/v1/namespaces", io.NopCloser(strings.NewReader(body)))
+		req.ContentLength = n
+		hold := &bodyHold{budget: budget}
+		got, err := readBody(req, 16<<20, hold)
+		return got, hold, err
+	}
+	budget := &bodyBudget{max: n}
+	got, hold, err := read(budget)
+	if err != nil || int64(cap(got)) != hold.n || budget.held.Load() != n {
+		t.Fatalf("read %d into %d (%v); held %d, budget %d; want all of it held", len(got), cap(got), err, hold.n, budget.held.Load())
+	}
+	if _, _, err := read(budget); err != errBodyBudget {
+		t.Fatalf("a second body with the budget spent: %v, want errBodyBudget", err)
+	}
+	hold.release()
+	if budget.held.Load() != 0 {
+		t.Fatalf("budget still holds %d after the release", budget.held.Load())
+	}
+}
+
+// Keyed requests whose bodies would hold more than max_buffered_bytes
+// together are answered 503 + Retry-After before anything is reserved:
+// the catalog is not called, and the retry, once the budget is free again,
+// executes. Before, every keyed body was held whatever their number: 60
+// concurrent 16 MiB bodies held 1.3 GiB, which plain reverse_proxy streams.
+func TestBodiesPastTheBudgetAreRefused(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.bodies = &bodyBudget{max: 100 << 10}
+	body := `{"pad":"` + strings.Repeat("x", 80<<10) + `"}`
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	up := &upstream{answer: func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		if calls.Add(1) == 1 {
+			close(arrived)
+			<-release
+		}
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{}`)
+		return nil
+	}}
+	first := make(chan result, 1)
+	go func() { first <- serve(t, h, up, http.MethodPost, commitPath, storetest.NewKey(t), body) }()
+	<-arrived
+	key := storetest.NewKey(t)
+	refused := serve(t, h, up, http.MethodPost, commitPath, key, body)
+	if refused.code() != http.StatusServiceUnavailable || refused.header.Get("Retry-After") == "" || calls.Load() != 1 {
+		t.Fatalf("second body past the budget = %d %q, calls %d; want 503 + Retry-After, not executed", refused.code(), refused.body, calls.Load())
+	}
+	close(release)
+	if r := <-first; r.code() != http.StatusOK {
+		t.Fatalf("first = %d %q", r.code(), r.body)
+	}
+	if retry := serve(t, h, up, http.MethodPost, commitPath, key, body); retry.code() != http.StatusOK || calls.Load() != 2 {
+		t.Fatalf("retry = %d %q, calls %d; want it executed", retry.code(), retry.body, calls.Load())
+	}
+	if held := h.bodies.held.Load(); held != 0 {
+		t.Fatalf("budget holds %d after every request ended", held)
 	}
 }
 
@@ -261,7 +329,7 @@ func TestLargeAnnouncedBodyIsReadWhole(t *testing.T) {
 	}
 	short := httptest.NewRequest(http.MethodPost, commitPath, io.NopCloser(strings.NewReader(body[:100<<10])))
 	short.ContentLength = int64(len(body))
-	if _, err := readBody(short, h.MaxRequestSize); err != io.ErrUnexpectedEOF {
+	if _, err := readBody(short, h.MaxRequestSize, &bodyHold{}); err != io.ErrUnexpectedEOF {
 		t.Fatalf("a body cut short of its length: %v, want io.ErrUnexpectedEOF", err)
 	}
 }

@@ -19,6 +19,8 @@ import (
 const (
 	DefaultCleanupInterval = 5 * time.Minute
 	DefaultCleanupBatch    = 1000
+	// DefaultMaxBufferedBytes bounds the keyed request bodies held at once.
+	DefaultMaxBufferedBytes = 1 << 30
 
 	// minCleanupInterval is the shortest cleanup_interval.
 	minCleanupInterval = time.Second
@@ -42,6 +44,18 @@ type App struct {
 	// database busy a third of the time at most. A statement that timed
 	// out is retried with half its limit (see purgePacer). Default: 1000.
 	CleanupBatch int `json:"cleanup_batch,omitempty"`
+
+	// Most bytes of keyed request bodies held in memory at once, by all
+	// the handlers of the config together: each body is held whole while
+	// its request is executed or waits, to hash it and to send it on. A
+	// keyed request whose body would take the total past it is answered
+	// 503 + Retry-After before it is executed (nothing is reserved, so its
+	// retry executes normally). Buffers count as they grow, so a client
+	// that announces a large body and sends little takes only what it
+	// sent. At most 1TiB. Default: 1GiB.
+	MaxBufferedBytes int64 `json:"max_buffered_bytes,omitempty"`
+
+	bodies bodyBudget
 
 	mu     sync.Mutex
 	stores map[string]stores.Store
@@ -89,6 +103,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.CleanupBatch == 0 {
 		a.CleanupBatch = DefaultCleanupBatch
 	}
+	if a.MaxBufferedBytes == 0 {
+		a.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	a.bodies.max = a.MaxBufferedBytes
 	return nil
 }
 
@@ -104,6 +122,9 @@ func (a *App) Validate() error {
 	}
 	if a.CleanupBatch < 0 {
 		return fmt.Errorf("cleanup_batch must be positive, got %d", a.CleanupBatch)
+	}
+	if a.MaxBufferedBytes < 0 || a.MaxBufferedBytes > maxSize {
+		return fmt.Errorf("max_buffered_bytes must be between 1 and 1TiB, got %d", a.MaxBufferedBytes)
 	}
 	return nil
 }

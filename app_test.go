@@ -73,8 +73,14 @@ func TestAppDefaultsAndValidation(t *testing.T) {
 	if time.Duration(app.CleanupInterval) != DefaultCleanupInterval || app.CleanupBatch != DefaultCleanupBatch {
 		t.Fatalf("defaults = %v, %d", time.Duration(app.CleanupInterval), app.CleanupBatch)
 	}
+	if app.MaxBufferedBytes != DefaultMaxBufferedBytes || app.bodies.max != DefaultMaxBufferedBytes {
+		t.Fatalf("max_buffered_bytes = %d, budget %d; want %d", app.MaxBufferedBytes, app.bodies.max, DefaultMaxBufferedBytes)
+	}
 	if err := (&App{CleanupBatch: -1}).Validate(); err == nil {
 		t.Fatal("negative cleanup_batch accepted")
+	}
+	if err := (&App{CleanupInterval: caddy.Duration(time.Minute), MaxBufferedBytes: 2 << 40}).Validate(); err == nil {
+		t.Fatal("max_buffered_bytes of 2TiB accepted")
 	}
 	// JSON's nanoseconds: a run followed a run.
 	if err := (&App{CleanupInterval: 1}).Validate(); err == nil || !strings.Contains(err.Error(), "cleanup_interval must be at least 1s") {

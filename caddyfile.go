@@ -356,6 +356,7 @@ func parseSize(d *caddyfile.Dispenser, into *int64) error {
 //	    iceberg_idempotency {
 //	        cleanup_interval <duration>
 //	        cleanup_batch    <n>
+//	        max_buffered_bytes <size>
 //	    }
 //	}
 func parseApp(d *caddyfile.Dispenser, existing any) (any, error) {
@@ -391,6 +392,10 @@ func parseApp(d *caddyfile.Dispenser, existing any) (any, error) {
 				return nil, d.Errf("cleanup_batch must be a positive integer, got %q", arg)
 			}
 			app.CleanupBatch = n
+		case "max_buffered_bytes":
+			if err := parseSize(d, &app.MaxBufferedBytes); err != nil {
+				return nil, err
+			}
 		default:
 			return nil, d.Errf("unknown iceberg_idempotency global option %q", d.Val())
 		}

@@ -249,6 +249,7 @@ func TestCaddyfileErrors(t *testing.T) {
 	}
 	for _, tt := range []struct{ name, global, want, at string }{
 		{"bad value", "iceberg_idempotency {\n\t\tcleanup_batch none\n\t}", "cleanup_batch must be a positive integer", "at Caddyfile:3"},
+		{"no body budget", "iceberg_idempotency {\n\t\tmax_buffered_bytes 0\n\t}", `max_buffered_bytes must be a positive size like 16MiB, got "0"`, "at Caddyfile:3"},
 		// 1ns kept PostgreSQL at 15,000 purge statements/s.
 		{"interval below a second", "iceberg_idempotency {\n\t\tcleanup_interval 500ms\n\t}", "cleanup_interval must be at least 1s, got 500ms", "at Caddyfile:3"},
 		{"option twice", "iceberg_idempotency {\n\t\tcleanup_batch 5\n\t\tcleanup_batch 6\n\t}", "cleanup_batch given twice (first on line 3)", "at Caddyfile:4"},

@@ -210,6 +210,12 @@ type Handler struct {
 	// again after an attempt that was written and never answered: see
 	// warnResent.
 	resentWarned int32
+	// bodiesFullWarned is set (atomically) once a keyed request was
+	// refused because the held bodies filled max_buffered_bytes.
+	bodiesFullWarned int32
+	// bodies is the app's budget of held request bodies; nil (no bound)
+	// in tests that build a handler without an app.
+	bodies *bodyBudget
 }
 
 var (
@@ -266,6 +272,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("loading iceberg_idempotency app: %w", err)
 	}
 	app := appIface.(*App)
+	h.bodies = &app.bodies
 
 	h.pooled, err = acquireStore(ctx, provider)
 	if err != nil {

@@ -145,6 +145,7 @@ const (
 	outcomeStoreUnavailable = "store_unavailable"
 	outcomeFailOpen         = "fail_open"
 	outcomeNoPrincipal      = "no_principal"
+	outcomeOverloaded       = "overloaded"
 )
 
 // collectors are the collectors registerMetrics registers.

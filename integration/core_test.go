@@ -887,6 +887,34 @@ func TestCoreBodyAnnouncedTooLargeIsAnsweredAtOnce(t *testing.T) {
 	wantCount(t, b, "/v1/namespaces", 0)
 }
 
+// max_buffered_bytes bounds the keyed bodies a real Caddy holds at once:
+// with the catalog holding a request whose 600 KB body fills the 1MiB
+// budget, a second keyed request is answered 503 + Retry-After without
+// reaching the catalog, and its retry executes once the first is done.
+func TestCoreMaxBufferedBytes(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, site(b, "iceberg_idempotency {\nmax_buffered_bytes 1MiB\n}", ""))
+	const path = "/v1/namespaces/db/tables"
+	body := `{"name":"t","pad":"` + strings.Repeat("x", 600<<10) + `"}`
+	gate := b.Stall(path)
+	first := sendInBackground(c.URL()+path, body, newKey(t))
+	gate.WaitArrived(t, 1, 20*time.Second)
+	key := newKey(t)
+	r := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantIcebergError(t, "a body past max_buffered_bytes", r, 503, "ServiceUnavailableException")
+	if r.Header.Get("Retry-After") == "" {
+		t.Fatalf("503 without Retry-After: %s", r)
+	}
+	wantCount(t, b, path, 1)
+	gate.Release()
+	if res := <-first; res.err != nil || res.r.Status != 200 {
+		t.Fatalf("first: %v %v", res.r, res.err)
+	}
+	wantStatus(t, "retry once the budget is free", send(t, "POST", c.URL()+path, body, keyHeader, key), 200)
+	wantCount(t, b, path, 2)
+}
+
 func TestCoreReloadDuringFlight(t *testing.T) {
 	t.Parallel()
 	c, b := startGuarded(t, "")
