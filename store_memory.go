@@ -45,6 +45,15 @@ type MemoryStore struct {
 	// to fit; a single response larger than this is delivered, not stored.
 	// Default: 256 MiB.
 	MaxBytes int64 `json:"max_bytes,omitempty"`
+
+	// What a full store gives up: "evict" (the default) evicts the least
+	// recently used final record even before it expires, and a retry of
+	// its key executes again; "refuse" evicts only expired records, and
+	// otherwise refuses new keyed requests (503 + Retry-After, nothing
+	// reserved) and leaves an answer that finds no room unknown (its retry
+	// hears 500 CommitStateUnknownException, and is not executed again).
+	// Handlers of one config that differ get "refuse".
+	WhenFull string `json:"when_full,omitempty"`
 }
 
 var (
@@ -70,6 +79,11 @@ func (m *MemoryStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	m.MaxEntries, m.MaxBytes = limits.MaxEntries, limits.MaxBytes
+	switch m.WhenFull {
+	case "", whenFullEvict, whenFullRefuse:
+	default:
+		return fmt.Errorf("memory store: when_full must be %q or %q, got %q", whenFullEvict, whenFullRefuse, m.WhenFull)
+	}
 	if m.MaxBytes > maxSize { // as the Caddyfile's sizes
 		return fmt.Errorf("memory store: max_bytes must be at most 1TiB, got %d", m.MaxBytes)
 	}
@@ -79,8 +93,14 @@ func (m *MemoryStore) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// The values of MemoryStore.WhenFull.
+const (
+	whenFullEvict  = "evict"
+	whenFullRefuse = "refuse"
+)
+
 func (m *MemoryStore) limits() memory.Limits {
-	return memory.Limits{MaxEntries: m.MaxEntries, MaxBytes: m.MaxBytes}
+	return memory.Limits{MaxEntries: m.MaxEntries, MaxBytes: m.MaxBytes, KeepUnexpired: m.WhenFull == whenFullRefuse}
 }
 
 // StoreKey implements StoreProvider.
@@ -122,7 +142,7 @@ func openMemoryStore(l memory.Limits, config <-chan struct{}, logger *zap.Logger
 		memoryEvictions.WithLabelValues(string(e.Reason)).Inc()
 		ev.Record(e)
 	}
-	s, err := memory.New(memory.Options{MaxEntries: l.MaxEntries, MaxBytes: l.MaxBytes, Now: now, OnEvict: onEvict})
+	s, err := memory.New(memory.Options{MaxEntries: l.MaxEntries, MaxBytes: l.MaxBytes, KeepUnexpired: l.KeepUnexpired, Now: now, OnEvict: onEvict})
 	if err != nil {
 		return nil, err
 	}
@@ -175,12 +195,15 @@ func (s *memoryStore) resize(want memory.Limits, logger *zap.Logger) error {
 	logger.Info("memory store resized in place, records kept",
 		zap.Int("max_entries", want.MaxEntries), zap.Int64("max_bytes", want.MaxBytes),
 		zap.Int("old_max_entries", old.MaxEntries), zap.Int64("old_max_bytes", old.MaxBytes),
-		zap.Int("evicted", evicted))
+		zap.Bool("keep_unexpired", want.KeepUnexpired), zap.Int("evicted", evicted))
 	return nil
 }
 
+// larger is the bounds that give each of a and b at least what it asks
+// for; a store that keeps unexpired records if either asks it to.
 func larger(a, b memory.Limits) memory.Limits {
-	return memory.Limits{MaxEntries: max(a.MaxEntries, b.MaxEntries), MaxBytes: max(a.MaxBytes, b.MaxBytes)}
+	return memory.Limits{MaxEntries: max(a.MaxEntries, b.MaxEntries), MaxBytes: max(a.MaxBytes, b.MaxBytes),
+		KeepUnexpired: a.KeepUnexpired || b.KeepUnexpired}
 }
 
 // Close reports evictions not logged yet.
@@ -194,6 +217,7 @@ func (s *memoryStore) Close() error {
 //	store memory [{
 //	    max_entries <n>
 //	    max_bytes   <size>
+//	    when_full   evict|refuse
 //	}]
 func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type name
@@ -220,6 +244,15 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := parseSize(d, &m.MaxBytes); err != nil {
 				return err
 			}
+		case "when_full":
+			arg, err := singleArg(d)
+			if err != nil {
+				return err
+			}
+			if arg != whenFullEvict && arg != whenFullRefuse {
+				return d.Errf("when_full must be %s or %s, got %q", whenFullEvict, whenFullRefuse, arg)
+			}
+			m.WhenFull = arg
 		default:
 			return d.Errf("unknown memory store option %q", d.Val())
 		}

@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -297,4 +298,47 @@ func startMemoryApp(t *testing.T, ctx caddy.Context, s stores.Store) *App {
 		t.Fatal(err)
 	}
 	return app
+}
+
+// when_full refuse: on a store full of records that have not expired, a
+// new keyed request is answered 503 + Retry-After without reaching the
+// catalog, and the retry of a stored one is still replayed. With the
+// default (evict), the new request pushes the stored record out and that
+// record's retry executes the commit a second time: what a flood of keyed
+// requests (any principal's) does to everybody's records.
+func TestMemoryStoreWhenFullRefuse(t *testing.T) {
+	for _, c := range []struct {
+		whenFull          string
+		second            int
+		firstRetryReplays bool
+	}{
+		{whenFullRefuse, http.StatusServiceUnavailable, true},
+		{whenFullEvict, http.StatusOK, false},
+	} {
+		t.Run(c.whenFull, func(t *testing.T) {
+			m := &MemoryStore{MaxEntries: 1, WhenFull: c.whenFull}
+			if err := m.Provision(newCaddyContext(t)); err != nil {
+				t.Fatal(err)
+			}
+			s, err := openMemoryStore(m.limits(), nil, zap.NewNop(), nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := newTestHandler(t, s)
+			catalog := newCountingCatalog(t, answerOK)
+			proxy := newReverseProxy(t, catalog.addr())
+			first := storetest.NewKey(t)
+			if r := serve(t, h, proxy, http.MethodPost, commitPath, first, commitBody); r.code() != http.StatusOK {
+				t.Fatalf("first = %d %q", r.code(), r.body)
+			}
+			second := serve(t, h, proxy, http.MethodPost, commitPath, storetest.NewKey(t), commitBody)
+			if second.code() != c.second || (c.second == http.StatusServiceUnavailable && second.header.Get("Retry-After") == "") {
+				t.Fatalf("a new key on a full store = %d %q, want %d", second.code(), second.body, c.second)
+			}
+			retry := serve(t, h, proxy, http.MethodPost, commitPath, first, commitBody)
+			if replayed := retry.header.Get(ReplayedHeader) == "true"; replayed != c.firstRetryReplays {
+				t.Fatalf("retry of the stored key: %d, replayed %v, want %v (catalog executed %d)", retry.code(), replayed, c.firstRetryReplays, catalog.executed.Load())
+			}
+		})
+	}
 }

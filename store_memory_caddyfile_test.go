@@ -50,6 +50,7 @@ func TestMemoryStoreCaddyfileErrors(t *testing.T) {
 		{"max_entries -5", `max_entries must be a positive integer, got "-5"`},
 		{"max_entries", `max_entries needs a value`},
 		{"max_entrys 5", `unknown memory store option "max_entrys"`},
+		{"when_full drop", `when_full must be evict or refuse, got "drop"`},
 	} {
 		_, err := adapt(t, ":8080 {\n\ticeberg_idempotency {\n\t\tstore memory {\n\t\t\t"+tc.line+"\n\t\t}\n\t}\n}\n")
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "Caddyfile:4") {

@@ -371,3 +371,36 @@ func TestPurgeFindsEveryExpiredRecord(t *testing.T) {
 		}
 	}
 }
+
+// With KeepUnexpired (when_full refuse) a full store evicts no record
+// that has not expired: a new reservation is refused (not sent: nothing
+// was reserved), a response that does not fit is refused as too large,
+// and expired records still make room. Without it, the records a flood of
+// others' requests pushed out executed again on retry.
+func TestKeepUnexpiredRefusesInsteadOfEvicting(t *testing.T) {
+	f := &fixture{t: t, clock: storetest.NewFakeClock(), evicted: map[EvictReason]int{}}
+	s, err := New(Options{MaxEntries: 2, MaxBytes: 1 << 20, KeepUnexpired: true, Now: f.clock.Now,
+		OnEvict: func(e Eviction) { f.evicted[e.Reason]++ }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.s = s
+	a := f.final(1)
+	// Reserved while there was room; its answer finds none.
+	key, owner := f.reserve()
+	b := f.final(1)
+	if err := s.Finalize(t.Context(), key, owner, stores.Response{Status: 200, Body: []byte("{}")}); !errors.Is(err, stores.ErrResponseTooLarge) {
+		t.Fatalf("Finalize into a full store = %v, want ErrResponseTooLarge", err)
+	}
+	r := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
+	if _, err := s.Reserve(t.Context(), r); !errors.Is(err, ErrFull) || !stores.NotSent(err) {
+		t.Fatalf("Reserve into a full store = %v, want ErrFull, not sent", err)
+	}
+	if f.load(a) == nil || f.load(b) == nil || len(f.evicted) != 0 {
+		t.Fatalf("records evicted %v; want both kept", f.evicted)
+	}
+	f.clock.Advance(2 * time.Hour) // a and b expire
+	if res, err := s.Reserve(t.Context(), r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve once the records expired = %+v, %v", res, err)
+	}
+}

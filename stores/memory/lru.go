@@ -115,6 +115,20 @@ func (s *Store) addFinal(f *finalEntry, now time.Time) {
 	s.bytes += f.size
 }
 
+// makeRoom drops expired final records until one more record of size
+// bytes fits both bounds, and reports whether it does: it evicts nothing
+// that has not expired. Caller holds s.mu.
+func (s *Store) makeRoom(size int64, now time.Time) bool {
+	for len(s.final) >= s.limits.MaxEntries || s.bytes+size > s.limits.MaxBytes {
+		f := s.expiry.expired(now)
+		if f == nil {
+			return false
+		}
+		s.dropFinal(f)
+	}
+	return true
+}
+
 // fit evicts least recently used final records until the bounds hold, after
 // they shrank. Caller holds s.mu.
 func (s *Store) fit(now time.Time) int {

@@ -8,6 +8,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -52,7 +53,19 @@ type Limits struct {
 	// A single response that does not fit is refused with
 	// stores.ErrResponseTooLarge. Default DefaultMaxBytes.
 	MaxBytes int64
+	// KeepUnexpired refuses what would evict a final record that has not
+	// expired, instead of evicting it (whose key would execute again on
+	// retry): a Reserve while the bounds are reached fails with ErrFull,
+	// and a Finalize that does not fit with stores.ErrResponseTooLarge.
+	// Expired records still make room. Shrinking the bounds (Resize)
+	// evicts all the same.
+	KeepUnexpired bool
 }
+
+// ErrFull is Reserve's error when the store keeps unexpired records
+// (Limits.KeepUnexpired) and its bounds are reached: the reservation was
+// not made.
+var ErrFull = errors.New("memory store is full of records that have not expired (when_full refuse)")
 
 // WithDefaults returns l with unset bounds defaulted, or an error for a
 // negative one. It is the one place where the bounds are defaulted and
@@ -80,9 +93,11 @@ type Eviction struct {
 
 // Options configures a Store.
 type Options struct {
-	// MaxEntries and MaxBytes are the initial bounds; see Limits.
-	MaxEntries int
-	MaxBytes   int64
+	// MaxEntries, MaxBytes and KeepUnexpired are the initial bounds; see
+	// Limits.
+	MaxEntries    int
+	MaxBytes      int64
+	KeepUnexpired bool
 	// OnEvict, if set, is called for every final record evicted before its
 	// expiry, with the store locked: it must be cheap and must not call
 	// back into the store.
@@ -122,7 +137,7 @@ var _ stores.Store = (*Store)(nil)
 
 // New returns an empty Store.
 func New(opts Options) (*Store, error) {
-	limits, err := Limits{MaxEntries: opts.MaxEntries, MaxBytes: opts.MaxBytes}.WithDefaults()
+	limits, err := Limits{MaxEntries: opts.MaxEntries, MaxBytes: opts.MaxBytes, KeepUnexpired: opts.KeepUnexpired}.WithDefaults()
 	if err != nil {
 		return nil, err
 	}
@@ -212,6 +227,11 @@ func (s *Store) Reserve(_ context.Context, r stores.Reservation) (stores.Reserve
 	now := s.now()
 	if e, f := s.live(r.Key, now); e != nil || f != nil {
 		return stores.ReserveResult{Existing: snapshot(e, f, now)}, nil
+	}
+	if s.limits.KeepUnexpired && !s.makeRoom(1, now) {
+		// Nothing was reserved: the request may be retried, or passed
+		// on by fail_open.
+		return stores.ReserveResult{}, stores.MarkNotSent(ErrFull)
 	}
 	s.inflight[r.Key] = &entry{
 		rec: stores.Record{
@@ -304,6 +324,10 @@ func (s *Store) Finalize(_ context.Context, key, owner string, resp stores.Respo
 	size := recordSize(&stores.Record{Key: key, Binding: e.rec.Binding, Response: &stored})
 	if size > s.limits.MaxBytes {
 		return fmt.Errorf("%w: %d bytes counted, max_bytes is %d", stores.ErrResponseTooLarge, size, s.limits.MaxBytes)
+	}
+	if s.limits.KeepUnexpired && !s.makeRoom(size, now) {
+		return fmt.Errorf("%w: %d bytes counted, and only records that have not expired hold the rest (when_full refuse)",
+			stores.ErrResponseTooLarge, size)
 	}
 	delete(s.inflight, key)
 	f := packFinal(&e.rec, stored, size)
