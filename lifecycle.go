@@ -16,6 +16,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -1155,6 +1156,17 @@ func (g *guarded) replay(rec *stores.Record) error {
 			continue
 		}
 		hdr[name] = append([]string(nil), vals...)
+	}
+	if enc := resp.Header.Get("Content-Encoding"); enc != "" {
+		// The answer depends on the retry's Accept-Encoding, as the
+		// first one did; decoded, it is no longer the representation a
+		// strong ETag that encode suffixed with its coding names.
+		hdr.Add("Vary", "Accept-Encoding")
+		if decoded {
+			if etag := hdr.Get("Etag"); !strings.HasPrefix(etag, "W/") && strings.HasSuffix(etag, "-"+enc+`"`) {
+				hdr.Set("Etag", strings.TrimSuffix(etag, "-"+enc+`"`)+`"`)
+			}
+		}
 	}
 	hdr.Set(ReplayedHeader, "true")
 	if stream != nil {
