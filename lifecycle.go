@@ -1161,7 +1161,9 @@ func (g *guarded) replay(rec *stores.Record) error {
 		// The answer depends on the retry's Accept-Encoding, as the
 		// first one did; decoded, it is no longer the representation a
 		// strong ETag that encode suffixed with its coding names.
-		hdr.Add("Vary", "Accept-Encoding")
+		if !strings.Contains(strings.ToLower(strings.Join(hdr["Vary"], ",")), "accept-encoding") {
+			hdr.Add("Vary", "Accept-Encoding") // unless replay_headers kept the catalog's
+		}
 		if decoded {
 			if etag := hdr.Get("Etag"); !strings.HasPrefix(etag, "W/") && strings.HasSuffix(etag, "-"+enc+`"`) {
 				hdr.Set("Etag", strings.TrimSuffix(etag, "-"+enc+`"`)+`"`)
