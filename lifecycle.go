@@ -381,13 +381,6 @@ func (g *guarded) execute() error {
 			// to execute.
 			g.log(zapcore.ErrorLevel, "catalog unreachable: key released", zap.Int("status", status), zap.Error(err))
 			g.release(detached, "catalog unreachable")
-			if hasErrorRoutes(g.r) {
-				// The site's handle_errors answers, as it does without
-				// this module: it may fail over to a standby catalog
-				// (guarded by a directive of its own) or render the
-				// error page the operator chose.
-				return err
-			}
 			writeError(g.w, status, typeFor(status),
 				"The catalog could not be reached; the request was not sent to it. Retry with the same Idempotency-Key.",
 				retryAfterFor(status, g.retryAfterSeconds()))
@@ -594,12 +587,6 @@ func (g *guarded) soleAnswer() (int, bool) {
 		return 0, false
 	}
 	return catalogStatus(g.r)
-}
-
-// hasErrorRoutes reports whether r's server has handle_errors routes.
-func hasErrorRoutes(r *http.Request) bool {
-	srv, _ := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
-	return srv != nil && srv.Errors != nil && len(srv.Errors.Routes) > 0
 }
 
 func replacerOf(r *http.Request) *caddy.Replacer {

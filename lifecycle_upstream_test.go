@@ -611,39 +611,3 @@ func TestResendAfterAnUnansweredAttempt(t *testing.T) {
 		})
 	}
 }
-
-// On a site with handle_errors, a keyed request whose catalog cannot be
-// reached goes on to it as the error, with its key released, as an
-// unkeyed one does: handle_errors may fail over to a standby catalog.
-// Without handle_errors the module answers with its own Iceberg error.
-// Before, the module always answered, and the failover never ran for
-// keyed requests.
-func TestUnreachableCatalogGoesOnToHandleErrors(t *testing.T) {
-	h := newTestHandler(t, newMemoryStore(t))
-	proxy := newReverseProxy(t, deadAddr(t))
-	withErrors := &caddyhttp.Server{Errors: &caddyhttp.HTTPErrorConfig{Routes: caddyhttp.RouteList{{}}}}
-	for _, c := range []struct {
-		srv        *caddyhttp.Server
-		wantErr    bool
-		wantStatus int
-	}{
-		{withErrors, true, http.StatusOK},
-		{&caddyhttp.Server{}, false, http.StatusBadGateway},
-	} {
-		key := storetest.NewKey(t)
-		req := httptest.NewRequest(http.MethodPost, commitPath, strings.NewReader(commitBody))
-		req.Header.Set(IdempotencyKeyHeader, key)
-		rec := httptest.NewRecorder()
-		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, c.srv)
-		err := h.ServeHTTP(rec, req, proxy)
-		var herr caddyhttp.HandlerError
-		if got := errors.As(err, &herr) && herr.StatusCode == http.StatusBadGateway; got != c.wantErr || rec.Code != c.wantStatus {
-			t.Fatalf("handle_errors %v: error %v, written %d; want the 502 error %v, written %d",
-				c.srv.Errors != nil, err, rec.Code, c.wantErr, c.wantStatus)
-		}
-		catalog := newCountingCatalog(t, answerOK)
-		if retry := serve(t, h, newReverseProxy(t, catalog.addr()), http.MethodPost, commitPath, key, commitBody); retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
-			t.Fatalf("retry = %d %q, want the released key executed", retry.code(), retry.body)
-		}
-	}
-}
