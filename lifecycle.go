@@ -438,20 +438,20 @@ func (g *guarded) execute() error {
 		return commitStateUnknown(g.binding.Operation, code, g.w.Header().Get("Content-Encoding"), cw.buf.Bytes(), !cw.overflowed)
 	}
 	switch {
-	case g.conns.resent.Load() && status/100 != 2:
-		// An earlier attempt was written and never answered, and may
-		// have executed: this answer may be the catalog refusing the
-		// commit it already made (409), which must neither be stored
-		// nor reach a client that would clean up after it.
-		g.log(zapcore.ErrorLevel, "the request was sent to the catalog again after an attempt that got no answer (lb_retry_match retrying mutations?): "+
-			"its answer is not delivered nor stored; the key's outcome is unknown", zap.Int("status", status))
+	case g.conns.sentAgain() && status/100 != 2:
+		// An earlier attempt was written and may have executed: this
+		// answer may be the catalog refusing the commit it already made
+		// (409), which must neither be stored nor reach a client that
+		// would clean up after it.
+		g.log(zapcore.ErrorLevel, "the request went to an upstream again after an attempt was sent (lb_retry_match or retry_match retrying mutations, "+
+			"or forward_auth after iceberg_idempotency): its answer is not delivered nor stored; the key's outcome is unknown", zap.Int("status", status))
 		g.markUnknown(detached, nil)
 		if cw.overflowed {
 			return nil
 		}
 		dropEntityHeaders(g.w.Header())
 		writeError(g.w, http.StatusBadGateway, typeCommitStateUnknown,
-			"The proxy sent the request to the catalog again after an attempt that got no answer; its outcome is unknown. Check the catalog's state before retrying.", 0)
+			"The proxy sent the request to the catalog again after an earlier attempt; its outcome is unknown. Check the catalog's state before retrying.", 0)
 		return nil
 	case g.mayHaveReachedCatalog() && (stateUnknown(status) || answer != status && stateUnknown(answer)):
 		g.log(zapcore.WarnLevel, "the answer says the commit's state is unknown: delivered, not stored, not released; the key's outcome is unknown",
@@ -520,6 +520,9 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 	defer hideKeyFromTransport(r).restore()
 	defer narrowAcceptEncoding(r)()
 	defer hideUpgrade(r)()
+	// The body is read already; a catalog's 100 Continue would only be
+	// one more answer that is not the final one.
+	defer hideHeaders(r, "Expect")()
 	// howMuchSent reads the upstream reverse_proxy chose from the
 	// replacer, and execute the catalog's status; those of a call before
 	// this one (forward_auth is a reverse_proxy too) say nothing about

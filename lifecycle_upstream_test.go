@@ -570,20 +570,38 @@ func TestResendAfterAnUnansweredAttempt(t *testing.T) {
 		}
 		rp.RequestBuffers = 1 << 20 // the whole body, so that it can be sent again
 	}
+	// A retry_match on the answer's status: a gateway's 504 after the
+	// catalog executed, then the resent commit's 409.
+	resendOn504 := func(rp *reverseproxy.Handler) {
+		rp.LoadBalancing = &reverseproxy.LoadBalancing{
+			Retries:       2,
+			RetryMatchRaw: caddyhttp.RawMatcherSets{{"expression": json.RawMessage(`"{http.reverse_proxy.status_code} == 504"`)}},
+		}
+		rp.RequestBuffers = 1 << 20
+	}
+	gatewayGaveUp := answerStatus(http.StatusGatewayTimeout, typeServiceFailure)
+	refused := answerStatus(http.StatusConflict, "CommitFailedException")
 	for _, c := range []struct {
-		name    string
-		resent  func(http.ResponseWriter, *http.Request)
-		first   int
-		replays bool
+		name      string
+		configure func(*reverseproxy.Handler)
+		first     func(http.ResponseWriter, *http.Request)
+		resent    func(http.ResponseWriter, *http.Request)
+		headers   []string
+		status    int
+		replays   bool
 	}{
-		{"refused", answerStatus(http.StatusConflict, "CommitFailedException"), http.StatusBadGateway, false},
-		{"succeeded", answerOK, http.StatusOK, true},
+		{"refused", resendPOSTs, answerNothing, refused, nil, http.StatusBadGateway, false},
+		{"succeeded", resendPOSTs, answerNothing, answerOK, nil, http.StatusOK, true},
+		// The catalog's 100 Continue came before the break: an answer,
+		// but not the final one. (Before, it hid the resend.)
+		{"refused after 100 Continue", resendPOSTs, answerNothing, refused, []string{"Expect", "100-continue"}, http.StatusBadGateway, false},
+		{"refused after a 504", resendOn504, gatewayGaveUp, refused, nil, http.StatusBadGateway, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var calls atomic.Int32
 			catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
 				if calls.Add(1) == 1 {
-					answerNothing(w, r)
+					c.first(w, r)
 					return
 				}
 				c.resent(w, r)
@@ -591,13 +609,13 @@ func TestResendAfterAnUnansweredAttempt(t *testing.T) {
 			core, logs := observer.New(zapcore.WarnLevel)
 			h := newTestHandler(t, newMemoryStore(t))
 			h.logger = zap.New(core)
-			proxy := newReverseProxy(t, catalog.addr(), resendPOSTs)
+			proxy := newReverseProxy(t, catalog.addr(), c.configure)
 			key := storetest.NewKey(t)
-			first := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
-			if first.code() != c.first || catalog.executed.Load() != 2 {
-				t.Fatalf("first = %d %q, executed %d; want %d after the resend", first.code(), first.body, catalog.executed.Load(), c.first)
+			first := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody, c.headers...)
+			if first.code() != c.status || catalog.executed.Load() != 2 {
+				t.Fatalf("first = %d %q, executed %d; want %d after the resend", first.code(), first.body, catalog.executed.Load(), c.status)
 			}
-			if logs.FilterMessageSnippet("sent to the catalog again after an attempt that got no answer").Len() == 0 {
+			if logs.FilterMessageSnippet("again after").Len() == 0 {
 				t.Error("no warning of the resend")
 			}
 			retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)

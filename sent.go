@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptrace"
+	"net/textproto"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -81,18 +82,28 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 // after an answer came back within one call (askedAfterAnswer), which the
 // handler reports once: see warnAskedAfterAnswer.
 //
-// An upstream asked after a request was written and before any answer came
-// (resent) is a resend of that request: reverse_proxy's lb_retry_match
-// retrying a mutation after a transport error, or Go's transport retrying a
-// write the server reset (HTTP/2's REFUSED_STREAM, a body-less request whose
-// bytes never left). The trace cannot tell these apart, so the handler takes
-// the catalog as possibly having executed the first attempt.
+// An upstream asked after a request was written and before its final answer
+// began (pending; a 1xx is no final answer) is a resend of that request:
+// reverse_proxy's lb_retry_match retrying a mutation after a transport
+// error, or Go's transport retrying a write the server reset (HTTP/2's
+// REFUSED_STREAM or a GOAWAY, a body-less request whose bytes never left).
+// The trace cannot tell these apart, so the handler takes the catalog as
+// possibly having executed the first attempt (see sentAgain).
 type connTrace struct {
 	askedConn, gotConn           atomic.Bool
 	handshakeOK, handshakeFailed atomic.Bool
 	answered, askedAfterAnswer   atomic.Bool
-	wrote, resent                atomic.Bool
+	pending, resent              atomic.Bool
 	trace                        httptrace.ClientTrace
+}
+
+// sentAgain reports whether the call went to an upstream again after a
+// request had been written: resent unanswered, or asked after an answer
+// (a retry_match on the answer's status, forward_auth after the handler).
+// Either way the catalog may have executed an earlier attempt, and the
+// answer at hand may be its refusal of what that attempt did.
+func (c *connTrace) sentAgain() bool {
+	return c.resent.Load() || c.askedAfterAnswer.Load()
 }
 
 // attach returns ctx with the trace's hooks, composed with any trace ctx
@@ -101,19 +112,29 @@ func (c *connTrace) attach(ctx context.Context) context.Context {
 	c.trace = httptrace.ClientTrace{
 		GetConn: func(string) {
 			c.askedConn.Store(true)
-			if c.answered.Load() {
-				c.askedAfterAnswer.Store(true)
-			} else if c.wrote.Load() {
+			if c.pending.Load() {
 				c.resent.Store(true)
+			} else if c.answered.Load() {
+				c.askedAfterAnswer.Store(true)
 			}
 		},
 		WroteRequest: func(info httptrace.WroteRequestInfo) {
 			if info.Err == nil {
-				c.wrote.Store(true)
+				c.pending.Store(true)
 			}
 		},
-		GotConn:              func(httptrace.GotConnInfo) { c.gotConn.Store(true) },
-		GotFirstResponseByte: func() { c.answered.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) { c.gotConn.Store(true) },
+		GotFirstResponseByte: func() {
+			c.answered.Store(true)
+			c.pending.Store(false)
+		},
+		// Reported after GotFirstResponseByte, which does not come again
+		// for the final answer: the request stays pending until the call
+		// ends. A later ask then counts as a resend, the safe side.
+		Got1xxResponse: func(int, textproto.MIMEHeader) error {
+			c.pending.Store(true)
+			return nil
+		},
 		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
 			if err != nil {
 				c.handshakeFailed.Store(true)

@@ -15,19 +15,28 @@ import "net/http"
 // Without the ask, the catalog answers in HTTP/1.1, as a client that
 // cannot upgrade gets it.
 func hideUpgrade(r *http.Request) (restore func()) {
-	up, hasUp := r.Header["Upgrade"]
-	settings, hasSettings := r.Header["Http2-Settings"]
-	if !hasUp && !hasSettings {
+	return hideHeaders(r, "Upgrade", "Http2-Settings")
+}
+
+// hideHeaders takes the named (canonical) headers off r's header and
+// returns the function that puts them back.
+func hideHeaders(r *http.Request, names ...string) (restore func()) {
+	var hidden http.Header
+	for _, name := range names {
+		if vals, ok := r.Header[name]; ok {
+			if hidden == nil {
+				hidden = make(http.Header, len(names))
+			}
+			hidden[name] = vals
+			delete(r.Header, name)
+		}
+	}
+	if hidden == nil {
 		return func() {}
 	}
-	delete(r.Header, "Upgrade")
-	delete(r.Header, "Http2-Settings")
 	return func() {
-		if hasUp {
-			r.Header["Upgrade"] = up
-		}
-		if hasSettings {
-			r.Header["Http2-Settings"] = settings
+		for name, vals := range hidden {
+			r.Header[name] = vals
 		}
 	}
 }
