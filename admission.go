@@ -134,7 +134,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			body:      body,
 		},
 	}
-	g.body.Reset(body)
+	g.body.reset(body)
 	r.Body = &g.body
 	r.ContentLength = int64(len(body))
 
@@ -224,7 +224,7 @@ func (h *Handler) bodiesFull(w http.ResponseWriter, r *http.Request, op string) 
 	decisionCounters.inc(op, outcomeOverloaded)
 	if atomic.CompareAndSwapInt32(&h.bodiesFullWarned, 0, 1) {
 		h.logger.Warn("keyed requests refused with 503: the bodies held by requests in progress fill max_buffered_bytes "+
-			"(counted in requests_total{outcome=\"overloaded\"}; warned once per config)", zap.String("operation", op))
+			"(counted in requests_total{outcome=\"overloaded\"}; warned once per handler)", zap.String("operation", op))
 	}
 	closeUnreadBody(w, r)
 	writeError(w, http.StatusServiceUnavailable, typeUnavailable,
@@ -269,7 +269,23 @@ func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
 // this one; a part of guarded, so that handing it on allocates nothing.
 // (reverse_proxy wraps any body it is given, so the transport would not see
 // a *bytes.Reader, which it writes with the headers, either way.)
-type requestBody struct{ bytes.Reader }
+type requestBody struct {
+	bytes.Reader
+	all []byte // what the reader reads
+}
+
+// reset makes b read all of body.
+func (b *requestBody) reset(body []byte) {
+	b.Reader.Reset(body)
+	b.all = body
+}
+
+// unread is the whole body when none of it has been read yet: an
+// iceberg_idempotency handler after this one (a nested guard) then takes
+// it as it is, neither copying it nor counting it against the budget again.
+func (b *requestBody) unread() ([]byte, bool) {
+	return b.all, b.Len() == len(b.all)
+}
 
 // Close implements io.Closer: the real body is closed by the server.
 func (*requestBody) Close() error { return nil }
@@ -311,6 +327,11 @@ func headerPlaceholder(principal string) string {
 // when it is spent. A body shorter than announced fails as io.ReadFull
 // fails it.
 func readBody(r *http.Request, limit int64, hold *bodyHold) ([]byte, error) {
+	if outer, ok := r.Body.(*requestBody); ok {
+		if body, whole := outer.unread(); whole {
+			return body, nil
+		}
+	}
 	n := r.ContentLength
 	ceiling := limit + 1
 	if n >= 0 && n <= limit {
@@ -323,11 +344,14 @@ func readBody(r *http.Request, limit int64, hold *bodyHold) ([]byte, error) {
 	body := make([]byte, 0, first)
 	for int64(len(body)) < ceiling {
 		if len(body) == cap(body) {
+			// While it is copied, the old buffer is held too.
 			grown := min(2*int64(cap(body)), ceiling)
-			if !hold.take(grown - int64(cap(body))) {
+			if !hold.take(grown) {
 				return nil, errBodyBudget
 			}
+			old := int64(cap(body))
 			body = append(make([]byte, 0, grown), body...)
+			hold.give(old)
 		}
 		m, err := r.Body.Read(body[len(body):cap(body)])
 		body = body[:len(body)+m]
@@ -347,8 +371,10 @@ func readBody(r *http.Request, limit int64, hold *bodyHold) ([]byte, error) {
 // errBodyBudget is readBody's error when the budget of held bodies is spent.
 var errBodyBudget = errors.New("the bodies of keyed requests in progress fill max_buffered_bytes")
 
-// presizedBody is the largest body read into a buffer of its announced
-// size; Iceberg commits are mostly smaller.
+// presizedBody is the largest buffer allocated before the body arrives: a
+// body announced up to it is read into one of its size, a larger (or
+// chunked) one starts there and grows as bytes arrive. Iceberg commits
+// are mostly smaller.
 const presizedBody = 64 << 10
 
 // maxSize bounds max_request_size and max_response_size, as the Caddyfile
@@ -398,6 +424,11 @@ func (h *Handler) keyRecorded(ctx context.Context, key string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, storeOpTimeout)
 	defer cancel()
 	rec, err := h.store.Load(ctx, key)
+	if errors.Is(err, stores.ErrUnreadableRecord) {
+		// A record, if one this build cannot read: the request goes
+		// on, to be answered as unreadable, not 503 until it expires.
+		return true, nil
+	}
 	return rec != nil, err
 }
 

@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -191,15 +192,19 @@ func TestReadBodyTakesFromTheBudget(t *testing.T) {
 		got, err := readBody(req, 16<<20, hold)
 		return got, hold, err
 	}
-	budget := &bodyBudget{max: n}
+	// Room for one body and, while it grows, the copy of its last
+	// buffer; not for a second body.
+	budget := &bodyBudget{max: 2 * n}
 	got, hold, err := read(budget)
 	if err != nil || int64(cap(got)) != hold.n || budget.held.Load() != n {
 		t.Fatalf("read %d into %d (%v); held %d, budget %d; want all of it held", len(got), cap(got), err, hold.n, budget.held.Load())
 	}
-	if _, _, err := read(budget); err != errBodyBudget {
+	_, refused, err := read(budget)
+	if err != errBodyBudget {
 		t.Fatalf("a second body with the budget spent: %v, want errBodyBudget", err)
 	}
 	hold.release()
+	refused.release() // as admit does, whatever readBody returned
 	if budget.held.Load() != 0 {
 		t.Fatalf("budget still holds %d after the release", budget.held.Load())
 	}
@@ -212,7 +217,7 @@ func TestReadBodyTakesFromTheBudget(t *testing.T) {
 // concurrent 16 MiB bodies held 1.3 GiB, which plain reverse_proxy streams.
 func TestBodiesPastTheBudgetAreRefused(t *testing.T) {
 	h := newTestHandler(t, newMemoryStore(t))
-	h.bodies = &bodyBudget{max: 100 << 10}
+	h.bodies = &bodyBudget{max: 200 << 10} // one 80 KiB body and its last copy, not two
 	body := `{"pad":"` + strings.Repeat("x", 80<<10) + `"}`
 	arrived, release := make(chan struct{}), make(chan struct{})
 	var calls atomic.Int32
@@ -366,5 +371,43 @@ func TestBodyAnnouncedTooLargeIsRefusedBeforeTheUpload(t *testing.T) {
 	body, _ := io.ReadAll(res.Body)
 	if res.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(string(body), typeTooLarge) || up.calls.Load() != 0 {
 		t.Fatalf("first answer %d %s, %d executions; want 413 %s at once (no 100 Continue) and none", res.StatusCode, body, up.calls.Load(), typeTooLarge)
+	}
+}
+
+// A nested guard (a second iceberg_idempotency on the same request) takes
+// the body the first one read as it is: no copy, and nothing taken from
+// the budget a second time. Before, a 100 KiB body under a 150 KiB budget
+// was refused on every try, the one request counted twice.
+func TestNestedGuardTakesTheBodyAsRead(t *testing.T) {
+	var outer requestBody
+	outer.reset([]byte(`{"namespace":["a"]}`))
+	r := httptest.NewRequest("POST", "/v1/namespaces", nil)
+	r.Body, r.ContentLength = &outer, int64(outer.Len())
+	budget := &bodyBudget{max: 1} // could hold no copy
+	got, err := readBody(r, 1<<20, &bodyHold{budget: budget})
+	if err != nil || string(got) != `{"namespace":["a"]}` || &got[0] != &outer.all[0] || budget.held.Load() != 0 {
+		t.Fatalf("read %q (%v), budget %d; want the outer body itself, nothing taken", got, err, budget.held.Load())
+	}
+}
+
+// A max_request_size that max_buffered_bytes cannot hold twice (a body's
+// buffer and its copy as it grows) would refuse such a body with 503 for
+// ever: the config is refused instead.
+func TestMaxRequestSizeFitsTheBodyBudget(t *testing.T) {
+	for _, c := range []struct {
+		budget string
+		ok     bool
+	}{{`1048576`, false}, {`3145728`, false}, {`4194304`, true}} {
+		cfg := `{"apps": {"iceberg_idempotency": {"max_buffered_bytes": ` + c.budget + `},
+			"http": {"servers": {"s": {"listen": ["127.0.0.1:0"],
+			"routes": [{"handle": [{"handler": "iceberg_idempotency", "max_request_size": 2097152}]}]}}}}}`
+		var conf caddy.Config
+		if err := json.Unmarshal([]byte(cfg), &conf); err != nil {
+			t.Fatal(err)
+		}
+		err := caddy.Validate(&conf)
+		if (err == nil) != c.ok || (err != nil && !strings.Contains(err.Error(), "max_buffered_bytes must be at least twice max_request_size")) {
+			t.Fatalf("max_buffered_bytes %s: %v, want ok %v", c.budget, err, c.ok)
+		}
 	}
 }

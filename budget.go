@@ -44,6 +44,14 @@ func (h *bodyHold) take(n int64) bool {
 	return true
 }
 
+// give returns n bytes of the request's share: a buffer it let go.
+func (h *bodyHold) give(n int64) {
+	if h.budget != nil {
+		h.budget.held.Add(-n)
+		h.n -= n
+	}
+}
+
 // release gives the request's share back, once the body is no longer held.
 func (h *bodyHold) release() {
 	if h.budget != nil && h.n != 0 {

@@ -172,10 +172,24 @@ func TestFailOpenDoesNotPassAKeyItReleased(t *testing.T) {
 // unreadableRecords is a store whose records this build cannot read, as
 // the SQL and Redis stores report a record a newer build wrote in a state
 // this one does not know.
-type unreadableRecords struct{ stores.Store }
+type unreadableRecords struct {
+	stores.Store
+	releases atomic.Int32
+}
 
-func (unreadableRecords) Reserve(context.Context, stores.Reservation) (stores.ReserveResult, error) {
-	return stores.ReserveResult{}, fmt.Errorf("%w: record has unknown state %q", stores.ErrUnreadableRecord, "done_v9")
+var errDoneV9 = fmt.Errorf("%w: record has unknown state %q", stores.ErrUnreadableRecord, "done_v9")
+
+func (*unreadableRecords) Reserve(context.Context, stores.Reservation) (stores.ReserveResult, error) {
+	return stores.ReserveResult{}, errDoneV9
+}
+
+func (*unreadableRecords) Load(context.Context, string) (*stores.Record, error) {
+	return nil, errDoneV9
+}
+
+func (s *unreadableRecords) Release(ctx context.Context, key, owner string) error {
+	s.releases.Add(1)
+	return s.Store.Release(ctx, key, owner)
 }
 
 // A record the store found but cannot read stands for a request that may
@@ -186,7 +200,8 @@ func (unreadableRecords) Reserve(context.Context, stores.Reservation) (stores.Re
 // without it every retry got 503 for the record's life.
 func TestUnreadableRecordIsNotPassedThrough(t *testing.T) {
 	for _, failOpen := range []bool{true, false} {
-		h := newTestHandler(t, unreadableRecords{newMemoryStore(t)})
+		s := &unreadableRecords{Store: newMemoryStore(t)}
+		h := newTestHandler(t, s)
 		h.FailOpen = failOpen
 		catalog := newCountingCatalog(t, answerOK)
 		got := serve(t, h, newReverseProxy(t, catalog.addr()), http.MethodPost, commitPath, storetest.NewKey(t), commitBody)
@@ -194,5 +209,22 @@ func TestUnreadableRecordIsNotPassedThrough(t *testing.T) {
 			t.Fatalf("fail_open %v: %d %q, catalog executed %d; want 500 %s and no execution",
 				failOpen, got.code(), got.body, catalog.executed.Load(), typeCommitStateUnknown)
 		}
+		// The store answered: no reservation of this request's can be
+		// left behind, so nothing is undone in the background (which
+		// sent a Release every few hundred milliseconds for the whole
+		// settle window, on every retry).
+		time.Sleep(300 * time.Millisecond)
+		if n := s.releases.Load(); n != 0 {
+			t.Fatalf("fail_open %v: %d background Releases after an unreadable record", failOpen, n)
+		}
+	}
+	// A key of a version key_versions leaves out is looked up; a record
+	// found but unreadable is answered as unreadable, not 503 until it
+	// expires.
+	h := newTestHandler(t, &unreadableRecords{Store: newMemoryStore(t)})
+	catalog := newCountingCatalog(t, answerOK)
+	v4 := "3f1c2b7e-9a4d-4c1e-8b2a-5d6e7f809a1b"
+	if got := serve(t, h, newReverseProxy(t, catalog.addr()), http.MethodPost, commitPath, v4, commitBody); got.code() != http.StatusInternalServerError || got.errorType() != typeCommitStateUnknown {
+		t.Fatalf("v4 key over an unreadable record: %d %q, want 500 %s", got.code(), got.body, typeCommitStateUnknown)
 	}
 }

@@ -273,6 +273,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	app := appIface.(*App)
 	h.bodies = &app.bodies
+	if h.MaxRequestSize > app.MaxBufferedBytes/2 {
+		// A body's buffer is copied as it grows, so the largest body
+		// needs up to twice its size: less, and it gets 503 for ever.
+		return fmt.Errorf("the iceberg_idempotency global option max_buffered_bytes must be at least twice max_request_size "+
+			"(a body's buffer is copied as it grows): max_buffered_bytes is %d, max_request_size %d", app.MaxBufferedBytes, h.MaxRequestSize)
+	}
 
 	h.pooled, err = acquireStore(ctx, provider)
 	if err != nil {

@@ -121,8 +121,9 @@ func (g *guarded) run() error {
 		})
 		if err != nil {
 			// The reservation may have committed with its reply lost,
-			// unless the store proves its statement was never sent.
-			if !stores.NotSent(err) {
+			// unless the store proves its statement was never sent, or
+			// answered: a record it cannot read is somebody else's.
+			if !stores.NotSent(err) && !errors.Is(err, stores.ErrUnreadableRecord) {
 				g.undoLostReply(releaseReservation)
 			}
 			if shown {

@@ -200,10 +200,12 @@ func (p *pooledStore) Destruct() error {
 	}
 	p.dropped.Store(true)
 	lingering.Store(p, struct{}{})
-	linger := dropLinger // read here: tests change it between tests, and this goroutine may outlive its test
+	// Read here: tests change them between tests, and this goroutine may
+	// outlive its test.
+	linger, report := dropLinger, drainReportInterval
 	go func() {
 		for {
-			for !p.waitIdle(drainReportInterval) {
+			for !p.waitIdle(report) {
 				p.logger.Warn("a store no config uses any more stays open for the requests still using it",
 					zap.String("backend", p.backend), zap.Int64("requests", p.active.Load()))
 			}

@@ -894,13 +894,13 @@ func TestCoreBodyAnnouncedTooLargeIsAnsweredAtOnce(t *testing.T) {
 }
 
 // max_buffered_bytes bounds the keyed bodies a real Caddy holds at once:
-// with the catalog holding a request whose 600 KB body fills the 1MiB
-// budget, a second keyed request is answered 503 + Retry-After without
+// with the catalog holding a request whose 600 KB body fills most of the
+// 1.5 MiB budget, a second keyed request is answered 503 + Retry-After without
 // reaching the catalog, and its retry executes once the first is done.
 func TestCoreMaxBufferedBytes(t *testing.T) {
 	t.Parallel()
 	b := caddyproc.NewBackend(t)
-	c := caddyproc.Start(t, site(b, "iceberg_idempotency {\nmax_buffered_bytes 1MiB\n}", ""))
+	c := caddyproc.Start(t, site(b, "iceberg_idempotency {\nmax_buffered_bytes 1536KiB\n}", "max_request_size 768KiB"))
 	const path = "/v1/namespaces/db/tables"
 	body := `{"name":"t","pad":"` + strings.Repeat("x", 600<<10) + `"}`
 	gate := b.Stall(path)
