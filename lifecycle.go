@@ -439,13 +439,13 @@ func (g *guarded) execute() error {
 		return commitStateUnknown(g.binding.Operation, code, g.w.Header().Get("Content-Encoding"), cw.buf.Bytes(), !cw.overflowed)
 	}
 	switch {
-	case g.conns.sentAgain() && status/100 != 2:
+	case g.conns.sentAgain(g.r) && status/100 != 2:
 		// An earlier attempt was written and may have executed: this
 		// answer may be the catalog refusing the commit it already made
 		// (409), which must neither be stored nor reach a client that
 		// would clean up after it.
-		g.log(zapcore.ErrorLevel, "the request went to an upstream again after an attempt was sent (lb_retry_match or retry_match retrying mutations, "+
-			"or forward_auth after iceberg_idempotency): its answer is not delivered nor stored; the key's outcome is unknown", zap.Int("status", status))
+		g.log(zapcore.ErrorLevel, "reverse_proxy sent the request again after an attempt was sent (lb_retry_match or retry_match retrying mutations): "+
+			"its answer is not delivered nor stored; the key's outcome is unknown", zap.Int("status", status))
 		g.markUnknown(detached, nil)
 		if cw.overflowed {
 			return nil
@@ -531,6 +531,7 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 	if repl := replacerOf(r); repl != nil {
 		repl.Delete(upstreamVar)
 		repl.Delete(catalogStatusVar)
+		repl.Delete(retriesVar)
 	}
 	defer func() {
 		if v := recover(); v != nil {

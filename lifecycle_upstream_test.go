@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/rewrite"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -627,5 +628,39 @@ func TestResendAfterAnUnansweredAttempt(t *testing.T) {
 				t.Fatalf("retry = %d %q, want %s", retry.code(), retry.body, typeCommitStateUnknown)
 			}
 		})
+	}
+}
+
+// forward_auth placed after the directive asks its auth server, then the
+// catalog, within the one call: an upstream asked after an answer, but not
+// a resend, since reverse_proxy retried nothing. The catalog's 409 is its
+// real answer and is stored and replayed. (Taking every second upstream
+// call for a resend left such answers unknown.)
+func TestForwardAuthAfterTheDirectiveIsNoResend(t *testing.T) {
+	authServer := newCountingCatalog(t, answerOK)
+	catalog := newCountingCatalog(t, answerStatus(http.StatusConflict, "AlreadyExistsException"))
+	catalogProxy := newReverseProxy(t, catalog.addr())
+	auth := &reverseproxy.Handler{
+		Upstreams: reverseproxy.UpstreamPool{{Dial: authServer.addr()}},
+		// As forward_auth: asked with GET and no body, and a 2xx falls
+		// through to the handler after it.
+		Rewrite:        &rewrite.Rewrite{Method: http.MethodGet, URI: "/auth"},
+		HandleResponse: []caddyhttp.ResponseHandler{{Match: &caddyhttp.ResponseMatcher{StatusCode: []int{2}}}},
+	}
+	if err := auth.Provision(runningCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = auth.Cleanup() })
+	chain := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return auth.ServeHTTP(w, r, catalogProxy) })
+	h := newTestHandler(t, newMemoryStore(t))
+	key := storetest.NewKey(t)
+	first := serve(t, h, chain, http.MethodPost, "/v1/wh/namespaces", key, `{"namespace":["a"]}`)
+	if first.code() != http.StatusConflict || authServer.executed.Load() != 1 {
+		t.Fatalf("first = %d %q, auth asked %d times; want the catalog's 409 after the auth server", first.code(), first.body, authServer.executed.Load())
+	}
+	retry := serve(t, h, chain, http.MethodPost, "/v1/wh/namespaces", key, `{"namespace":["a"]}`)
+	if retry.code() != http.StatusConflict || retry.header.Get(ReplayedHeader) != "true" || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %q (replayed %q), catalog executed %d; want the stored 409 replayed",
+			retry.code(), retry.body, retry.header.Get(ReplayedHeader), catalog.executed.Load())
 	}
 }

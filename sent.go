@@ -97,13 +97,33 @@ type connTrace struct {
 	trace                        httptrace.ClientTrace
 }
 
-// sentAgain reports whether the call went to an upstream again after a
-// request had been written: resent unanswered, or asked after an answer
-// (a retry_match on the answer's status, forward_auth after the handler).
-// Either way the catalog may have executed an earlier attempt, and the
+// sentAgain reports whether reverse_proxy sent r again after an attempt
+// had been written: resent unanswered (lb_retry_match after a transport
+// error), or asked after an answer (a retry_match on the answer's
+// status). The catalog may then have executed an earlier attempt, and the
 // answer at hand may be its refusal of what that attempt did.
-func (c *connTrace) sentAgain() bool {
-	return c.resent.Load() || c.askedAfterAnswer.Load()
+// reverse_proxy's own count of its retries tells these from an upstream
+// asked again for other reasons: Go's transport resending what the server
+// provably did not process (HTTP/2's REFUSED_STREAM or GOAWAY, an HTTP/1
+// write that sent nothing), or forward_auth after the handler, whose
+// answer came before the catalog's.
+func (c *connTrace) sentAgain(r *http.Request) bool {
+	return (c.resent.Load() || c.askedAfterAnswer.Load()) && proxyRetried(r)
+}
+
+// retriesVar is where reverse_proxy notes how often it retried a request.
+const retriesVar = "http.reverse_proxy.retries"
+
+// proxyRetried reports whether reverse_proxy noted a retry of r; without
+// a replacer it cannot tell, and says yes.
+func proxyRetried(r *http.Request) bool {
+	repl := replacerOf(r)
+	if repl == nil {
+		return true
+	}
+	n, _ := repl.Get(retriesVar)
+	retries, _ := n.(int)
+	return retries > 0
 }
 
 // attach returns ctx with the trace's hooks, composed with any trace ctx
