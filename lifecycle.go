@@ -450,6 +450,7 @@ func (g *guarded) execute() error {
 		if cw.overflowed {
 			return nil
 		}
+		takeTrailers(g.w.Header())
 		dropEntityHeaders(g.w.Header())
 		writeError(g.w, http.StatusBadGateway, typeCommitStateUnknown,
 			"The proxy sent the request to the catalog again after an earlier attempt; its outcome is unknown. Check the catalog's state before retrying.", 0)
