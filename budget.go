@@ -54,8 +54,5 @@ func (h *bodyHold) give(n int64) {
 
 // release gives the request's share back, once the body is no longer held.
 func (h *bodyHold) release() {
-	if h.budget != nil && h.n != 0 {
-		h.budget.held.Add(-h.n)
-		h.n = 0
-	}
+	h.give(h.n)
 }

@@ -365,7 +365,7 @@ func (g *guarded) execute() error {
 	if g.conns.askedAfterAnswer.Load() {
 		g.warnAskedAfterAnswer()
 	}
-	if g.conns.resent.Load() {
+	if g.conns.resent.Load() && proxyRetried(g.r) {
 		g.warnResent()
 	}
 

@@ -87,8 +87,8 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 // reverse_proxy's lb_retry_match retrying a mutation after a transport
 // error, or Go's transport retrying a write the server reset (HTTP/2's
 // REFUSED_STREAM or a GOAWAY, a body-less request whose bytes never left).
-// The trace cannot tell these apart, so the handler takes the catalog as
-// possibly having executed the first attempt (see sentAgain).
+// The trace cannot tell these apart; reverse_proxy's count of its retries
+// can (see sentAgain).
 type connTrace struct {
 	askedConn, gotConn           atomic.Bool
 	handshakeOK, handshakeFailed atomic.Bool
