@@ -15,9 +15,9 @@ var (
 	_ stores.Inspector = (*Store)(nil)
 )
 
-// Forget implements stores.Forgetter: one DELETE by primary key. With
-// ListenNotify it notifies like Release, so that waiters on other nodes look
-// again at once instead of at their slow fallback poll.
+// Forget implements stores.Forgetter: one DELETE by primary key. It
+// notifies like Release, so that waiters on other nodes look again at once
+// instead of at their slow fallback poll.
 func (s *Store) Forget(ctx context.Context, key string, force bool) (bool, error) {
 	if err := sqlstore.CheckKey(key); err != nil {
 		return false, fmt.Errorf("postgres forget: %w", err)

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
@@ -156,9 +158,16 @@ func TestNoMarkWithoutListenNotify(t *testing.T) {
 }
 
 // Every change that ends a wait notifies a watched record, and only a
-// watched one; TakeOver keeps the mark (the waiters still wait).
+// watched one; TakeOver keeps the mark (the waiters still wait). So does a
+// node with listen_notify off: the waiter may be on a node that listens.
 func TestNotifyWatchedChanges(t *testing.T) {
-	s, cfg := openStore(t, func(c *Config) { c.ListenNotify = true })
+	for _, listens := range []bool{true, false} {
+		t.Run(fmt.Sprintf("listen_notify=%v", listens), func(t *testing.T) { testNotifyWatchedChanges(t, listens) })
+	}
+}
+
+func testNotifyWatchedChanges(t *testing.T, listens bool) {
+	s, cfg := openStore(t, func(c *Config) { c.ListenNotify = listens })
 	ctx := context.Background()
 	l := listenTo(t, cfg)
 	const shortLease = 100 * time.Millisecond
@@ -301,4 +310,34 @@ func awaitAsync(t *testing.T, ctx context.Context, s *Store, key string) <-chan 
 		got <- rec
 	}()
 	return got
+}
+
+// A waiter on a node with listen_notify on wakes at the NOTIFY of a change
+// made on a node with it off (a rolling change of the option), not at its
+// fallback poll, here a minute.
+func TestMixedListenNotifyWakes(t *testing.T) {
+	waiter, cfg := openStore(t, func(c *Config) { c.ListenNotify, c.NotifyFallback = true, time.Minute })
+	c := cfg
+	c.ListenNotify = false
+	owner, err := Open(context.Background(), c, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { owner.Close() })
+	ctx := context.Background()
+	key := storetest.NewKey(t)
+	r := storetest.Reservation(key, storetest.Long, storetest.Long)
+	if res, err := owner.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	got := awaitAsync(t, wctx, waiter, key)
+	waitWatched(t, cfg.Table, key)
+	if err := owner.Finalize(ctx, key, r.Owner, finalResp); err != nil {
+		t.Fatal(err)
+	}
+	if rec := <-got; rec == nil || rec.State != stores.StateFinal {
+		t.Fatalf("Await = %+v: the waiter slept through the Finalize of a node with listen_notify off", rec)
+	}
 }

@@ -7,8 +7,7 @@ import "fmt"
 // transaction (here: statement) start time on the database's clock.
 type queries struct {
 	reserve, deleteExpired, load, finalize, release, extend, abandon, takeOver, purge, forget string
-	// mark sets watched on an in-flight row, for Await with ListenNotify;
-	// empty without a channel.
+	// mark sets watched on an in-flight row, for Await with ListenNotify.
 	mark string
 }
 
@@ -81,33 +80,31 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND
 		// lapsed), or, forced, a row whatever its state or owner.
 		forget: fmt.Sprintf(`DELETE FROM %s WHERE key = $1 AND ($2 OR (state = 'in_flight' AND lease_until <= now()))`, table),
 	}
-	if channel != "" {
-		// A waiter marks the row it waits for (see Store.Await); a fresh
-		// row starts unwatched (the column's default) and TakeOver leaves
-		// the mark, as the waiters still wait. NOT watched: of many waiters
-		// of one key the first writes the row, the others wait for its
-		// lock, re-check the WHERE on the row it wrote and match nothing.
-		q.mark = fmt.Sprintf(`UPDATE %s SET watched = true
+	// A waiter marks the row it waits for (see Store.Await); a fresh
+	// row starts unwatched (the column's default) and TakeOver leaves
+	// the mark, as the waiters still wait. NOT watched: of many waiters
+	// of one key the first writes the row, the others wait for its
+	// lock, re-check the WHERE on the row it wrote and match nothing.
+	q.mark = fmt.Sprintf(`UPDATE %s SET watched = true
 WHERE key = $1 AND state = 'in_flight' AND NOT watched AND expires_at > now()`, table)
 
-		// The NOTIFY rides in the same statement (delivered at its commit),
-		// so waking waiters costs no extra round trip, and is sent only
-		// for a watched row: a transaction that queued a notification
-		// takes a database-wide lock at commit, which serializes the
-		// committing transactions, so it is paid only when someone waits.
-		// The CASE evaluates pg_notify only on a watched row, and keeps one
-		// result row per changed record, so RowsAffected still counts
-		// them. In READ COMMITTED a statement that waited for the row lock
-		// of a concurrent mark re-evaluates the newest row version, so
-		// RETURNING watched sees any mark committed before it.
-		notify := func(stmt string) string {
-			return fmt.Sprintf("WITH changed AS (%s RETURNING key, watched)\nSELECT CASE WHEN watched THEN pg_notify('%s', key) END FROM changed", stmt, channel)
-		}
-		q.finalize = notify(q.finalize)
-		q.release = notify(q.release)
-		q.takeOver = notify(q.takeOver)
-		q.abandon = notify(q.abandon)
-		q.forget = notify(q.forget)
+	// The NOTIFY rides in the same statement (delivered at its commit),
+	// so waking waiters costs no extra round trip, and is sent only
+	// for a watched row: a transaction that queued a notification
+	// takes a database-wide lock at commit, which serializes the
+	// committing transactions, so it is paid only when someone waits.
+	// The CASE evaluates pg_notify only on a watched row, and keeps one
+	// result row per changed record, so RowsAffected still counts
+	// them. In READ COMMITTED a statement that waited for the row lock
+	// of a concurrent mark re-evaluates the newest row version, so
+	// RETURNING watched sees any mark committed before it.
+	notify := func(stmt string) string {
+		return fmt.Sprintf("WITH changed AS (%s RETURNING key, watched)\nSELECT CASE WHEN watched THEN pg_notify('%s', key) END FROM changed", stmt, channel)
 	}
+	q.finalize = notify(q.finalize)
+	q.release = notify(q.release)
+	q.takeOver = notify(q.takeOver)
+	q.abandon = notify(q.abandon)
+	q.forget = notify(q.forget)
 	return q
 }

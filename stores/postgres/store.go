@@ -91,12 +91,16 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	if cfg.tracer != nil {
 		cc.Tracer = cfg.tracer
 	}
-	channel := ""
 	if cfg.ListenNotify {
-		channel = cfg.Table + "_changed"
 		s.backoff = sqlstore.Backoff{Min: cfg.NotifyFallback, Max: cfg.NotifyFallback}
 	}
-	s.q = newQueries(cfg.Table, channel)
+	// Changes notify a watched row whether or not this node listens: a
+	// waiter on a node with listen_notify on marks the row, and the owner
+	// may run on a node with it off (nodes mid-way through a rolling
+	// change of the option); without the NOTIFY the waiter would sleep
+	// until its fallback poll. An unwatched row sends none, so a node that
+	// does not listen pays nothing for it.
+	s.q = newQueries(cfg.Table, cfg.Table+"_changed")
 
 	// No connection is made here (pgxpool connects on first use, unless
 	// the DSN asks for pool_min_conns).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -28,6 +29,13 @@ type listener struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+
+	// mu guards ps, the subscription being read, and stopped: stop closes
+	// ps, since a read waiting for a message heeds no context and would
+	// hold Close for up to idle.
+	mu      sync.Mutex
+	ps      *goredis.PubSub
+	stopped bool
 }
 
 func startListener(client goredis.UniversalClient, channel string, idle time.Duration, log *zap.Logger) *listener {
@@ -44,7 +52,12 @@ func (l *listener) run(ctx context.Context) {
 	warned := false // once per outage, not once per attempt
 	for {
 		ps := l.client.Subscribe(ctx, l.channel)
+		if !l.track(ps) {
+			_ = ps.Close()
+			return
+		}
 		subscribed, err := l.serve(ctx, ps, &retry)
+		l.track(nil)
 		_ = ps.Close()
 		l.WakeAll() // messages may be missed until the next subscription
 		if ctx.Err() != nil {
@@ -98,7 +111,21 @@ func (l *listener) serve(ctx context.Context, ps *goredis.PubSub, retry *sqlstor
 	}
 }
 
+// track records ps as the subscription being read; false once stopped.
+func (l *listener) track(ps *goredis.PubSub) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.ps = ps
+	return !l.stopped
+}
+
 func (l *listener) stop() {
 	l.cancel()
+	l.mu.Lock()
+	l.stopped = true
+	if l.ps != nil {
+		_ = l.ps.Close()
+	}
+	l.mu.Unlock()
 	<-l.done
 }

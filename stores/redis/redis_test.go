@@ -349,3 +349,32 @@ func TestAwaitsOfOneKeyShareAWait(t *testing.T) {
 		t.Fatalf("%d of %d Awaits failed, first: %v", failed, waiters, first)
 	}
 }
+
+// Close ends a subscription that is waiting for a message at once: the
+// read heeds no context, and Close (a reload's, Caddy's exit's) used to
+// wait until the idle ping, NotifyFallback later.
+func TestCloseEndsTheSubscription(t *testing.T) {
+	s, cfg := openStore(t, func(c *Config) { c.NotifyFallback = time.Minute })
+	s.Warm()
+	a := admin(t)
+	ctx := context.Background()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := a.PubSubNumSub(ctx, cfg.KeyPrefix+"changed").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n[cfg.KeyPrefix+"changed"] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the store never subscribed")
+		}
+	}
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close still waits for the subscription's read 20s later (NotifyFallback is a minute)")
+	}
+}
