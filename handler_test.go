@@ -280,6 +280,40 @@ func TestInFlightDuplicates(t *testing.T) {
 	}
 }
 
+// A duplicate whose client leaves while it waits for the request that
+// holds the key ends with the connection broken off, nothing written:
+// returning without an answer let Go's HTTP/1 server send an empty 200 to a
+// client that had only half-closed its connection, for a commit still
+// running (or failing) under the first request.
+func TestWaitingClientLeavingGetsNoAnswer(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	up, arrived, release := holdingUpstream()
+	key := storetest.NewKey(t)
+	first := make(chan result, 1)
+	go func() { first <- serve(t, h, up, "POST", "/v1/namespaces", key, nsBody) }()
+	<-arrived
+	ctx, cancel := context.WithCancel(context.Background())
+	req := newRequest("POST", "/v1/namespaces", nsBody).WithContext(ctx)
+	req.Header.Set(IdempotencyKeyHeader, key)
+	rec := httptest.NewRecorder()
+	ended := make(chan any, 1)
+	go func() {
+		defer func() { ended <- recover() }()
+		req := caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+		_ = h.ServeHTTP(rec, req, up)
+	}()
+	time.Sleep(20 * time.Millisecond) // waiting for the first
+	cancel()
+	if v := <-ended; v != http.ErrAbortHandler || rec.Flushed || rec.Body.Len() > 0 || len(rec.Header()) > 0 {
+		t.Fatalf("a waiting duplicate whose client left ended with %v, headers %v, body %q; want it broken off with nothing written",
+			v, rec.Header(), rec.Body.String())
+	}
+	close(release)
+	if res := <-first; res.code() != 200 || up.calls.Load() != 1 {
+		t.Fatalf("first = %d, calls %d", res.code(), up.calls.Load())
+	}
+}
+
 // "Client disconnects": once the key is reserved, a client that goes away
 // does not cancel the catalog call; its result is stored for the retry.
 func TestClientDisconnectDoesNotCancel(t *testing.T) {

@@ -161,7 +161,7 @@ func (g *guarded) run() error {
 				// nothing for a client that is gone: give the key back,
 				// so that the client's retry executes.
 				g.release(g.detached, "the client left before the request was sent")
-				return nil
+				abortForGoneClient()
 			}
 			switch held, err := g.slowLeaseRenewed(took); {
 			case err != nil:
@@ -194,7 +194,7 @@ func (g *guarded) run() error {
 			rec, err = h.store.Await(waitCtx, g.key)
 			switch {
 			case g.r.Context().Err() != nil:
-				return nil // the client left while waiting; nothing to answer
+				abortForGoneClient() // the client left while waiting
 			case errors.Is(err, context.DeadlineExceeded):
 				return g.stillInFlight()
 			case err != nil:
@@ -232,7 +232,7 @@ func (g *guarded) run() error {
 				// The client left during the takeover: leave the record
 				// abandoned, as it was, for its retry to take over.
 				g.markUnknown(g.detached, nil)
-				return nil
+				abortForGoneClient()
 			}
 			if ok {
 				g.hb.renewedAt = sent
@@ -1300,7 +1300,7 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		// The client left and took the store call with it: not a failure
 		// of the store, and nobody is there to answer.
 		g.log(zapcore.DebugLevel, "client left during a store call", zap.String("step", step))
-		return nil
+		abortForGoneClient()
 	}
 	if errors.Is(err, stores.ErrUnreadableRecord) {
 		// The store answered: the key has a record, which may stand for
@@ -1326,6 +1326,21 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 }
 
 func (g *guarded) retryAfterSeconds() int { return g.h.retryAfterSeconds() }
+
+// abortForGoneClient ends a request whose client left before anything was
+// written, with the connection broken off and no answer. Returning without
+// writing would not do: Go's HTTP/1 server also cancels the request when
+// the client only half-closed its connection (shut down its sending side,
+// still reading), and then answers a handler that wrote nothing with an
+// empty 200, which the client takes for a commit that succeeded, while its
+// key was given back unexecuted or another request's execution of it may
+// still fail. Nor would an error status: a client still reading a 4xx to a
+// commit cleans up, while the request it waited on may commit. A broken
+// connection tells it nothing, and its retry gets the truth. Caddy's abort
+// does the same (http.ErrAbortHandler is not logged as a panic).
+func abortForGoneClient() {
+	panic(http.ErrAbortHandler)
+}
 
 // retryAfterSeconds is retry_after in whole seconds, rounded up, for a
 // Retry-After header.

@@ -1176,3 +1176,43 @@ func TestCoreDirectiveInHandleErrors(t *testing.T) {
 		"handle_errors {\niceberg_idempotency\nreverse_proxy "+standby.Addr()+"\n}"))
 	wantCommittedOnce(t, standby, c, c, "/v1/standby/namespaces", `{"namespace":["standby"]}`)
 }
+
+// A client that half-closes its connection (shuts down its sending side
+// after the request, still reading) while its keyed request waits for the
+// one holding the key gets no answer, the connection closed: Go's server
+// cancels the request at the client's FIN, and the handler used to return
+// without writing, which Go's server sent as an empty 200, a commit that
+// succeeded to the client's eyes while the first request's still ran.
+func TestCoreHalfClosedClientGetsNoFalseSuccess(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/wh/namespaces/db/tables/orders"
+	body := `{"updates":[]}`
+	gate := b.Stall(path)
+	key := newKey(t)
+	first := sendInBackground(c.URL()+path, body, key)
+	gate.WaitArrived(t, 1, 20*time.Second)
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(c.URL(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: catalog\r\n%s: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		path, keyHeader, key, len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
+		_ = res.Body.Close()
+		t.Fatalf("a half-closed duplicate of an executing commit was answered %d, want the connection closed without an answer", res.StatusCode)
+	}
+	gate.Release()
+	if res := <-first; res.err != nil || res.r.Status != 200 {
+		t.Fatalf("first: %v %v", res.r, res.err)
+	}
+	wantCount(t, b, path, 1)
+}
