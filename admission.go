@@ -19,6 +19,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
@@ -142,6 +143,10 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	g.binding = g.own
 	g.sealWith = h.keys.current
 	g.outer, _ = caddyhttp.GetVar(r.Context(), guardVar).(*activeGuard)
+	// The share goes with the body: released when dropBody lets it go,
+	// or at the latest when the request ends.
+	g.hold, hold = hold, bodyHold{}
+	defer g.hold.release()
 	return g.run()
 }
 
@@ -268,23 +273,38 @@ func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
 // requestBody is the request body as read, handed on to the handlers after
 // this one; a part of guarded, so that handing it on allocates nothing.
 // (reverse_proxy wraps any body it is given, so the transport would not see
-// a *bytes.Reader, which it writes with the headers, either way.)
+// a *bytes.Reader, which it writes with the headers, either way.) Reads are
+// locked: Go's transport may still be reading it after the catalog's answer
+// came back (HTTP/1's writeLoop, HTTP/2's body writer, when the catalog
+// answered before the body was all sent) while dropBody lets it go.
 type requestBody struct {
-	bytes.Reader
+	mu  sync.Mutex
+	r   bytes.Reader
 	all []byte // what the reader reads
+}
+
+// Read implements io.Reader.
+func (b *requestBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.r.Read(p)
 }
 
 // reset makes b read all of body.
 func (b *requestBody) reset(body []byte) {
-	b.Reader.Reset(body)
+	b.mu.Lock()
+	b.r.Reset(body)
 	b.all = body
+	b.mu.Unlock()
 }
 
 // unread is the whole body when none of it has been read yet: an
 // iceberg_idempotency handler after this one (a nested guard) then takes
 // it as it is, neither copying it nor counting it against the budget again.
 func (b *requestBody) unread() ([]byte, bool) {
-	return b.all, b.Len() == len(b.all)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.all, b.r.Len() == len(b.all)
 }
 
 // Close implements io.Closer: the real body is closed by the server.

@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/iotest"
@@ -382,7 +383,7 @@ func TestNestedGuardTakesTheBodyAsRead(t *testing.T) {
 	var outer requestBody
 	outer.reset([]byte(`{"namespace":["a"]}`))
 	r := httptest.NewRequest("POST", "/v1/namespaces", nil)
-	r.Body, r.ContentLength = &outer, int64(outer.Len())
+	r.Body, r.ContentLength = &outer, int64(len(outer.all))
 	budget := &bodyBudget{max: 1} // could hold no copy
 	got, err := readBody(r, 1<<20, &bodyHold{budget: budget})
 	if err != nil || string(got) != `{"namespace":["a"]}` || &got[0] != &outer.all[0] || budget.held.Load() != 0 {
@@ -409,5 +410,58 @@ func TestMaxRequestSizeFitsTheBodyBudget(t *testing.T) {
 		if (err == nil) != c.ok || (err != nil && !strings.Contains(err.Error(), "max_buffered_bytes must be at least twice max_request_size")) {
 			t.Fatalf("max_buffered_bytes %s: %v, want ok %v", c.budget, err, c.ok)
 		}
+	}
+}
+
+// stalledWriter is a client that reads nothing of its answer: its first
+// Write blocks until released.
+type stalledWriter struct {
+	*httptest.ResponseRecorder
+	writing, release chan struct{}
+	once             sync.Once
+}
+
+func (w *stalledWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.writing); <-w.release })
+	return w.ResponseRecorder.Write(p)
+}
+
+// A client that reads its answer slowly (a full receive window, a stalled
+// HTTP/2 stream) does not keep its body's share of max_buffered_bytes while
+// its answer is written, executed or replayed: before, a few such clients
+// held the budget until Caddy's write timeout, and every other keyed
+// request was refused with 503.
+func TestSlowReaderGivesItsBodyBack(t *testing.T) {
+	for _, replay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replay=%v", replay), func(t *testing.T) {
+			h := newTestHandler(t, newMemoryStore(t))
+			h.bodies = &bodyBudget{max: 200 << 10} // one 80 KiB body and its last copy, not two
+			body := `{"pad":"` + strings.Repeat("x", 80<<10) + `"}`
+			up := answering(200, `{"answer":"`+strings.Repeat("y", 64<<10)+`"}`)
+			key := storetest.NewKey(t)
+			if replay {
+				if r := serve(t, h, up, http.MethodPost, commitPath, key, body); r.code() != http.StatusOK {
+					t.Fatalf("first = %d", r.code())
+				}
+			}
+			slow := &stalledWriter{ResponseRecorder: httptest.NewRecorder(), writing: make(chan struct{}), release: make(chan struct{})}
+			req := httptest.NewRequest(http.MethodPost, commitPath, strings.NewReader(body))
+			req.Header.Set(IdempotencyKeyHeader, key)
+			req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), slow, &caddyhttp.Server{})
+			done := make(chan error, 1)
+			go func() { done <- h.ServeHTTP(slow, req, up) }()
+			<-slow.writing
+			other := serve(t, h, up, http.MethodPost, commitPath, storetest.NewKey(t), body)
+			close(slow.release)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if other.code() != http.StatusOK {
+				t.Fatalf("a keyed request beside a slow reader = %d %q; want it admitted and executed", other.code(), other.body)
+			}
+			if held := h.bodies.held.Load(); held != 0 {
+				t.Fatalf("budget holds %d after every request ended", held)
+			}
+		})
 	}
 }

@@ -53,6 +53,7 @@ type guarded struct {
 	status int           // the status of the response being finalized, for logs: a sealed response hides it
 	hb     heartbeat     // the lease renewals of the execution, then of finalizeLater
 	body   requestBody   // the read body, as the handlers after this one get it
+	hold   bodyHold      // body's share of max_buffered_bytes, until dropBody
 	cw     captureWriter // the execution's response, held until it is stored
 	conns  connTrace     // the connections the catalog call took: see howMuchSent
 	// executionEnds is when the execution's timeout ends it, set as it
@@ -362,6 +363,7 @@ func (g *guarded) execute() error {
 		err = g.callUpstream(cw, g.r.WithContext(g.conns.attach(ctx)), detached)
 	}()
 	hb.stop()
+	g.dropBody()
 	if g.conns.askedAfterAnswer.Load() {
 		g.warnAskedAfterAnswer()
 	}
@@ -1119,6 +1121,7 @@ func (hb *heartbeat) stop() {
 // replay answers with a stored final response, opening it first when it
 // was sealed.
 func (g *guarded) replay(rec *stores.Record) error {
+	g.dropBody()
 	resp := rec.Response
 	if resp.KeyID == "" && rec.Binding.Principal != g.parts.principalHash(nil) {
 		// A response under a binding keyed by a secret is sealed (by that
@@ -1326,6 +1329,19 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 }
 
 func (g *guarded) retryAfterSeconds() int { return g.h.retryAfterSeconds() }
+
+// dropBody lets the request body go once the catalog call is over (or a
+// stored answer is to be replayed), before the answer is written: nothing
+// reads it after, and a client reading a large answer slowly (a full
+// receive window, a stalled HTTP/2 stream) held its body's share of
+// max_buffered_bytes until Caddy's write timeout, so that a few such
+// clients had every other keyed request refused. The bytes are let go with
+// the share, for the garbage collector to take back.
+func (g *guarded) dropBody() {
+	g.parts.body = nil
+	g.body.reset(nil)
+	g.hold.release()
+}
 
 // abortForGoneClient ends a request whose client left before anything was
 // written, with the connection broken off and no answer. Returning without
