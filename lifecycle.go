@@ -388,6 +388,14 @@ func (g *guarded) execute() error {
 				"The catalog could not be reached; the request was not sent to it. Retry with the same Idempotency-Key.",
 				retryAfterFor(status, g.retryAfterSeconds()))
 			return nil
+		case sentUnprocessed:
+			g.log(zapcore.ErrorLevel, "the catalog did not process the request (HTTP/2 GOAWAY or REFUSED_STREAM, or nothing written on a closing connection): key released",
+				zap.Int("status", status), zap.Error(err))
+			g.release(detached, "not processed by the catalog")
+			writeError(g.w, status, typeFor(status),
+				"The catalog did not process the request (it refused it, or the connection closed before it was sent). Retry with the same Idempotency-Key.",
+				retryAfterFor(status, g.retryAfterSeconds()))
+			return nil
 		}
 		if answer, ok := g.soleAnswer(); ok && answer < 500 && !h.shouldFinalize(answer) {
 			// The catalog answered once, with a status that says it did

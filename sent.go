@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"strings"
 	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -19,6 +21,7 @@ const (
 	sentMaybe        = iota // the request may have reached the catalog
 	sentNothing             // no upstream was chosen: a handler before reverse_proxy failed
 	sentNoConnection        // reverse_proxy chose an upstream but had no connection to send it on, or had none
+	sentUnprocessed         // the one attempt had a connection, and the transport's error proves the catalog did not process it
 )
 
 // howMuchSent tells how much of the request err proves did not reach the
@@ -41,6 +44,9 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 		return sentNothing
 	}
 	if conns.gotConn.Load() {
+		if conns.soleUnansweredAttempt() && !proxyRetried(r) && unprocessed(err) {
+			return sentUnprocessed
+		}
 		return sentMaybe
 	}
 	var dialErr reverseproxy.DialError
@@ -91,6 +97,7 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 // can (see sentAgain).
 type connTrace struct {
 	askedConn, gotConn           atomic.Bool
+	conns                        atomic.Int32 // connections handed to the call's attempts
 	handshakeOK, handshakeFailed atomic.Bool
 	answered, askedAfterAnswer   atomic.Bool
 	pending, resent              atomic.Bool
@@ -143,7 +150,10 @@ func (c *connTrace) attach(ctx context.Context) context.Context {
 				c.pending.Store(true)
 			}
 		},
-		GotConn: func(httptrace.GotConnInfo) { c.gotConn.Store(true) },
+		GotConn: func(httptrace.GotConnInfo) {
+			c.gotConn.Store(true)
+			c.conns.Add(1)
+		},
 		GotFirstResponseByte: func() {
 			c.answered.Store(true)
 			c.pending.Store(false)
@@ -164,6 +174,62 @@ func (c *connTrace) attach(ctx context.Context) context.Context {
 		},
 	}
 	return httptrace.WithClientTrace(ctx, &c.trace)
+}
+
+// soleUnansweredAttempt reports whether the call made one attempt on a
+// connection, and nothing answered it: the transport's error is then about
+// the only request that may have reached the catalog.
+func (c *connTrace) soleUnansweredAttempt() bool {
+	return c.conns.Load() == 1 && !c.answered.Load() && !c.resent.Load() && !c.askedAfterAnswer.Load()
+}
+
+// unprocessed reports whether err, from Go's HTTP transport, proves that
+// the catalog did not process the request, although it had a connection:
+//   - HTTP/2: a GOAWAY whose last stream ID is below the request's (a
+//     catalog shutting down gracefully, a load balancer draining), or a
+//     RST_STREAM with REFUSED_STREAM, which RFC 9113 (8.7) defines as
+//     "closed prior to any processing". Go resends such a request itself
+//     when it can rewind the body, which a body read by this handler is
+//     not given a way to; it answers it with these errors instead.
+//   - HTTP/1: a write that failed before any byte of the request reached
+//     the connection (a keep-alive connection the catalog closed as the
+//     request went out), which the transport marks as nothing written.
+//
+// Go exposes neither as a type or value to test for, so they are
+// recognised by the transport's own error texts and type name; should a
+// Go release change them, they read as "may have been processed", the safe
+// side, and TestUnprocessedErrors fails. A RST_STREAM with PROTOCOL_ERROR,
+// which Go also retries, is not such a proof.
+func unprocessed(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if fmt.Sprintf("%T", e) == "http.nothingWrittenError" {
+			return true
+		}
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "http2: Transport received GOAWAY from server ErrCode:") {
+		// Only for a stream above the GOAWAY's last stream ID.
+		return true
+	}
+	_, inner, ok := strings.Cut(msg, "http2: Transport: cannot retry err [")
+	if !ok {
+		return false
+	}
+	inner, _, ok = strings.Cut(inner, "] after Request.Body was written")
+	if !ok {
+		return false
+	}
+	if inner == "http2: Transport received Server's graceful shutdown GOAWAY" {
+		return true
+	}
+	// "stream error: stream ID 3; REFUSED_STREAM; received from peer"
+	rest, ok := strings.CutPrefix(inner, "stream error: stream ID ")
+	if !ok {
+		return false
+	}
+	_, code, _ := strings.Cut(rest, "; ")
+	code, _, _ = strings.Cut(code, ";")
+	return code == "REFUSED_STREAM"
 }
 
 // onlyFailedHandshakes reports whether the call's TLS handshakes all failed

@@ -1,0 +1,191 @@
+package icebergidempotency
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// The errors unprocessed reads are Go's own, taken from its transport
+// here rather than written out: a Go release that changes them fails this
+// test (the handler would then take such requests for processed, the safe
+// side, and leave their keys unknown).
+func TestUnprocessedErrors(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		err    func(t *testing.T) error
+		unsent bool
+	}{
+		{"HTTP/2 GOAWAY below the stream", func(t *testing.T) error { return h2Refusal(t, refuseGoAway) }, true},
+		{"HTTP/2 REFUSED_STREAM", func(t *testing.T) error { return h2Refusal(t, refuseStream) }, true},
+		{"HTTP/2 PROTOCOL_ERROR", func(t *testing.T) error { return h2Refusal(t, resetProtocolError) }, false},
+		{"HTTP/2 GOAWAY after the stream", func(t *testing.T) error { return h2Refusal(t, goAwayAfterStream) }, false},
+		{"HTTP/1 nothing written", func(t *testing.T) error { return h1Failure(t, 0) }, true},
+		{"HTTP/1 part written", func(t *testing.T) error { return h1Failure(t, 10) }, false},
+		{"HTTP/1 reset after the request", func(t *testing.T) error { return h1Failure(t, -1) }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.err(t)
+			if err == nil {
+				t.Fatal("the request succeeded")
+			}
+			t.Logf("%v", err)
+			if got := unprocessed(err); got != c.unsent {
+				t.Fatalf("unprocessed(%q) = %v, want %v", err, got, c.unsent)
+			}
+		})
+	}
+}
+
+// opaqueBody hides its reader's type from http.NewRequest, which would
+// otherwise give the request a GetBody, as the handler's body has none.
+type opaqueBody struct{ io.Reader }
+
+// h2Misbehaviour is what the test's HTTP/2 server does with the first
+// request's stream.
+type h2Misbehaviour int
+
+const (
+	refuseGoAway       h2Misbehaviour = iota // GOAWAY with last stream 0
+	refuseStream                             // RST_STREAM REFUSED_STREAM
+	resetProtocolError                       // RST_STREAM PROTOCOL_ERROR
+	goAwayAfterStream                        // GOAWAY with the stream as the last, then the connection closed
+)
+
+// h2Refusal sends a POST over h2c to a server (x/net's framer, as no Go
+// server misbehaves on purpose) that treats its stream as told, and
+// returns the transport's error.
+func h2Refusal(t *testing.T, how h2Misbehaviour) error {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		if _, err := io.ReadFull(conn, make([]byte, len(http2.ClientPreface))); err != nil {
+			return
+		}
+		fr := http2.NewFramer(conn, conn)
+		_ = fr.WriteSettings()
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					_ = fr.WriteSettingsAck()
+				}
+			case *http2.HeadersFrame:
+				id := f.StreamID
+				switch how {
+				case refuseGoAway:
+					_ = fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+				case refuseStream:
+					_ = fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
+				case resetProtocolError:
+					_ = fr.WriteRSTStream(id, http2.ErrCodeProtocol)
+				case goAwayAfterStream:
+					_ = fr.WriteGoAway(id, http2.ErrCodeNo, nil)
+				}
+				if how == refuseGoAway || how == goAwayAfterStream {
+					time.Sleep(50 * time.Millisecond) // the frame arrives before the close
+					return
+				}
+			}
+		}
+	}()
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ln.Addr().String()+commitPath,
+		opaqueBody{strings.NewReader(commitBody)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := tr.RoundTrip(req)
+	if err == nil {
+		res.Body.Close()
+	}
+	return err
+}
+
+// scriptedConn is a connection whose writes fail after written bytes
+// (all of them when written is -1, and then its reads fail instead).
+type scriptedConn struct {
+	written int
+	closed  chan struct{}
+	once    sync.Once
+}
+
+func (c *scriptedConn) Write(p []byte) (int, error) {
+	if c.written < 0 {
+		return len(p), nil
+	}
+	return min(c.written, len(p)), syscall.EPIPE
+}
+
+func (c *scriptedConn) Read(p []byte) (int, error) {
+	if c.written < 0 {
+		return 0, syscall.ECONNRESET
+	}
+	<-c.closed
+	return 0, net.ErrClosed
+}
+
+func (c *scriptedConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return nil
+}
+
+func (c *scriptedConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *scriptedConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c *scriptedConn) SetDeadline(time.Time) error      { return nil }
+func (c *scriptedConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *scriptedConn) SetWriteDeadline(time.Time) error { return nil }
+
+// h1Failure sends a POST over HTTP/1.1 on a connection that writes
+// written bytes of it and then fails (-1: writes it all, then the read of
+// the answer is reset), and returns the transport's error.
+func h1Failure(t *testing.T, written int) error {
+	t.Helper()
+	tr := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
+		return &scriptedConn{written: written, closed: make(chan struct{})}, nil
+	}}
+	defer tr.CloseIdleConnections()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://catalog"+commitPath,
+		opaqueBody{bytes.NewReader([]byte(commitBody))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = int64(len(commitBody))
+	res, err := tr.RoundTrip(req)
+	if err == nil {
+		res.Body.Close()
+	}
+	return err
+}
