@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -37,6 +38,7 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 // the key to it, then hands the request to its lifecycle (lifecycle.go). path is the request's
 // normalized path, which the key is bound to.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, op, path string) error {
+	arrived := time.Now()
 	values := keyHeaderValues(r)
 	if len(values) == 0 {
 		if h.RequireKey {
@@ -126,7 +128,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return nil
 	}
 	g := &guarded{
-		h: h, w: w, r: r, next: next, key: key,
+		h: h, w: w, r: r, next: next, key: key, arrived: arrived,
 		parts: requestParts{
 			principal: principal,
 			method:    r.Method,

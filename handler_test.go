@@ -587,3 +587,33 @@ func TestKeyOfAnotherVersionAcceptedElsewhere(t *testing.T) {
 		t.Fatalf("v4 key with the store down = %d %s, catalog called %d; want 503", res.code(), res.body, up.calls.Load())
 	}
 }
+
+// A duplicate waits no longer than the server's write_timeout allows: it is
+// answered 503 + Retry-After with time left to write it, not broken off by
+// the server when in_flight_wait is longer than write_timeout.
+func TestInFlightWaitEndsBeforeTheWriteTimeout(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.InFlightWait = caddy.Duration(time.Minute)
+	up, arrived, release := holdingUpstream()
+	defer close(release)
+	key := storetest.NewKey(t)
+	go serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+	<-arrived
+	dup := make(chan result, 1)
+	go func() {
+		req := newRequest("POST", "/v1/namespaces", nsBody)
+		req.Header.Set(IdempotencyKeyHeader, key)
+		rec := httptest.NewRecorder()
+		req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{WriteTimeout: caddy.Duration(time.Second)})
+		err := h.ServeHTTP(rec, req, up)
+		dup <- result{status: rec.Code, header: rec.Header(), body: rec.Body.String(), err: err}
+	}()
+	select {
+	case res := <-dup:
+		if res.code() != http.StatusServiceUnavailable || res.header.Get("Retry-After") == "" || up.calls.Load() != 1 {
+			t.Fatalf("duplicate = %d Retry-After %q, calls %d; want 503 + Retry-After", res.code(), res.header.Get("Retry-After"), up.calls.Load())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the duplicate still waits 20s on, past a write_timeout of 1s (in_flight_wait is a minute)")
+	}
+}

@@ -50,12 +50,15 @@ type guarded struct {
 	// reservation is bound to, whatever record an earlier round adopted.
 	own    stores.Binding
 	owner  string
-	status int           // the status of the response being finalized, for logs: a sealed response hides it
-	hb     heartbeat     // the lease renewals of the execution, then of finalizeLater
-	body   requestBody   // the read body, as the handlers after this one get it
-	hold   bodyHold      // body's share of max_buffered_bytes, until dropBody
-	cw     captureWriter // the execution's response, held until it is stored
-	conns  connTrace     // the connections the catalog call took: see howMuchSent
+	status int // the status of the response being finalized, for logs: a sealed response hides it
+	// arrived is when the handler took the request, from which the
+	// server's write_timeout runs out (see inFlightWait).
+	arrived time.Time
+	hb      heartbeat     // the lease renewals of the execution, then of finalizeLater
+	body    requestBody   // the read body, as the handlers after this one get it
+	hold    bodyHold      // body's share of max_buffered_bytes, until dropBody
+	cw      captureWriter // the execution's response, held until it is stored
+	conns   connTrace     // the connections the catalog call took: see howMuchSent
 	// executionEnds is when the execution's timeout ends it, set as it
 	// starts: records are kept for the lifetime past it (recordTTL).
 	executionEnds time.Time
@@ -187,8 +190,12 @@ func (g *guarded) run() error {
 		if rec.State == stores.StateInFlight && !rec.Abandoned {
 			g.log(zapcore.DebugLevel, "key in flight: waiting for its owner", zap.String("outcome", "wait"))
 			if waitCtx == nil {
+				wait := g.inFlightWait()
+				if wait <= 0 {
+					return g.stillInFlight()
+				}
 				var cancel context.CancelFunc
-				waitCtx, cancel = context.WithTimeout(g.r.Context(), time.Duration(h.InFlightWait))
+				waitCtx, cancel = context.WithTimeout(g.r.Context(), wait)
 				defer cancel()
 			}
 			waitedOn := rec.Owner
@@ -1275,6 +1282,24 @@ var errSealBroken = errors.New("the seal does not open")
 // inFlightAnswerVar names the Caddy request variable set when a handler
 // answered 409 "still in flight" (in_flight_status 409).
 const inFlightAnswerVar = "iceberg_idempotency.in_flight_answer"
+
+// inFlightWait is how long a duplicate waits for the request that holds its
+// key: in_flight_wait, cut short so that its answer goes out before the
+// server's write_timeout (servers { timeouts { write } }) breaks the
+// connection off, with a tenth of it, and at least half a second, left to
+// write. A duplicate waiting past it heard nothing at all (HTTP/1: the
+// connection closed; HTTP/2: the stream reset), where 503 + Retry-After
+// tells it to come back.
+func (g *guarded) inFlightWait() time.Duration {
+	wait := time.Duration(g.h.InFlightWait)
+	srv, _ := g.r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if srv == nil || srv.WriteTimeout <= 0 {
+		return wait
+	}
+	timeout := time.Duration(srv.WriteTimeout)
+	left := time.Until(g.arrived.Add(timeout - max(timeout/10, 500*time.Millisecond)))
+	return min(wait, left)
+}
 
 func (g *guarded) stillInFlight() error {
 	g.log(zapcore.DebugLevel, "key still in flight after waiting", zap.String("outcome", "in_flight"))

@@ -1216,3 +1216,29 @@ func TestCoreHalfClosedClientGetsNoFalseSuccess(t *testing.T) {
 	}
 	wantCount(t, b, path, 1)
 }
+
+// With the server's write timeout (servers { timeouts { write } }) shorter
+// than in_flight_wait, a duplicate of a commit still executing is answered
+// 503 + Retry-After before the timeout; before, Caddy broke its connection
+// off with no answer at all once the timeout passed.
+func TestCoreInFlightWaitWithinWriteTimeout(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, site(b, "servers {\ntimeouts {\nwrite 3s\n}\n}", "in_flight_wait 20s\nexecution_timeout 30s"))
+	const path = "/v1/wh/namespaces/db/tables/orders"
+	body := `{"updates":[]}`
+	gate := b.Stall(path)
+	key := newKey(t)
+	first := sendInBackground(c.URL()+path, body, key)
+	gate.WaitArrived(t, 1, 20*time.Second)
+	dup := send(t, "POST", c.URL()+path, body, keyHeader, key)
+	wantIcebergError(t, "a duplicate past the write timeout's reach", dup, 503, "ServiceUnavailableException")
+	if dup.Header.Get("Retry-After") == "" {
+		t.Fatalf("503 without Retry-After: %s", dup)
+	}
+	gate.Release()
+	if res := <-first; res.err != nil {
+		t.Fatalf("first: %v", res.err)
+	}
+	wantCount(t, b, path, 1)
+}
