@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/textproto"
 	"strconv"
@@ -254,10 +255,22 @@ func closeUnreadBody(w http.ResponseWriter, r *http.Request) {
 
 // bodyUnread answers a keyed request whose body could not be read, before
 // anything was reserved or sent: 413 when a limit before this handler
-// (request_body's max_size) cut it off, 400 for a broken body (framing, a
-// connection that failed), both as Iceberg errors. A client already gone
+// (request_body's max_size) cut it off, 408 when the server's read timeout
+// did, 400 for a broken body (framing, a connection that failed), all as
+// Iceberg errors. A client already gone
 // gets Caddy's error, to log.
 func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
+	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+		// The server's read timeout (servers { timeouts { read_body } })
+		// ended the body. Go's HTTP/1 server then takes the client for
+		// gone, but it is still there to read an answer: 408, which the
+		// Java client retries, rather than a bare 400 it would take for
+		// a bad request.
+		closeUnreadBody(w, r)
+		writeError(w, http.StatusRequestTimeout, typeRequestTimeout,
+			"The request body did not arrive within the server's read timeout; the request was not executed. Retry with the same Idempotency-Key.", 0)
+		return nil
+	}
 	if r.Context().Err() != nil {
 		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 	}

@@ -27,6 +27,7 @@ const (
 	typeCommitStateUnknown = "CommitStateUnknownException"
 	typeServiceFailure     = "ServiceFailureException"
 	typeForbidden          = "ForbiddenException"
+	typeRequestTimeout     = "RequestTimeoutException"
 )
 
 // writeError answers with an Iceberg error body. retryAfter > 0 adds a

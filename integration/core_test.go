@@ -1242,3 +1242,34 @@ func TestCoreInFlightWaitWithinWriteTimeout(t *testing.T) {
 	}
 	wantCount(t, b, path, 1)
 }
+
+// A keyed body that the server's read timeout cuts off (a client that
+// uploads too slowly for servers { timeouts { read_body } }) is answered
+// 408 RequestTimeoutException, which the Java client retries, not a bare
+// 400; nothing reaches the catalog.
+func TestCoreBodyReadTimeoutIs408(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, site(b, "servers {\ntimeouts {\nread_body 1s\n}\n}", ""))
+	conn, err := net.Dial("tcp", strings.TrimPrefix(c.URL(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+	const path = "/v1/namespaces"
+	if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: catalog\r\n%s: %s\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"namespace\":",
+		path, keyHeader, newKey(t)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no answer to a body the read timeout cut off: %v", err)
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(body), `"RequestTimeoutException"`) {
+		t.Fatalf("answer %d %s, want 408 RequestTimeoutException", res.StatusCode, body)
+	}
+	wantCount(t, b, path, 0)
+}
