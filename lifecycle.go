@@ -370,7 +370,6 @@ func (g *guarded) execute() error {
 		err = g.callUpstream(cw, g.r.WithContext(g.conns.attach(ctx)), detached)
 	}()
 	hb.stop()
-	g.dropBody()
 	if g.conns.askedAfterAnswer.Load() {
 		g.warnAskedAfterAnswer()
 	}
@@ -510,6 +509,7 @@ func (g *guarded) execute() error {
 				// Nothing can be stored in clear once a secret is set.
 				g.log(zapcore.ErrorLevel, "sealing the response failed: delivered, not stored; the key's outcome is unknown", zap.Error(err))
 				g.markUnknown(detached, nil)
+				g.dropBody()
 				cw.deliver()
 				return nil
 			}
@@ -517,6 +517,7 @@ func (g *guarded) execute() error {
 		}
 		g.finalize(detached, resp)
 	}
+	g.dropBody()
 	cw.deliver()
 	return nil
 }
@@ -1363,13 +1364,14 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 
 func (g *guarded) retryAfterSeconds() int { return g.h.retryAfterSeconds() }
 
-// dropBody lets the request body go once the catalog call is over (or a
-// stored answer is to be replayed), before the answer is written: nothing
-// reads it after, and a client reading a large answer slowly (a full
-// receive window, a stalled HTTP/2 stream) held its body's share of
-// max_buffered_bytes until Caddy's write timeout, so that a few such
-// clients had every other keyed request refused. The bytes are let go with
-// the share, for the garbage collector to take back.
+// dropBody lets the request body go before a captured or stored answer is
+// written, once the handler is sure to return nil: a client reading a large
+// answer slowly (a full receive window, a stalled HTTP/2 stream) held its
+// body's share of max_buffered_bytes until Caddy's write timeout, so that a
+// few such clients had every other keyed request refused. The bytes are let
+// go with the share, for the garbage collector to take back. Not on a path
+// that returns an error: handle_errors then runs with the request, and a
+// directive or reverse_proxy in it reads the body again.
 func (g *guarded) dropBody() {
 	g.parts.body = nil
 	g.body.reset(nil)
