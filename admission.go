@@ -22,7 +22,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -39,7 +38,6 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 // the key to it, then hands the request to its lifecycle (lifecycle.go). path is the request's
 // normalized path, which the key is bound to.
 func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, op, path string) error {
-	arrived := time.Now()
 	values := keyHeaderValues(r)
 	if len(values) == 0 {
 		if h.RequireKey {
@@ -129,7 +127,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return nil
 	}
 	g := &guarded{
-		h: h, w: w, r: r, next: next, key: key, arrived: arrived,
+		h: h, w: w, r: r, next: next, key: key,
 		parts: requestParts{
 			principal: principal,
 			method:    r.Method,
@@ -264,8 +262,9 @@ func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
 		// The server's read timeout (servers { timeouts { read_body } })
 		// ended the body. Go's HTTP/1 server then takes the client for
 		// gone, but it is still there to read an answer: 408, which the
-		// Java client retries, rather than a bare 400 it would take for
-		// a bad request.
+		// Java client retries with the same key from the release after
+		// 1.11 (apache/iceberg#17947), rather than a bare 400 it takes
+		// for a bad request.
 		closeUnreadBody(w, r)
 		writeError(w, http.StatusRequestTimeout, typeRequestTimeout,
 			"The request body did not arrive within the server's read timeout; the request was not executed. Retry with the same Idempotency-Key.", 0)

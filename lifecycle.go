@@ -50,15 +50,12 @@ type guarded struct {
 	// reservation is bound to, whatever record an earlier round adopted.
 	own    stores.Binding
 	owner  string
-	status int // the status of the response being finalized, for logs: a sealed response hides it
-	// arrived is when the handler took the request, from which the
-	// server's write_timeout runs out (see inFlightWait).
-	arrived time.Time
-	hb      heartbeat     // the lease renewals of the execution, then of finalizeLater
-	body    requestBody   // the read body, as the handlers after this one get it
-	hold    bodyHold      // body's share of max_buffered_bytes, until dropBody
-	cw      captureWriter // the execution's response, held until it is stored
-	conns   connTrace     // the connections the catalog call took: see howMuchSent
+	status int           // the status of the response being finalized, for logs: a sealed response hides it
+	hb     heartbeat     // the lease renewals of the execution, then of finalizeLater
+	body   requestBody   // the read body, as the handlers after this one get it
+	hold   bodyHold      // body's share of max_buffered_bytes, until dropBody
+	cw     captureWriter // the execution's response, held until it is stored
+	conns  connTrace     // the connections the catalog call took: see howMuchSent
 	// executionEnds is when the execution's timeout ends it, set as it
 	// starts: records are kept for the lifetime past it (recordTTL).
 	executionEnds time.Time
@@ -165,7 +162,7 @@ func (g *guarded) run() error {
 				// nothing for a client that is gone: give the key back,
 				// so that the client's retry executes.
 				g.release(g.detached, "the client left before the request was sent")
-				abortForGoneClient()
+				return g.requestEnded()
 			}
 			switch held, err := g.slowLeaseRenewed(took); {
 			case err != nil:
@@ -202,7 +199,7 @@ func (g *guarded) run() error {
 			rec, err = h.store.Await(waitCtx, g.key)
 			switch {
 			case g.r.Context().Err() != nil:
-				abortForGoneClient() // the client left while waiting
+				return g.requestEnded()
 			case errors.Is(err, context.DeadlineExceeded):
 				return g.stillInFlight()
 			case err != nil:
@@ -240,7 +237,7 @@ func (g *guarded) run() error {
 				// The client left during the takeover: leave the record
 				// abandoned, as it was, for its retry to take over.
 				g.markUnknown(g.detached, nil)
-				abortForGoneClient()
+				return g.requestEnded()
 			}
 			if ok {
 				g.hb.renewedAt = sent
@@ -398,6 +395,10 @@ func (g *guarded) execute() error {
 			g.log(zapcore.ErrorLevel, "the catalog did not process the request (HTTP/2 GOAWAY or REFUSED_STREAM, or nothing written on a closing connection): key released",
 				zap.Int("status", status), zap.Error(err))
 			g.release(detached, "not processed by the catalog")
+			// A directive around this one (nested) sees only the 502
+			// written below, after a connection: this tells it the
+			// catalog did not process the request either.
+			caddyhttp.SetVar(g.r.Context(), unprocessedVar, true)
 			writeError(g.w, status, typeFor(status),
 				"The catalog did not process the request (it refused it, or the connection closed before it was sent). Retry with the same Idempotency-Key.",
 				retryAfterFor(status, g.retryAfterSeconds()))
@@ -552,6 +553,9 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 		repl.Delete(catalogStatusVar)
 		repl.Delete(retriesVar)
 	}
+	if caddyhttp.GetVar(r.Context(), unprocessedVar) != nil {
+		caddyhttp.SetVar(r.Context(), unprocessedVar, nil) // a nested guard's, of an earlier call
+	}
 	defer func() {
 		if v := recover(); v != nil {
 			g.hb.stop()
@@ -573,10 +577,16 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 // and unless the transport reports none (another transport), a connection
 // was had. A 502 that a nested guard wrote after its dial failed, or that
 // a handler after this one wrote without asking any upstream, proves
-// nothing reached the catalog, whatever its status says.
+// nothing reached the catalog, whatever its status says; so does a 502
+// a nested guard wrote for a request the catalog refused unprocessed.
 func (g *guarded) mayHaveReachedCatalog() bool {
-	return upstreamChosen(g.r) && !(g.conns.askedConn.Load() && !g.conns.gotConn.Load())
+	return upstreamChosen(g.r) && !(g.conns.askedConn.Load() && !g.conns.gotConn.Load()) &&
+		caddyhttp.GetVar(g.r.Context(), unprocessedVar) == nil
 }
+
+// unprocessedVar marks a request whose catalog call a nested directive
+// found refused unprocessed (sentUnprocessed), and released.
+const unprocessedVar = "iceberg_idempotency.unprocessed"
 
 // warnAskedAfterAnswer says, once per handler, that a catalog call asked
 // an upstream again after an answer had come back: a forward_auth (or
@@ -1290,17 +1300,26 @@ const inFlightAnswerVar = "iceberg_idempotency.in_flight_answer"
 // connection off, with a tenth of it, and at least half a second, left to
 // write. A duplicate waiting past it heard nothing at all (HTTP/1: the
 // connection closed; HTTP/2: the stream reset), where 503 + Retry-After
-// tells it to come back.
+// tells it to come back. The timeout runs from the request's start, as
+// Caddy noted it, not from this handler's: forward_auth before it takes
+// its share.
 func (g *guarded) inFlightWait() time.Duration {
 	wait := time.Duration(g.h.InFlightWait)
 	srv, _ := g.r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
 	if srv == nil || srv.WriteTimeout <= 0 {
 		return wait
 	}
+	start, ok := caddyhttp.GetVar(g.r.Context(), startTimeVar).(time.Time)
+	if !ok {
+		start = time.Now()
+	}
 	timeout := time.Duration(srv.WriteTimeout)
-	left := time.Until(g.arrived.Add(timeout - max(timeout/10, 500*time.Millisecond)))
+	left := time.Until(start.Add(timeout - max(timeout/10, 500*time.Millisecond)))
 	return min(wait, left)
 }
+
+// startTimeVar is where Caddy notes when it began serving a request.
+const startTimeVar = "start_time"
 
 func (g *guarded) stillInFlight() error {
 	g.log(zapcore.DebugLevel, "key still in flight after waiting", zap.String("outcome", "in_flight"))
@@ -1336,8 +1355,8 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 	if g.r.Context().Err() != nil {
 		// The client left and took the store call with it: not a failure
 		// of the store, and nobody is there to answer.
-		g.log(zapcore.DebugLevel, "client left during a store call", zap.String("step", step))
-		abortForGoneClient()
+		g.log(zapcore.DebugLevel, "the request ended during a store call", zap.String("step", step))
+		return g.requestEnded()
 	}
 	if errors.Is(err, stores.ErrUnreadableRecord) {
 		// The store answered: the key has a record, which may stand for
@@ -1376,6 +1395,22 @@ func (g *guarded) dropBody() {
 	g.parts.body = nil
 	g.body.reset(nil)
 	g.hold.release()
+}
+
+// requestEnded answers a request whose context ended before it was sent to
+// the catalog, or while it waited for a duplicate. Cancelled, its client
+// left: abortForGoneClient. Past its deadline, it runs inside the catalog
+// call of another iceberg_idempotency around this one (a nested directive),
+// whose execution_timeout passed: its client is still there, and hears 503
+// + Retry-After, on which the outer guard gives its key back.
+func (g *guarded) requestEnded() error {
+	if errors.Is(g.r.Context().Err(), context.Canceled) {
+		abortForGoneClient()
+	}
+	g.log(zapcore.WarnLevel, "the execution_timeout of an iceberg_idempotency around this one ran out before the request was sent to the catalog")
+	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable,
+		"The proxy's time for this request ran out before it was sent to the catalog; retry with the same Idempotency-Key.", g.retryAfterSeconds())
+	return nil
 }
 
 // abortForGoneClient ends a request whose client left before anything was

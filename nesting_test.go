@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -259,4 +260,27 @@ func TestInnerHandlerReadsTheHiddenKeyAfterABodyWasSet(t *testing.T) {
 	up := answering(204, "")
 	wantOnceThenReplayed(t, newTestHandler(t, newMemoryStore(t)), newTestHandler(t, newMemoryStore(t)),
 		setBody("{}", nested(inner, up)), up, "DELETE", "", 204)
+}
+
+// A nested directive waiting for a duplicate on its own store, whose wait
+// the outer directive's execution_timeout ends, answers 503 + Retry-After,
+// which the outer one releases: the client is still there. (Taken for a
+// client that left, the request was broken off with no answer.)
+func TestNestedWaitEndedByTheOuterExecutionTimeout(t *testing.T) {
+	inner := newTestHandler(t, newMemoryStore(t))
+	inner.InFlightWait = caddy.Duration(10 * time.Second)
+	outer := newTestHandler(t, newMemoryStore(t))
+	outer.ExecutionTimeout = caddy.Duration(300 * time.Millisecond)
+	up, arrived, release := holdingUpstream()
+	defer close(release)
+	key := storetest.NewKey(t)
+	go serve(t, inner, up, "POST", "/v1/namespaces", key, nsBody) // another node, executing the key
+	<-arrived
+	res := serve(t, outer, nested(inner, up), "POST", "/v1/namespaces", key, nsBody)
+	if res.code() != http.StatusServiceUnavailable || res.header.Get("Retry-After") == "" || up.calls.Load() != 1 {
+		t.Fatalf("nested wait past the outer execution_timeout = %d %s, calls %d; want 503 + Retry-After", res.code(), res.body, up.calls.Load())
+	}
+	if rec, err := outer.store.Load(context.Background(), key); err != nil || rec != nil {
+		t.Fatalf("outer record = %+v, %v; want the key released", rec, err)
+	}
 }

@@ -133,11 +133,13 @@ func h2Refusal(t *testing.T, how h2Misbehaviour) error {
 }
 
 // scriptedConn is a connection whose writes fail after written bytes
-// (all of them when written is -1, and then its reads fail instead).
+// (all of them when written is -1, and then its reads fail instead). Its
+// reads otherwise wait for the test's end, not for Close: a read failing
+// as the transport closes the connection after the failed write would race
+// the write's error to the caller (it failed 3 runs in 2,500 under load).
 type scriptedConn struct {
 	written int
-	closed  chan struct{}
-	once    sync.Once
+	testEnd <-chan struct{}
 }
 
 func (c *scriptedConn) Write(p []byte) (int, error) {
@@ -151,14 +153,11 @@ func (c *scriptedConn) Read(p []byte) (int, error) {
 	if c.written < 0 {
 		return 0, syscall.ECONNRESET
 	}
-	<-c.closed
+	<-c.testEnd
 	return 0, net.ErrClosed
 }
 
-func (c *scriptedConn) Close() error {
-	c.once.Do(func() { close(c.closed) })
-	return nil
-}
+func (c *scriptedConn) Close() error { return nil }
 
 func (c *scriptedConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
 func (c *scriptedConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
@@ -171,8 +170,10 @@ func (c *scriptedConn) SetWriteDeadline(time.Time) error { return nil }
 // the answer is reset), and returns the transport's error.
 func h1Failure(t *testing.T, written int) error {
 	t.Helper()
+	testEnd := make(chan struct{})
+	t.Cleanup(func() { close(testEnd) })
 	tr := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) {
-		return &scriptedConn{written: written, closed: make(chan struct{})}, nil
+		return &scriptedConn{written: written, testEnd: testEnd}, nil
 	}}
 	defer tr.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

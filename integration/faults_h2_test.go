@@ -124,16 +124,29 @@ func refuseFirstStream(conn net.Conn, goAway bool) {
 // Before, the connection it had taken left the key unknown: 502
 // CommitStateUnknownException, and every retry 500 for the key's lifetime,
 // on each graceful restart of a catalog behind HTTP/2.
+//
+// Nested: a site-level directive on the memory store around one on
+// PostgreSQL (one node's cache in front of the shared store). The inner one
+// releases its key; the outer one, which sees only the inner one's 502
+// after a connection, used to leave its own key unknown.
 func TestFaultH2CatalogRefusesUnprocessed(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		name   string
 		goAway bool
-	}{{"GOAWAY", true}, {"REFUSED_STREAM", false}} {
+		nested bool
+	}{{"GOAWAY", true, false}, {"REFUSED_STREAM", false, false}, {"REFUSED_STREAM nested", false, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			addr, executed := refusingH2Catalog(t, c.goAway)
-			inst := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency\nreverse_proxy h2c://"+addr))
+			site := "iceberg_idempotency\nreverse_proxy h2c://" + addr
+			if c.nested {
+				dsn := postgresDB.dsn(t)
+				table := postgresDB.newTable(t, dsn)
+				site = "iceberg_idempotency\nhandle /v1/* {\niceberg_idempotency {\n" + postgresDB.storeBlock(dsn, table) +
+					"\n}\nreverse_proxy h2c://" + addr + "\n}"
+			}
+			inst := caddyproc.Start(t, caddyproc.Caddyfile("", site))
 			const path = "/v1/namespaces/faults/tables/refused"
 			key := newKey(t)
 			first := send(t, "POST", inst.URL()+path, faultCommitBody, keyHeader, key)
