@@ -65,8 +65,11 @@ func envInt(name string, def int) int {
 	return def
 }
 
+// The 5 s lease outlasts every WakeBound and Await timeout: a waiter of
+// such a record is woken by its change or not at all, so a lost wake-up
+// shows (with short leases alone, the lapse woke waiters within the bound).
 var (
-	modelLeases = []time.Duration{50 * time.Millisecond, 150 * time.Millisecond, 400 * time.Millisecond, time.Second}
+	modelLeases = []time.Duration{50 * time.Millisecond, 150 * time.Millisecond, 400 * time.Millisecond, time.Second, 5 * time.Second}
 	modelTTLs   = []time.Duration{30 * time.Millisecond, 120 * time.Millisecond, 400 * time.Millisecond, 1500 * time.Millisecond}
 	modelWaits  = []time.Duration{20 * time.Millisecond, 250 * time.Millisecond, 2500 * time.Millisecond}
 )
@@ -385,8 +388,9 @@ func (m *modelRound) request(w int, rng *rand.Rand, key string) {
 func (m *modelRound) hold(w int, rng *rand.Rand, key, owner string, lease time.Duration) {
 	node := m.node(rng) // a request runs on one node
 	for step := 0; ; step++ {
-		// mostly within the lease, sometimes past it
-		time.Sleep(time.Duration(rng.Int64N(int64(lease)*13/10 + 1)))
+		// mostly within the lease, sometimes past it; no further than the
+		// round's end (a long lease ends there)
+		time.Sleep(min(time.Duration(rng.Int64N(int64(lease)*13/10+1)), max(time.Until(m.stop), 0)))
 		if time.Now().After(m.stop) || step >= 6 {
 			if rng.IntN(4) == 0 {
 				return // crash
