@@ -143,7 +143,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	g.own = g.parts.binding(op, h.keys.current)
 	g.binding = g.own
 	g.sealWith = h.keys.current
-	g.outer, _ = caddyhttp.GetVar(r.Context(), guardVar).(*activeGuard)
+	g.outer = activeGuardOf(r.Context())
 	// The share goes with the body: released when dropBody lets it go,
 	// or at the latest when the request ends.
 	g.hold, hold = hold, bodyHold{}
@@ -151,20 +151,43 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	return g.run()
 }
 
-// guardVar names the Caddy request variable holding the guard that is
-// executing the request right now, if any: set while its catalog call
-// runs, so that a second iceberg_idempotency handler on the request (one
-// at site level, one inside a handle block) can tell that the record it
-// finds in flight is this very request's.
-const guardVar = "iceberg_idempotency.guard"
-
-// activeGuard is what guardVar holds: the key an executing handler holds,
-// and the owner token it holds it under, and the guard executing around
-// it, if any: with three handlers on two stores, the innermost one must
-// recognise the outermost one's record, not only the nearest guard's.
+// activeGuard is the guard executing the request right now, if any, as the
+// request's context carries it during its catalog call (guardCtxKey), so
+// that a second iceberg_idempotency handler on the request (one at site
+// level, one inside a handle block) can tell that the record it finds in
+// flight is this very request's: the key it holds, the owner token it holds
+// it under, and the guard executing around it, if any (with three handlers
+// on two stores, the innermost one must recognise the outermost one's
+// record, not only the nearest guard's).
+//
+// It lives in a context made for the call, not in Caddy's request
+// variables: those are a plain map, which reverse_proxy's dialer reads from
+// Go's transport's dial goroutine, and that goroutine can outlive the call
+// (a dial that lost to an idle connection, or was cut off by the execution
+// timeout). A write to the map once the call is over raced with it, and a
+// concurrent map read and write is a fatal error of the whole process. The
+// context, gone with the call, also leaves no mark behind it: handle_errors,
+// after the call, guards as any handler.
 type activeGuard struct {
 	key, owner string
 	parent     *activeGuard
+	// hiddenKey is the Idempotency-Key this guard's call took off the
+	// header of a request without a body (hideKeyFromTransport), for
+	// the handlers nested in the call to read (keyHeaderValues).
+	hiddenKey []string
+	// Set by a guard nested in this one's call, read once it is over:
+	// the catalog refused the request unprocessed (sentUnprocessed), or
+	// the nested guard answered 409 "still in flight" itself.
+	unprocessed, inFlightAnswer atomic.Bool
+}
+
+// guardCtxKey is the context key of the activeGuard executing a request.
+type guardCtxKey struct{}
+
+// activeGuardOf returns the guard executing the request of ctx, or nil.
+func activeGuardOf(ctx context.Context) *activeGuard {
+	a, _ := ctx.Value(guardCtxKey{}).(*activeGuard)
+	return a
 }
 
 // holds reports whether a guard executing this request, a or one around
@@ -178,24 +201,16 @@ func (a *activeGuard) holds(key, owner string) bool {
 	return false
 }
 
-// String keeps the variable's placeholder from printing the owner token.
+// markAround sets mark on every guard executing around this one: each of
+// them sees only what this one wrote.
+func (a *activeGuard) markAround(mark func(*activeGuard) *atomic.Bool) {
+	for ; a != nil; a = a.parent {
+		mark(a).Store(true)
+	}
+}
+
+// String keeps a log of the context from printing the owner token.
 func (*activeGuard) String() string { return "guarded" }
-
-// markExecuting sets guardVar for the catalog call of g, and returns the
-// mark that was there before, for unmarkExecuting to put back. (Two
-// methods, not a closure: the request path allocates nothing for it.)
-func (g *guarded) markExecuting() (before any) {
-	ctx := g.r.Context()
-	before = caddyhttp.GetVar(ctx, guardVar)
-	parent, _ := before.(*activeGuard)
-	g.active = activeGuard{key: g.key, owner: g.owner, parent: parent}
-	caddyhttp.SetVar(ctx, guardVar, &g.active)
-	return before
-}
-
-func (g *guarded) unmarkExecuting(before any) {
-	caddyhttp.SetVar(g.r.Context(), guardVar, before)
-}
 
 // passGuarded hands on a request whose key's record, found in flight, is
 // held by another iceberg_idempotency handler executing this very request

@@ -59,7 +59,7 @@ type guarded struct {
 	// executionEnds is when the execution's timeout ends it, set as it
 	// starts: records are kept for the lifetime past it (recordTTL).
 	executionEnds time.Time
-	active        activeGuard // what guardVar holds while this request's catalog call runs
+	active        activeGuard // what the request's context carries during its catalog call
 	// outer is the guard executing this request in another handler, when
 	// it holds this request's key: see passGuarded.
 	outer *activeGuard
@@ -362,10 +362,8 @@ func (g *guarded) execute() error {
 	g.cw = captureWriter{w: g.w, limit: h.MaxResponseSize}
 	cw := &g.cw
 	var err error
-	func() {
-		defer g.unmarkExecuting(g.markExecuting()) // put back even when reverse_proxy panics
-		err = g.callUpstream(cw, g.r.WithContext(g.conns.attach(ctx)), detached)
-	}()
+	g.active = activeGuard{key: g.key, owner: g.owner, parent: g.outer}
+	err = g.callUpstream(cw, g.r.WithContext(context.WithValue(g.conns.attach(ctx), guardCtxKey{}, &g.active)), detached)
 	hb.stop()
 	if g.conns.askedAfterAnswer.Load() {
 		g.warnAskedAfterAnswer()
@@ -398,7 +396,7 @@ func (g *guarded) execute() error {
 			// A directive around this one (nested) sees only the 502
 			// written below, after a connection: this tells it the
 			// catalog did not process the request either.
-			caddyhttp.SetVar(g.r.Context(), unprocessedVar, true)
+			g.outer.markAround(func(a *activeGuard) *atomic.Bool { return &a.unprocessed })
 			writeError(g.w, status, typeFor(status),
 				"The catalog did not process the request (it refused it, or the connection closed before it was sent). Retry with the same Idempotency-Key.",
 				retryAfterFor(status, g.retryAfterSeconds()))
@@ -488,7 +486,7 @@ func (g *guarded) execute() error {
 		g.markUnknown(detached, nil)
 	case !h.shouldFinalize(status):
 		g.release(detached, "status "+strconv.Itoa(status))
-	case status == http.StatusConflict && caddyhttp.GetVar(g.r.Context(), inFlightAnswerVar) != nil:
+	case status == http.StatusConflict && g.active.inFlightAnswer.Load():
 		// Another iceberg_idempotency handler after this one answered
 		// that the key is in flight elsewhere, without the catalog: a
 		// retry must be able to hear the outcome, not this 409 again.
@@ -553,9 +551,6 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 		repl.Delete(catalogStatusVar)
 		repl.Delete(retriesVar)
 	}
-	if caddyhttp.GetVar(r.Context(), unprocessedVar) != nil {
-		caddyhttp.SetVar(r.Context(), unprocessedVar, nil) // a nested guard's, of an earlier call
-	}
 	defer func() {
 		if v := recover(); v != nil {
 			g.hb.stop()
@@ -581,12 +576,8 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 // a nested guard wrote for a request the catalog refused unprocessed.
 func (g *guarded) mayHaveReachedCatalog() bool {
 	return upstreamChosen(g.r) && !(g.conns.askedConn.Load() && !g.conns.gotConn.Load()) &&
-		caddyhttp.GetVar(g.r.Context(), unprocessedVar) == nil
+		!g.active.unprocessed.Load()
 }
-
-// unprocessedVar marks a request whose catalog call a nested directive
-// found refused unprocessed (sentUnprocessed), and released.
-const unprocessedVar = "iceberg_idempotency.unprocessed"
 
 // warnAskedAfterAnswer says, once per handler, that a catalog call asked
 // an upstream again after an answer had come back: a forward_auth (or
@@ -653,25 +644,19 @@ func hideKeyFromTransport(r *http.Request) (hidden hiddenKey) {
 		}
 	}
 	hidden.header = r.Header
-	if v := hidden.values[0]; v != nil {
+	if a := activeGuardOf(r.Context()); a != nil {
 		// Another iceberg_idempotency handler after this one still reads
 		// the key: see keyHeaderValues.
-		hidden.ctx = r.Context()
-		caddyhttp.SetVar(hidden.ctx, hiddenKeyVar, v)
+		a.hiddenKey = hidden.values[0]
 	}
 	return hidden
 }
 
-// hiddenKeyVar names the Caddy request variable holding the
-// Idempotency-Key values hideKeyFromTransport took off the header, while
-// they are off it.
-const hiddenKeyVar = "iceberg_idempotency.hidden_key"
-
 // keyHeaderValues are r's Idempotency-Key values: from its header or,
 // while a handler before this one hid them from the transport (a request
 // without a body, in that handler's catalog call or fail_open pass), from
-// hiddenKeyVar. Without it a second handler on the request would take a
-// keyed DELETE for one without a key.
+// the activeGuard its context carries. Without it a second handler on the
+// request would take a keyed DELETE for one without a key.
 func keyHeaderValues(r *http.Request) []string {
 	// The header's name is canonical, as are the names of received
 	// headers: indexing saves Values its canonicalization.
@@ -680,8 +665,12 @@ func keyHeaderValues(r *http.Request) []string {
 	}
 	// Whatever the body now: a handler in between (request_body's set)
 	// may have given the request one since the key was hidden.
-	values, _ := caddyhttp.GetVar(r.Context(), hiddenKeyVar).([]string)
-	return values
+	for a := activeGuardOf(r.Context()); a != nil; a = a.parent {
+		if a.hiddenKey != nil {
+			return a.hiddenKey
+		}
+	}
+	return nil
 }
 
 // hiddenKey is what hideKeyFromTransport took off a request's header.
@@ -689,15 +678,11 @@ type hiddenKey struct {
 	header http.Header
 	values [len(transportReplayHeaders)][]string
 	any    bool
-	ctx    context.Context // where hiddenKeyVar was set, if it was
 }
 
 func (k hiddenKey) restore() {
 	if !k.any {
 		return
-	}
-	if k.ctx != nil {
-		caddyhttp.SetVar(k.ctx, hiddenKeyVar, nil)
 	}
 	for i, name := range transportReplayHeaders {
 		if v := k.values[i]; v != nil {
@@ -1290,9 +1275,6 @@ func (g *guarded) unreadable(keyID string, cause error) error {
 // configured secret its key id names.
 var errSealBroken = errors.New("the seal does not open")
 
-// inFlightAnswerVar names the Caddy request variable set when a handler
-// answered 409 "still in flight" (in_flight_status 409).
-const inFlightAnswerVar = "iceberg_idempotency.in_flight_answer"
 
 // inFlightWait is how long a duplicate waits for the request that holds its
 // key: in_flight_wait, cut short so that its answer goes out before the
@@ -1328,7 +1310,7 @@ func (g *guarded) stillInFlight() error {
 	if g.h.InFlightStatus == http.StatusConflict {
 		// A 4xx, which a guard around this handler would store and
 		// replay for good: the mark tells it this one is for now only.
-		caddyhttp.SetVar(g.r.Context(), inFlightAnswerVar, true)
+		g.outer.markAround(func(a *activeGuard) *atomic.Bool { return &a.inFlightAnswer })
 		writeError(g.w, http.StatusConflict, typeConflict, msg, 0)
 		return nil
 	}
@@ -1370,9 +1352,13 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		// Unguarded, but not replayed by the transport behind the
 		// client's back either (see hideKeyFromTransport), nor answered
 		// in another protocol (hideUpgrade), as a guarded request.
-		defer hideKeyFromTransport(g.r).restore()
-		defer hideUpgrade(g.r)()
-		return g.next.ServeHTTP(g.w, g.r)
+		// A guard that holds no key carries the hidden one to the
+		// handlers nested in the pass.
+		g.active = activeGuard{parent: g.outer}
+		r := g.r.WithContext(context.WithValue(g.r.Context(), guardCtxKey{}, &g.active))
+		defer hideKeyFromTransport(r).restore()
+		defer hideUpgrade(r)()
+		return g.next.ServeHTTP(g.w, r)
 	}
 	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.Error(err))
 	g.count(outcomeStoreUnavailable)

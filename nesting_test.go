@@ -163,7 +163,7 @@ func TestMarkPutBackWhenTheCallPanics(t *testing.T) {
 		defer func() { _ = recover() }()
 		_ = a.ServeHTTP(rec, req, panicky)
 	}()
-	if mark := caddyhttp.GetVar(req.Context(), guardVar); mark != nil {
+	if mark := activeGuardOf(req.Context()); mark != nil {
 		t.Fatalf("mark left after the panic: %v", mark)
 	}
 	again := httptest.NewRecorder()
