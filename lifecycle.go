@@ -1275,7 +1275,6 @@ func (g *guarded) unreadable(keyID string, cause error) error {
 // configured secret its key id names.
 var errSealBroken = errors.New("the seal does not open")
 
-
 // inFlightWait is how long a duplicate waits for the request that holds its
 // key: in_flight_wait, cut short so that its answer goes out before the
 // server's write_timeout (servers { timeouts { write } }) breaks the
