@@ -175,11 +175,22 @@ type activeGuard struct {
 	// header of a request without a body (hideKeyFromTransport), for
 	// the handlers nested in the call to read (keyHeaderValues).
 	hiddenKey []string
-	// Set by a guard nested in this one's call, read once it is over:
-	// the catalog refused the request unprocessed (sentUnprocessed), or
-	// the nested guard answered 409 "still in flight" itself.
-	unprocessed, inFlightAnswer atomic.Bool
+	// marks are set by a guard nested in this one's call and read once it
+	// is over (nestedMark).
+	marks atomic.Uint32
 }
+
+// nestedMark is what a guard nested in another's call tells the guards
+// around it about the answer they see.
+type nestedMark uint32
+
+const (
+	markUnprocessed    nestedMark = 1 << iota // the catalog refused the request unprocessed (sentUnprocessed)
+	markInFlightAnswer                        // the nested guard answered 409 "still in flight" itself
+)
+
+// marked reports whether a guard nested in a's call set m.
+func (a *activeGuard) marked(m nestedMark) bool { return a.marks.Load()&uint32(m) != 0 }
 
 // guardCtxKey is the context key of the activeGuard executing a request.
 type guardCtxKey struct{}
@@ -201,11 +212,11 @@ func (a *activeGuard) holds(key, owner string) bool {
 	return false
 }
 
-// markAround sets mark on every guard executing around this one: each of
-// them sees only what this one wrote.
-func (a *activeGuard) markAround(mark func(*activeGuard) *atomic.Bool) {
+// markAround sets m on a and every guard executing around it: each of them
+// sees only what the nested guard wrote.
+func (a *activeGuard) markAround(m nestedMark) {
 	for ; a != nil; a = a.parent {
-		mark(a).Store(true)
+		a.marks.Or(uint32(m))
 	}
 }
 

@@ -396,7 +396,7 @@ func (g *guarded) execute() error {
 			// A directive around this one (nested) sees only the 502
 			// written below, after a connection: this tells it the
 			// catalog did not process the request either.
-			g.outer.markAround(func(a *activeGuard) *atomic.Bool { return &a.unprocessed })
+			g.outer.markAround(markUnprocessed)
 			writeError(g.w, status, typeFor(status),
 				"The catalog did not process the request (it refused it, or the connection closed before it was sent). Retry with the same Idempotency-Key.",
 				retryAfterFor(status, g.retryAfterSeconds()))
@@ -486,7 +486,7 @@ func (g *guarded) execute() error {
 		g.markUnknown(detached, nil)
 	case !h.shouldFinalize(status):
 		g.release(detached, "status "+strconv.Itoa(status))
-	case status == http.StatusConflict && g.active.inFlightAnswer.Load():
+	case status == http.StatusConflict && g.active.marked(markInFlightAnswer):
 		// Another iceberg_idempotency handler after this one answered
 		// that the key is in flight elsewhere, without the catalog: a
 		// retry must be able to hear the outcome, not this 409 again.
@@ -576,7 +576,7 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 // a nested guard wrote for a request the catalog refused unprocessed.
 func (g *guarded) mayHaveReachedCatalog() bool {
 	return upstreamChosen(g.r) && !(g.conns.askedConn.Load() && !g.conns.gotConn.Load()) &&
-		!g.active.unprocessed.Load()
+		!g.active.marked(markUnprocessed)
 }
 
 // warnAskedAfterAnswer says, once per handler, that a catalog call asked
@@ -1309,7 +1309,7 @@ func (g *guarded) stillInFlight() error {
 	if g.h.InFlightStatus == http.StatusConflict {
 		// A 4xx, which a guard around this handler would store and
 		// replay for good: the mark tells it this one is for now only.
-		g.outer.markAround(func(a *activeGuard) *atomic.Bool { return &a.inFlightAnswer })
+		g.outer.markAround(markInFlightAnswer)
 		writeError(g.w, http.StatusConflict, typeConflict, msg, 0)
 		return nil
 	}
