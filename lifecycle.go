@@ -207,12 +207,11 @@ func (g *guarded) run() error {
 			case rec == nil:
 				continue // the owner released the key: try to reserve it
 			case rec.Abandoned && rec.Owner != waitedOn:
-				// Not the reservation this request waits on: an earlier one,
-				// read by a shared wait (sqlstore.AwaitGroup) that another
-				// waiter began before this request's Reserve, or a takeover's
-				// since. The next round reads the key afresh before anything
-				// is answered; before, a healthy reservation's waiter could
-				// hear "unknown" from a stale read.
+				// Not the reservation this request waits on: its owner
+				// released it and another reservation since lapsed, or it
+				// was taken over. The next round reads the key afresh before
+				// anything is answered; before, a healthy reservation's
+				// waiter could hear "unknown" from a stale read.
 				continue
 			}
 			// The owner may have released and another request taken the

@@ -387,7 +387,7 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 	}
 	load := func(ctx context.Context) (*stores.Record, time.Duration, error) { return s.load(ctx, key) }
 	subscribe := func() (<-chan struct{}, func()) { return s.wakers.Subscribe(key) }
-	return s.awaits.Do(ctx, key, func(ctx context.Context) (*stores.Record, error) {
+	return s.awaits.Do(ctx, key, load, func(ctx context.Context, load sqlstore.LoadFunc) (*stores.Record, error) {
 		return sqlstore.Await(ctx, s.backoff, load, subscribe, nil)
 	})
 }

@@ -300,7 +300,7 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 	// One shared wait per key on this node: a thousand duplicates of one
 	// key then cost one mark and one reload per notification, not a
 	// thousand.
-	return s.awaits.Do(ctx, key, func(ctx context.Context) (*stores.Record, error) {
+	return s.awaits.Do(ctx, key, load, func(ctx context.Context, load sqlstore.LoadFunc) (*stores.Record, error) {
 		return sqlstore.Await(ctx, s.backoff, load, sub, mark)
 	})
 }

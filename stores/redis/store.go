@@ -393,7 +393,7 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 		sub = func() (<-chan struct{}, func()) { return l.Subscribe(key) }
 	}
 	backoff := sqlstore.Backoff{Min: s.cfg.NotifyFallback, Max: s.cfg.NotifyFallback}
-	return s.awaits.Do(ctx, key, func(ctx context.Context) (*stores.Record, error) {
+	return s.awaits.Do(ctx, key, load, func(ctx context.Context, load sqlstore.LoadFunc) (*stores.Record, error) {
 		return sqlstore.Await(ctx, backoff, load, sub, nil)
 	})
 }

@@ -3,6 +3,8 @@ package sqlstore
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
@@ -23,13 +25,37 @@ type awaitCall struct {
 	err     error
 	waiters int                // Awaits still waiting for done
 	cancel  context.CancelFunc // ends the shared wait once no Await waits
+	// loads counts the shared wait's loads as they start; last is the
+	// count when it ended, the number of the load its result came from.
+	loads atomic.Uint64
+	last  uint64
 }
 
-// Do runs await for key, or joins the one running. The shared wait runs
-// until it ends or every Await that joined it has left (its own context
-// ended); each Await returns its own context's error when it leaves. The
-// record each gets is its own copy.
-func (g *AwaitGroup) Do(ctx context.Context, key string, await func(context.Context) (*stores.Record, error)) (*stores.Record, error) {
+// Do runs await for key with load, or joins the one running. The shared
+// wait runs until it ends or every Await that joined it has left (its own
+// context ended); each Await returns its own context's error when it
+// leaves. The record each gets is its own copy.
+//
+// An Await gets only a record loaded after it began: one that joins while
+// the shared wait's last load is already under way could otherwise get
+// what that load read before the Await was called, a state another node
+// may have changed since (a takeover of the abandoned record, say). Such an
+// Await loads again, in a shared wait of its own or one begun after it.
+func (g *AwaitGroup) Do(ctx context.Context, key string, load LoadFunc, await func(context.Context, LoadFunc) (*stores.Record, error)) (*stores.Record, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		rec, fresh, err := g.join(ctx, key, load, await)
+		if fresh || err != nil {
+			return rec, err
+		}
+	}
+}
+
+// join runs or joins key's shared wait once. fresh is false when the
+// result came from a load that began before this Await joined.
+func (g *AwaitGroup) join(ctx context.Context, key string, load LoadFunc, await func(context.Context, LoadFunc) (*stores.Record, error)) (rec *stores.Record, fresh bool, err error) {
 	g.mu.Lock()
 	if g.calls == nil {
 		g.calls = make(map[string]*awaitCall)
@@ -40,27 +66,35 @@ func (g *AwaitGroup) Do(ctx context.Context, key string, await func(context.Cont
 		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		c = &awaitCall{done: make(chan struct{}), cancel: cancel}
 		g.calls[key] = c
+		counted := func(ctx context.Context) (*stores.Record, time.Duration, error) {
+			c.loads.Add(1)
+			return load(ctx)
+		}
 		go func() {
-			rec, err := await(runCtx)
+			rec, err := await(runCtx, counted)
 			g.mu.Lock()
 			if g.calls[key] == c {
 				delete(g.calls, key)
 			}
-			c.rec, c.err = rec, err
+			c.rec, c.err, c.last = rec, err, c.loads.Load()
 			g.mu.Unlock()
 			close(c.done)
 			cancel()
 		}()
 	}
 	c.waiters++
+	joined := c.loads.Load()
 	g.mu.Unlock()
 
 	select {
 	case <-c.done:
 		if c.err != nil {
-			return nil, c.err
+			return nil, true, c.err
 		}
-		return copyRecord(c.rec), nil
+		if c.last <= joined {
+			return nil, false, nil
+		}
+		return copyRecord(c.rec), true, nil
 	case <-ctx.Done():
 		g.mu.Lock()
 		c.waiters--
@@ -73,7 +107,7 @@ func (g *AwaitGroup) Do(ctx context.Context, key string, await func(context.Cont
 			}
 		}
 		g.mu.Unlock()
-		return nil, ctx.Err()
+		return nil, true, ctx.Err()
 	}
 }
 
