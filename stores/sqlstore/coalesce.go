@@ -91,7 +91,9 @@ func (g *AwaitGroup) join(ctx context.Context, key string, load LoadFunc, await 
 		if c.err != nil {
 			return nil, true, c.err
 		}
-		if c.last <= joined {
+		if joined > 0 && c.last == joined {
+			// The load that gave the result was under way when this Await
+			// joined (a wait that loaded nothing cannot be stale).
 			return nil, false, nil
 		}
 		return copyRecord(c.rec), true, nil
