@@ -17,6 +17,10 @@ import (
 type AwaitGroup struct {
 	mu    sync.Mutex
 	calls map[string]*awaitCall
+	// seq orders the beginnings of Awaits and loads: an Await takes a
+	// ticket as it begins, a load reads seq as it begins, and a load that
+	// read at least an Await's ticket began after that Await.
+	seq atomic.Uint64
 }
 
 type awaitCall struct {
@@ -25,10 +29,11 @@ type awaitCall struct {
 	err     error
 	waiters int                // Awaits still waiting for done
 	cancel  context.CancelFunc // ends the shared wait once no Await waits
-	// loads counts the shared wait's loads as they start; last is the
-	// count when it ended, the number of the load its result came from.
-	loads atomic.Uint64
-	last  uint64
+	// loaded is g.seq as the shared wait's latest load began; last is
+	// its value when the wait ended, that of the load its result came
+	// from (0: it loaded nothing).
+	loaded atomic.Uint64
+	last   uint64
 }
 
 // Do runs await for key with load, or joins the one running. The shared
@@ -40,13 +45,16 @@ type awaitCall struct {
 // the shared wait's last load is already under way could otherwise get
 // what that load read before the Await was called, a state another node
 // may have changed since (a takeover of the abandoned record, say). Such an
-// Await loads again, in a shared wait of its own or one begun after it.
+// Await loads again, in a shared wait begun after the one it left: once,
+// since every load of that wait begins after the Await did, and together
+// with the others that left it, since they share that wait.
 func (g *AwaitGroup) Do(ctx context.Context, key string, load LoadFunc, await func(context.Context, LoadFunc) (*stores.Record, error)) (*stores.Record, error) {
+	ticket := g.seq.Add(1)
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		rec, fresh, err := g.join(ctx, key, load, await)
+		rec, fresh, err := g.join(ctx, key, ticket, load, await)
 		if fresh || err != nil {
 			return rec, err
 		}
@@ -54,8 +62,8 @@ func (g *AwaitGroup) Do(ctx context.Context, key string, load LoadFunc, await fu
 }
 
 // join runs or joins key's shared wait once. fresh is false when the
-// result came from a load that began before this Await joined.
-func (g *AwaitGroup) join(ctx context.Context, key string, load LoadFunc, await func(context.Context, LoadFunc) (*stores.Record, error)) (rec *stores.Record, fresh bool, err error) {
+// result came from a load that began before the Await holding ticket.
+func (g *AwaitGroup) join(ctx context.Context, key string, ticket uint64, load LoadFunc, await func(context.Context, LoadFunc) (*stores.Record, error)) (rec *stores.Record, fresh bool, err error) {
 	g.mu.Lock()
 	if g.calls == nil {
 		g.calls = make(map[string]*awaitCall)
@@ -66,24 +74,23 @@ func (g *AwaitGroup) join(ctx context.Context, key string, load LoadFunc, await 
 		runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		c = &awaitCall{done: make(chan struct{}), cancel: cancel}
 		g.calls[key] = c
-		counted := func(ctx context.Context) (*stores.Record, time.Duration, error) {
-			c.loads.Add(1)
+		stamped := func(ctx context.Context) (*stores.Record, time.Duration, error) {
+			c.loaded.Store(g.seq.Load())
 			return load(ctx)
 		}
 		go func() {
-			rec, err := await(runCtx, counted)
+			rec, err := await(runCtx, stamped)
 			g.mu.Lock()
 			if g.calls[key] == c {
 				delete(g.calls, key)
 			}
-			c.rec, c.err, c.last = rec, err, c.loads.Load()
+			c.rec, c.err, c.last = rec, err, c.loaded.Load()
 			g.mu.Unlock()
 			close(c.done)
 			cancel()
 		}()
 	}
 	c.waiters++
-	joined := c.loads.Load()
 	g.mu.Unlock()
 
 	select {
@@ -91,9 +98,7 @@ func (g *AwaitGroup) join(ctx context.Context, key string, load LoadFunc, await 
 		if c.err != nil {
 			return nil, true, c.err
 		}
-		if joined > 0 && c.last == joined {
-			// The load that gave the result was under way when this Await
-			// joined (a wait that loaded nothing cannot be stale).
+		if c.last != 0 && c.last < ticket {
 			return nil, false, nil
 		}
 		return copyRecord(c.rec), true, nil
