@@ -922,7 +922,7 @@ func (g *guarded) undoLostReply(undo func(ctx context.Context, s stores.Store, k
 	go func() {
 		defer leave()
 		failed := time.Now()
-		for wait := 100 * time.Millisecond; ; wait = min(2*wait, 2*time.Second) {
+		for wait := 100 * time.Millisecond; ; wait = min(2*wait, undoRetryGap) {
 			ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
 			err := undo(ctx, store, key, owner)
 			cancel()
@@ -945,6 +945,15 @@ func releaseReservation(ctx context.Context, s stores.Store, key, owner string) 
 func abandonTakeOver(ctx context.Context, s stores.Store, key, owner string) error {
 	return s.Abandon(ctx, key, owner)
 }
+
+// undoRetryGap is the longest pause between two tries of undoLostReply.
+// The undo of a lost Reserve has to land before the reservation's lease
+// lapses, or a retry meeting the lapsed record hears "unknown" for a request
+// never sent; with 2 s between tries, one try failing just after the store
+// came back pushed the next past the lease (CI, a 3 s database outage under
+// a 6 s lease). The undos are few (only writes whose reply was lost, not
+// those never sent), so trying twice a second costs the store little.
+const undoRetryGap = 500 * time.Millisecond
 
 // lostReplyWindow bounds the background repair of a store write whose reply
 // was lost.

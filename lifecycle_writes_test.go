@@ -247,6 +247,8 @@ type outageStore struct {
 	releaseAttempt atomic.Int32
 	released       chan struct{}
 	releasedOnce   sync.Once
+	mu             sync.Mutex
+	releaseTimes   []time.Time // when each Release was tried
 }
 
 func (s *outageStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
@@ -258,6 +260,9 @@ func (s *outageStore) Reserve(ctx context.Context, r stores.Reservation) (stores
 }
 
 func (s *outageStore) Release(ctx context.Context, key, owner string) error {
+	s.mu.Lock()
+	s.releaseTimes = append(s.releaseTimes, time.Now())
+	s.mu.Unlock()
 	s.releaseAttempt.Add(1)
 	select {
 	case <-s.back:
@@ -308,6 +313,47 @@ func TestLostReserveUndoOutlastsTheRepairWindow(t *testing.T) {
 	}
 	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
 	if retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
+		t.Fatalf("retry = %d %s, executed %d; want 200, executed once", retry.code(), retry.body, catalog.executed.Load())
+	}
+}
+
+// The undo of a lost Reserve keeps trying at least twice a second while the
+// store is away, so that it lands soon after the store comes back, before
+// the reservation's lease lapses. Before, its pauses doubled up to 2 s: in a
+// CI run a try that failed just after a 3 s database outage pushed the next
+// past the 6 s lease, and a never-executed commit's retry heard "unknown".
+func TestLostReserveUndoRetriesTwiceASecond(t *testing.T) {
+	s := &outageStore{Store: newMemoryStore(t), back: make(chan struct{}), released: make(chan struct{})}
+	h := newTestHandler(t, s)
+	h.repairWindow = time.Minute
+	catalog := newCountingCatalog(t, answerOK)
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if first := serve(t, h, proxy, "POST", commitPath, key, commitBody); first.code() != http.StatusServiceUnavailable {
+		t.Fatalf("first answer = %d %s, want 503", first.code(), first.body)
+	}
+	const tries = 7 // the pauses were 0.1, 0.2, 0.4, 0.8, 1.6 and 2 s; now at most 0.5 s
+	for deadline := time.Now().Add(15 * time.Second); s.releaseAttempt.Load() < tries; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d undo tries in 15 s", s.releaseAttempt.Load())
+		}
+	}
+	close(s.back)
+	s.mu.Lock()
+	times := append([]time.Time(nil), s.releaseTimes...)
+	s.mu.Unlock()
+	for i := 1; i < tries; i++ {
+		// 0.3 s of slack for a loaded machine's timers
+		if gap := times[i].Sub(times[i-1]); gap > 800*time.Millisecond {
+			t.Errorf("undo tries %d and %d were %v apart, want at most 0.5 s", i, i+1, gap.Round(time.Millisecond))
+		}
+	}
+	select {
+	case <-s.released:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the undo never released the reservation")
+	}
+	if retry := serve(t, h, proxy, "POST", commitPath, key, commitBody); retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
 		t.Fatalf("retry = %d %s, executed %d; want 200, executed once", retry.code(), retry.body, catalog.executed.Load())
 	}
 }
