@@ -426,3 +426,55 @@ func TestLapsedLeaseOfShortLifetimeIsNotExecutedAgain(t *testing.T) {
 		t.Fatalf("first request = %d, want 200", first.code())
 	}
 }
+
+// slowRenewal's ExtendLease takes hold to come back. One whose caller's
+// context ends first returns that context's error while its statement,
+// already at the server, still commits a moment later: what a SQL driver
+// or a Redis client does with a write whose context is cancelled once it
+// was sent (a stand-in: no real store is slow on cue).
+type slowRenewal struct {
+	stores.Store
+	hold time.Duration
+}
+
+func (s *slowRenewal) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
+	select {
+	case <-time.After(s.hold):
+		return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
+	case <-ctx.Done():
+		go func() {
+			time.Sleep(50 * time.Millisecond)
+			_ = s.Store.ExtendLease(context.Background(), key, owner, lease, ttl)
+		}()
+		return ctx.Err()
+	}
+}
+
+// A renewal under way when execution_timeout ends the catalog call must
+// not land after the key was marked unknown: the record would read as in
+// flight, not abandoned, for a whole lease more, and every retry meanwhile
+// hear "still in flight" (found by TestHandlerModel on MySQL with two
+// nodes: C7, the record left in flight after every request ended).
+func TestRenewalCutOffByExecutionTimeoutLandsBeforeAbandon(t *testing.T) {
+	mem := newMemoryStore(t)
+	h := newTestHandler(t, &slowRenewal{Store: mem, hold: 300 * time.Millisecond})
+	h.Lease = caddy.Duration(600 * time.Millisecond) // renewed every 150ms
+	h.ExecutionTimeout = caddy.Duration(400 * time.Millisecond)
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Second) // past execution_timeout
+		answerOK(w, r)
+	})
+	key := storetest.NewKey(t)
+	res := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody)
+	if res.errorType() != typeCommitStateUnknown {
+		t.Fatalf("answer %d %q, want outcome unknown", res.code(), res.body)
+	}
+	time.Sleep(150 * time.Millisecond) // the cut-off renewal has landed
+	rec, err := mem.Load(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec == nil || rec.State != stores.StateInFlight || !rec.Abandoned {
+		t.Fatalf("record after the execution timed out: %s, want in flight and abandoned (outcome unknown)", hmRecString(rec))
+	}
+}

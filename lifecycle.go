@@ -1080,7 +1080,13 @@ func (hb *heartbeat) beat(gen int) {
 	hb.mu.Unlock()
 	defer hb.renewing.Done()
 	start := time.Now()
-	err := g.h.store.ExtendLease(ctx, g.key, g.owner, lease, g.recordTTL(lease))
+	// Not cut off by the execution's end: a renewal cancelled once its
+	// statement was sent may still commit, after stop returned and the
+	// key was marked unknown, and make the record read as in flight for a
+	// whole lease more. stop waits for it instead; the store bounds it.
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeOpTimeout)
+	err := g.h.store.ExtendLease(callCtx, g.key, g.owner, lease, g.recordTTL(lease))
+	cancel()
 	if errors.Is(err, stores.ErrNotOwner) && finalizing {
 		return // the key is most likely final: Finalize committed meanwhile
 	}
