@@ -30,11 +30,26 @@ package icebergidempotency
 //	   (refused dial) executes on its next lone attempt;
 //	C6 "outcome unknown" and "still in flight" answers only where some attempt
 //	   of the key may have executed, or overlapped;
-//	C7 after the round no record is left in flight.
+//	C7 after the round no record is left in flight;
+//	C8 after the round the key's record is what its last execution's outcome
+//	   makes it: final with that answer's status, absent (released, or never
+//	   executed and nothing that may have executed), or abandoned (unknown).
+//
+// A round runs against one store (memory, postgres, mysql or redis) and one
+// or two handler instances ("nodes"); with two, each node has its own store
+// client on the same table or key prefix (the memory store: one store that
+// both handlers share, as two handlers of one process do), and each client
+// sends its attempts to the nodes in turn or to one picked at random. The
+// SQL and Redis stores take their leases by heartbeat, as in production.
 //
 // Environment: ICEBERG_IDEMPOTENCY_HANDLER_MODEL_SEED (first round's seed;
 // rounds use seed, seed+1, ...), _ROUNDS (exactly that many rounds),
-// _DURATION (default 12s, 4s with -short), _KEYS (keys per round).
+// _DURATION (default 12s, 4s with -short, per store), _KEYS (keys per
+// round), _STORES (comma-separated backends, default memory; "all" for
+// memory,postgres,mysql,redis), _NODES (1 or 2, default 1). The SQL and
+// Redis stores are found as their own tests find them
+// (ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN, _MYSQL_DSN, _REDIS_ADDR); under
+// CI=true an unreachable one fails the test.
 
 import (
 	"bytes"
@@ -65,6 +80,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	goredis "github.com/redis/go-redis/v9"
 )
 
 const (
@@ -72,6 +89,10 @@ const (
 	hmRoundsEnv   = "ICEBERG_IDEMPOTENCY_HANDLER_MODEL_ROUNDS"
 	hmDurationEnv = "ICEBERG_IDEMPOTENCY_HANDLER_MODEL_DURATION"
 	hmKeysEnv     = "ICEBERG_IDEMPOTENCY_HANDLER_MODEL_KEYS"
+	hmStoresEnv   = "ICEBERG_IDEMPOTENCY_HANDLER_MODEL_STORES"
+	hmNodesEnv    = "ICEBERG_IDEMPOTENCY_HANDLER_MODEL_NODES"
+
+	hmStoreTimeoutEnv = "ICEBERG_IDEMPOTENCY_HANDLER_MODEL_STORE_TIMEOUT"
 
 	hmPlanHeader = "X-Model-Plan"
 	hmDialHeader = "X-Model-Dial"
@@ -131,12 +152,17 @@ type hmPlan struct {
 	leaveAfter     time.Duration // the client leaves after this; 0: stays
 	cutBody        bool          // the client sends half its body, then leaves
 	midRaw         int           // how much of the raw answer a reset-mid-* plan sends
+	node           int           // the handler instance it is sent to
 	sentAt         time.Duration // when the client sent it (under key.mu)
 }
 
 func (p *hmPlan) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "plan#%d c%d try%d %s", p.id, p.client, p.try, p.action)
+	fmt.Fprintf(&b, "plan#%d c%d try%d", p.id, p.client, p.try)
+	if len(p.round.nodes) > 1 {
+		fmt.Fprintf(&b, " node%d", p.node)
+	}
+	fmt.Fprintf(&b, " %s", p.action)
 	if p.action == actAnswer || p.action == actResetMidBody || p.action == actStallMidBody {
 		fmt.Fprintf(&b, " %d", p.status)
 	}
@@ -293,20 +319,33 @@ type hmEnv struct {
 	proxy   caddyhttp.Handler
 	plans   sync.Map // id → *hmPlan
 	nextID  atomic.Int64
+
+	backend  string         // memory, postgres, mysql, redis
+	nodes    int            // handler instances per round
+	provider StoreProvider  // nil for memory
+	clients  []*pooledStore // one store client per node, for every round; nil for memory
+}
+
+// hmNode is one handler instance of a round, behind its own front server.
+type hmNode struct {
+	idx     int
+	h       *Handler
+	store   stores.Store // the node's store client (unwrapped)
+	pooled  *pooledStore
+	front   *httptest.Server
+	frontWG sync.WaitGroup
 }
 
 type hmRound struct {
 	env   *hmEnv
 	seed  uint64
 	opts  hmOptions
-	h     *Handler
-	store stores.Store
+	nodes []*hmNode
+	store stores.Store // node 0's store client, for the checks
 	keys  []*hmKey
 	t0    time.Time
 	stop  time.Duration // no new attempts after this
 
-	front     *httptest.Server
-	frontWG   sync.WaitGroup
 	catalogMu sync.Mutex
 	catalogN  int // catalog handlers of this round still running
 
@@ -316,8 +355,42 @@ type hmRound struct {
 
 func (m *hmRound) now() time.Duration { return time.Since(m.t0) }
 
+// hmStoreTimeout is the SQL stores' statement_timeout and the Redis store's
+// timeout in the model (_STORE_TIMEOUT, default 1s): a round's lease is 3
+// or 5 times it, so that renewals come every 3/4 or 5/4 of it.
+var hmStoreTimeout = func() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(hmStoreTimeoutEnv)); err == nil && d > 0 {
+		return d
+	}
+	return time.Second
+}()
+
 func TestHandlerModel(t *testing.T) {
+	backends := []string{"memory"}
+	if s := os.Getenv(hmStoresEnv); s == "all" {
+		backends = []string{"memory", "postgres", "mysql", "redis"}
+	} else if s != "" {
+		backends = strings.Split(s, ",")
+	}
+	nodes := 1
+	if s := os.Getenv(hmNodesEnv); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 2 {
+			t.Fatalf("%s: %q, want 1 or 2", hmNodesEnv, s)
+		}
+		nodes = n
+	}
+	for _, backend := range backends {
+		t.Run(fmt.Sprintf("%s/nodes=%d", backend, nodes), func(t *testing.T) {
+			testHandlerModel(t, backend, nodes)
+		})
+	}
+}
+
+func testHandlerModel(t *testing.T, backend string, nodes int) {
 	env := newHMEnv(t)
+	env.backend, env.nodes = backend, nodes
+	env.openStores(t)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv(hmSeedEnv); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
@@ -337,7 +410,7 @@ func TestHandlerModel(t *testing.T) {
 	if n, err := strconv.Atoi(os.Getenv(hmRoundsEnv)); err == nil && n > 0 {
 		rounds = n
 	}
-	t.Logf("seed %d (%s=%d to repeat)", seed, hmSeedEnv, seed)
+	t.Logf("seed %d (%s=%d %s=%s %s=%d to repeat)", seed, hmSeedEnv, seed, hmStoresEnv, backend, hmNodesEnv, nodes)
 	deadline := time.Now().Add(duration)
 	var attempts, execs int
 	cov := map[string]int{}
@@ -357,6 +430,77 @@ func TestHandlerModel(t *testing.T) {
 		}
 	}
 	t.Logf("%d attempts, %d executions", attempts, execs)
+}
+
+// openStores opens the SQL or Redis store the test's rounds share: one
+// client per node, on one fresh table or key prefix, as the handler's
+// Provision opens them (the provider's defaults and options), outside the
+// process-wide pool so that each node has its own client.
+func (env *hmEnv) openStores(t *testing.T) {
+	ctx := newCaddyContext(t)
+	switch env.backend {
+	case "memory":
+		return
+	case "postgres", "mysql":
+		var b sqlBackend
+		for _, x := range sqlBackends {
+			if x.name == env.backend {
+				b = x
+			}
+		}
+		dsn := b.dsn(t)
+		table := sqltest.TableName(t)
+		t.Cleanup(func() { b.drop(t, dsn, table) })
+		cfg := SQLStoreConfig{DSN: dsn, Table: table, StatementTimeout: caddy.Duration(hmStoreTimeout)}
+		if env.backend == "postgres" {
+			env.provider = &PostgresStore{SQLStoreConfig: cfg}
+		} else {
+			env.provider = &MySQLStore{SQLStoreConfig: cfg}
+		}
+	case "redis":
+		addr := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_REDIS_ADDR", "127.0.0.1:6379")
+		admin := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 2 * time.Second})
+		t.Cleanup(func() { _ = admin.Close() })
+		pctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		err := admin.Ping(pctx).Err()
+		cancel()
+		if err != nil {
+			sqltest.Unavailable(t, "Redis", "ICEBERG_IDEMPOTENCY_TEST_REDIS_ADDR",
+				`redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no`, err)
+		}
+		prefix := "iceberg_idempotency_test_" + strings.ReplaceAll(sqltest.TableName(t), "idem_test_", "hm_") + ":"
+		if p := os.Getenv("ICEBERG_IDEMPOTENCY_HANDLER_MODEL_REDIS_PREFIX"); p != "" {
+			prefix = p + strings.ReplaceAll(sqltest.TableName(t), "idem_test_", "hm_") + ":"
+		}
+		t.Cleanup(func() {
+			ctx := context.Background()
+			iter := admin.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+			for iter.Next(ctx) {
+				admin.Del(ctx, iter.Val())
+			}
+		})
+		env.provider = &RedisStore{Addresses: []string{addr}, KeyPrefix: prefix,
+			DialTimeout: caddy.Duration(hmStoreTimeout), ReadTimeout: caddy.Duration(hmStoreTimeout), WriteTimeout: caddy.Duration(hmStoreTimeout)}
+	default:
+		t.Fatalf("%s: unknown store %q", hmStoresEnv, env.backend)
+	}
+	if err := env.provider.(caddy.Provisioner).Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < env.nodes; i++ {
+		s, err := env.provider.OpenStore(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps := newPooledStore(s)
+		ps.backend = env.backend
+		t.Cleanup(func() { _ = s.Close() })
+		env.clients = append(env.clients, ps)
+	}
+	// The first contact (and the migration) before the first round.
+	if _, err := env.clients[0].Load(context.Background(), uuid.Must(uuid.NewV7()).String()); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func newHMEnv(t *testing.T) *hmEnv {
@@ -414,6 +558,14 @@ func (env *hmEnv) round(seed uint64) *hmRound {
 		// renewal can come 100ms late, and a lapsed lease reads as
 		// abandoned (documented), which is not what this model tests.
 		o.lease = []time.Duration{800 * time.Millisecond, 2 * time.Second}[rng.IntN(2)]
+	}
+	if env.backend != "memory" {
+		// A store outside the process takes leases by heartbeat, at least
+		// 3 times its call timeout (checkLease). A separate stream, so
+		// that the memory store's rounds draw what they always drew.
+		xrng := rand.New(rand.NewPCG(seed, 0x5eed))
+		o.leases = "heartbeat"
+		o.lease = []time.Duration{3 * hmStoreTimeout, 5 * hmStoreTimeout}[xrng.IntN(2)]
 	}
 	nkeys := 4 + rng.IntN(4)
 	if n, err := strconv.Atoi(os.Getenv(hmKeysEnv)); err == nil && n > 0 {
@@ -496,34 +648,62 @@ func (m *hmRound) newPlan(rng *rand.Rand, k *hmKey, client, try int) *hmPlan {
 // whether a violation was found.
 func (m *hmRound) run(t *testing.T) (int, int, bool) {
 	t.Helper()
-	m.store = newMemoryStore(t)
-	h := &Handler{store: m.store, logger: zap.NewNop(),
-		Abandoned:        m.opts.abandoned,
-		InFlightWait:     caddy.Duration(m.opts.inFlightWait),
-		ExecutionTimeout: caddy.Duration(m.opts.executionTimeout),
-		MaxResponseSize:  m.opts.maxResponseSize,
-		FinalizeStatuses: m.opts.finalize,
-		ReleaseStatuses:  m.opts.release,
-		Lease:            caddy.Duration(m.opts.lease),
+	var memStore stores.Store
+	if m.env.backend == "memory" {
+		memStore = newMemoryStore(t) // both nodes' handlers share it
 	}
-	if err := h.Validate(); err != nil {
-		t.Fatalf("options %s: %v", m.opts, err)
+	for i := 0; i < max(1, m.env.nodes); i++ {
+		n := &hmNode{idx: i}
+		if memStore != nil {
+			n.store = memStore
+			n.pooled = newPooledStore(memStore)
+			n.pooled.backend = "memory"
+		} else {
+			n.pooled = m.env.clients[i]
+			n.store = n.pooled.Store
+		}
+		logger := zap.NewNop()
+		if os.Getenv("ICEBERG_IDEMPOTENCY_HANDLER_MODEL_LOG") != "" {
+			logger = zap.Must(zap.NewDevelopment()).Named(fmt.Sprintf("node%d", i))
+		}
+		h := &Handler{logger: logger,
+			Abandoned:        m.opts.abandoned,
+			InFlightWait:     caddy.Duration(m.opts.inFlightWait),
+			ExecutionTimeout: caddy.Duration(m.opts.executionTimeout),
+			MaxResponseSize:  m.opts.maxResponseSize,
+			FinalizeStatuses: m.opts.finalize,
+			ReleaseStatuses:  m.opts.release,
+			Lease:            caddy.Duration(m.opts.lease),
+		}
+		if err := h.Validate(); err != nil {
+			t.Fatalf("options %s: %v", m.opts, err)
+		}
+		if err := h.prepare(); err != nil {
+			t.Fatalf("options %s: %v", m.opts, err)
+		}
+		// As Provision does with the store's provider.
+		if m.env.provider != nil {
+			if err := checkLease(time.Duration(h.Lease), m.env.provider); err != nil {
+				t.Fatalf("options %s: %v", m.opts, err)
+			}
+			h.settleWindow = settleWindowFor(m.env.provider)
+		}
+		h.pooled = n.pooled
+		h.store = instrumentStore(n.pooled, n.pooled.backend)
+		h.inProcessLeases = m.opts.leases == "in-process"
+		n.h = h
+		n.front = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serveFront(n, w, r) }))
+		defer n.front.Close()
+		m.nodes = append(m.nodes, n)
 	}
-	if err := h.prepare(); err != nil {
-		t.Fatalf("options %s: %v", m.opts, err)
-	}
-	h.inProcessLeases = m.opts.leases == "in-process"
-	m.h = h
+	m.store = m.nodes[0].store
 	var err error
-	if m.finalizeSet, err = parseStatusSet(h.FinalizeStatuses); err != nil {
+	if m.finalizeSet, err = parseStatusSet(m.nodes[0].h.FinalizeStatuses); err != nil {
 		t.Fatal(err)
 	}
-	if m.releaseSet, err = parseStatusSet(h.ReleaseStatuses); err != nil {
+	if m.releaseSet, err = parseStatusSet(m.nodes[0].h.ReleaseStatuses); err != nil {
 		t.Fatal(err)
 	}
-
-	m.front = httptest.NewServer(http.HandlerFunc(m.serveFront))
-	defer m.front.Close()
 	m.t0 = time.Now()
 
 	var wg sync.WaitGroup
@@ -540,7 +720,9 @@ func (m *hmRound) run(t *testing.T) (int, int, bool) {
 		}
 	}
 	wg.Wait()
-	m.frontWG.Wait()
+	for _, n := range m.nodes {
+		n.frontWG.Wait()
+	}
 	// Catalog handlers this round's proxy calls started (a stall outlives
 	// the call that gave up on it).
 	for quiet := 0; quiet < 3; {
@@ -554,6 +736,13 @@ func (m *hmRound) run(t *testing.T) (int, int, bool) {
 		}
 		time.Sleep(40 * time.Millisecond)
 	}
+	// Background store writes (a Finalize retried after the answer went
+	// out, the undo of a lost reply) end before the checks read the store.
+	for _, n := range m.nodes {
+		if !n.pooled.waitIdle(time.Minute) {
+			t.Errorf("seed %d: node %d's background store writes still run a minute after the round", m.seed, n.idx)
+		}
+	}
 	var attempts, execs int
 	for _, k := range m.keys {
 		attempts += len(k.attempts)
@@ -565,9 +754,20 @@ func (m *hmRound) run(t *testing.T) (int, int, bool) {
 // client sends one key's request with retries after every answer that is not
 // final, as an Iceberg client does.
 func (m *hmRound) client(rng *rand.Rand, k *hmKey, c int) {
+	// Which node each attempt goes to, from a stream of its own: a client
+	// alternates between the nodes from a random one, or picks one at
+	// random each time.
+	nrng := rand.New(rand.NewPCG(m.seed, uint64(k.idx)<<8|uint64(c)|1<<20))
+	alternate, node := nrng.IntN(2) == 0, nrng.IntN(len(m.nodes))
 	time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
 	for try := 0; try < 4 && m.now() < m.stop; try++ {
 		p := m.newPlan(rng, k, c, try)
+		p.node = node
+		if alternate {
+			node = (node + 1) % len(m.nodes)
+		} else {
+			node = nrng.IntN(len(m.nodes))
+		}
 		a := m.send(p)
 		if a.err == nil && !a.left && hmFinal(a.status) {
 			return
@@ -625,7 +825,7 @@ func (m *hmRound) send(p *hmPlan) *hmAttempt {
 			body = &blockingBody{half: []byte(k.body[:len(k.body)/2]), ctx: leaveCtx}
 		}
 	}
-	req, err := http.NewRequestWithContext(leaveCtx, k.method, m.front.URL+k.path, body)
+	req, err := http.NewRequestWithContext(leaveCtx, k.method, m.nodes[p.node].front.URL+k.path, body)
 	if err != nil {
 		panic(err)
 	}
@@ -695,9 +895,9 @@ func hmGunzip(b []byte) ([]byte, error) {
 // serveFront is Caddy's server for the handler: the request prepared as
 // Caddy prepares it, a returned error answered with its status, a panic
 // (http.ErrAbortHandler) left to net/http, which drops the connection.
-func (m *hmRound) serveFront(w http.ResponseWriter, r *http.Request) {
-	m.frontWG.Add(1)
-	defer m.frontWG.Done()
+func (m *hmRound) serveFront(n *hmNode, w http.ResponseWriter, r *http.Request) {
+	n.frontWG.Add(1)
+	defer n.frontWG.Done()
 	id, _ := strconv.Atoi(r.Header.Get(hmPlanHeader))
 	v, _ := m.env.plans.Load(id)
 	p, _ := v.(*hmPlan)
@@ -726,7 +926,7 @@ func (m *hmRound) serveFront(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	req := caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
-	if err := m.h.ServeHTTP(w, req, m.env.proxy); err != nil {
+	if err := n.h.ServeHTTP(w, req, m.env.proxy); err != nil {
 		if a != nil {
 			p.key.mu.Lock()
 			a.handlerErr = err
@@ -1096,6 +1296,12 @@ func (m *hmRound) checkKey(k *hmKey) []string {
 				if !m.overlapped(k, a) {
 					bad("C6: %s: still in flight, but no other attempt of the key overlapped it", a)
 				}
+				for _, b := range k.attempts {
+					if b.plan.node != a.plan.node && b.start < a.end && max(b.end, b.frontEnd) > a.start {
+						m.cov["in flight on another node"]++
+						break
+					}
+				}
 			case a.status == http.StatusBadGateway && typ == typeServiceFailure:
 				// A refused dial, or a write that sent nothing on a
 				// connection the catalog had closed.
@@ -1144,6 +1350,9 @@ func (m *hmRound) checkKey(k *hmKey) []string {
 				bad("C2: %s: replays execution #%d, another replay replayed #%d", a, e.n, replayedExec.n)
 			}
 			replayedExec = e
+			if e.plan.node != a.plan.node {
+				m.cov["replay of another node's execution"]++
+			}
 		} else if e.plan != a.plan {
 			bad("C2: %s: got execution #%d's answer (plan#%d) without Idempotent-Replayed", a, e.n, e.plan.id)
 		}
@@ -1201,8 +1410,71 @@ func (m *hmRound) checkKey(k *hmKey) []string {
 		bad("C7: store: %v", err)
 	} else if rec != nil && rec.State == stores.StateInFlight && !rec.Abandoned {
 		bad("C7: the record is left in flight after every request ended")
+	} else {
+		m.checkEndState(k, execs, rec, bad)
 	}
 	return vs
+}
+
+// checkEndState is C8: the key's record after the round is what its last
+// execution's outcome made it. Attempts that may have executed without an
+// execution the catalog recorded (closed before it was read, cut off while
+// it was read) may leave it abandoned; a late execution leaves it open.
+func (m *hmRound) checkEndState(k *hmKey, execs []*hmExec, rec *stores.Record, bad func(string, ...any)) {
+	var last *hmExec
+	if len(execs) > 0 {
+		last = execs[len(execs)-1]
+		if last.late {
+			return
+		}
+	}
+	executed := map[*hmPlan]bool{}
+	for _, e := range execs {
+		executed[e.plan] = true
+	}
+	maybeAfter := false // an attempt after the last execution that may have executed
+	for _, a := range k.attempts {
+		if executed[a.plan] || last != nil && max(a.end, a.frontEnd) < last.start {
+			continue
+		}
+		if a.plan.action == actCloseBeforeRead || k.arrived[a.plan.id] {
+			maybeAfter = true
+		}
+	}
+	state := "absent"
+	switch {
+	case rec == nil:
+	case rec.State == stores.StateFinal:
+		state = fmt.Sprintf("final(%d)", rec.Response.Status)
+	case rec.Abandoned:
+		state = "abandoned"
+	default:
+		state = "in flight"
+	}
+	allowed := map[string]bool{}
+	switch {
+	case last == nil:
+		allowed["absent"] = true
+		allowed["abandoned"] = maybeAfter
+	case last.class == classFinal:
+		allowed[fmt.Sprintf("final(%d)", last.status)] = true
+	case last.class == classReleased:
+		allowed["absent"] = true
+		allowed["abandoned"] = maybeAfter
+	case last.class == classUnknown:
+		allowed["abandoned"] = true
+		// Under reexecute a retry takes the record over; one whose dial
+		// was refused may release it.
+		allowed["absent"] = m.opts.abandoned == abandonedReexecute
+	}
+	m.cov["C8 end state "+state]++
+	if !allowed[state] {
+		what := "no execution"
+		if last != nil {
+			what = fmt.Sprintf("last execution #%d %s (%d)", last.n, last.class, last.status)
+		}
+		bad("C8: the record is %s after the round; %s allows %v", state, what, allowed)
+	}
 }
 
 // mayHaveExecuted reports whether some attempt of the key that began before
