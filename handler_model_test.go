@@ -80,8 +80,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
-	goredis "github.com/redis/go-redis/v9"
 )
 
 const (
@@ -458,27 +458,7 @@ func (env *hmEnv) openStores(t *testing.T) {
 			env.provider = &MySQLStore{SQLStoreConfig: cfg}
 		}
 	case "redis":
-		addr := sqltest.DSN("ICEBERG_IDEMPOTENCY_TEST_REDIS_ADDR", "127.0.0.1:6379")
-		admin := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1, DialTimeout: 2 * time.Second})
-		t.Cleanup(func() { _ = admin.Close() })
-		pctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		err := admin.Ping(pctx).Err()
-		cancel()
-		if err != nil {
-			sqltest.Unavailable(t, "Redis", "ICEBERG_IDEMPOTENCY_TEST_REDIS_ADDR",
-				`redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no`, err)
-		}
-		prefix := "iceberg_idempotency_test_" + strings.ReplaceAll(sqltest.TableName(t), "idem_test_", "hm_") + ":"
-		if p := os.Getenv("ICEBERG_IDEMPOTENCY_HANDLER_MODEL_REDIS_PREFIX"); p != "" {
-			prefix = p + strings.ReplaceAll(sqltest.TableName(t), "idem_test_", "hm_") + ":"
-		}
-		t.Cleanup(func() {
-			ctx := context.Background()
-			iter := admin.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-			for iter.Next(ctx) {
-				admin.Del(ctx, iter.Val())
-			}
-		})
+		addr, prefix := redistest.Addr(t), redistest.Prefix(t)
 		env.provider = &RedisStore{Addresses: []string{addr}, KeyPrefix: prefix,
 			DialTimeout: caddy.Duration(hmStoreTimeout), ReadTimeout: caddy.Duration(hmStoreTimeout), WriteTimeout: caddy.Duration(hmStoreTimeout)}
 	default:

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -21,7 +22,7 @@ import (
 // holds takes the command and no answer comes back, so the script may have
 // run.
 func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
-	proxy := sqltest.NewProxy(t, testAddr(t))
+	proxy := sqltest.NewProxy(t, redistest.Addr(t))
 	s, _ := openStore(t, func(c *Config) {
 		c.Addrs = []string{proxy.Addr()}
 		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = outageTimeout, outageTimeout, outageTimeout
@@ -55,7 +56,7 @@ func TestNotSentOnlyWhenProvablyUnsent(t *testing.T) {
 // proves nothing, and the handler undid it with releases sent to a pool
 // that had no connection to spare.
 func TestPoolWaitIsNotSent(t *testing.T) {
-	proxy := sqltest.NewProxy(t, testAddr(t))
+	proxy := sqltest.NewProxy(t, redistest.Addr(t))
 	s, _ := openStore(t, func(c *Config) {
 		c.Addrs = []string{proxy.Addr()}
 		c.PoolSize = 1
@@ -89,10 +90,10 @@ func TestPoolWaitIsNotSent(t *testing.T) {
 // MaxRetries says, so even its dial error does not prove that no attempt
 // ran: it is never marked not sent.
 func TestClusterErrorsNeverNotSent(t *testing.T) {
-	a, b := sqltest.NewProxy(t, testAddr(t)), sqltest.NewProxy(t, testAddr(t))
+	a, b := sqltest.NewProxy(t, redistest.Addr(t)), sqltest.NewProxy(t, redistest.Addr(t))
 	a.Stop()
 	b.Stop()
-	s, err := Open(Config{Addrs: []string{a.Addr(), b.Addr()}, KeyPrefix: testPrefix(t),
+	s, err := Open(Config{Addrs: []string{a.Addr(), b.Addr()}, KeyPrefix: redistest.Prefix(t),
 		DialTimeout: outageTimeout, ReadTimeout: outageTimeout, WriteTimeout: outageTimeout}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +133,7 @@ func TestServerRefusalsAreNotSent(t *testing.T) {
 	} {
 		name, _, _ := strings.Cut(c.reply, " ")
 		t.Run(name, func(t *testing.T) {
-			s, err := Open(Config{Addrs: []string{replyingServer(t, c.reply)}, KeyPrefix: testPrefix(t), Password: c.password}, nil)
+			s, err := Open(Config{Addrs: []string{replyingServer(t, c.reply)}, KeyPrefix: redistest.Prefix(t), Password: c.password}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

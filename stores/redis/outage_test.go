@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
@@ -24,7 +25,7 @@ const outageTimeout = time.Second
 // within the timeout with a transient error, and work again once the
 // server is back, without reopening the Store (change messages included).
 func TestOutageAndRecovery(t *testing.T) {
-	proxy := sqltest.NewProxy(t, testAddr(t))
+	proxy := sqltest.NewProxy(t, redistest.Addr(t))
 	s, _ := openStore(t, func(c *Config) {
 		c.Addrs = []string{proxy.Addr()}
 		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = outageTimeout, outageTimeout, outageTimeout
@@ -132,12 +133,12 @@ func checkCallsFail(t *testing.T, mode string, calls []func() error) {
 // (the password never in the error or the log), and once the server
 // answers the store works without being reopened, subscription included.
 func TestStartWithServerDown(t *testing.T) {
-	proxy := sqltest.NewProxy(t, testAddr(t))
+	proxy := sqltest.NewProxy(t, redistest.Addr(t))
 	proxy.Stop()
 	const pw = "S3cr?t-startup"
 	core, logs := observer.New(zap.DebugLevel)
 	cfg := Config{
-		Addrs: []string{proxy.Addr()}, KeyPrefix: testPrefix(t),
+		Addrs: []string{proxy.Addr()}, KeyPrefix: redistest.Prefix(t),
 		DialTimeout: outageTimeout, ReadTimeout: outageTimeout, WriteTimeout: outageTimeout,
 	}
 	// The test server has no password; send one only to check it is never

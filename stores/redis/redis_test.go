@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -38,7 +39,7 @@ func TestAdmin(t *testing.T) {
 // Finalize, and whose lease is judged by the server's clock.
 func TestLayout(t *testing.T) {
 	s, cfg := openStore(t, nil)
-	c := admin(t)
+	c := redistest.Admin(t)
 	ctx := context.Background()
 	key := storetest.NewKey(t)
 	r := storetest.Reservation(key, 10*time.Second, 30*time.Second)
@@ -89,7 +90,7 @@ func TestScriptCacheFlushed(t *testing.T) {
 	if _, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin(t).ScriptFlush(ctx).Err(); err != nil {
+	if err := redistest.Admin(t).ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if rec, err := s.Load(ctx, key); err != nil || rec == nil {
@@ -244,7 +245,7 @@ func TestCountKeepsToItsPrefix(t *testing.T) {
 // test server's policy is changed for the test and put back; with its
 // maxmemory 0 no policy evicts anything meanwhile.
 func TestEvictingPolicyIsWarnedOf(t *testing.T) {
-	c := admin(t)
+	c := redistest.Admin(t)
 	ctx := context.Background()
 	was, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
@@ -259,7 +260,7 @@ func TestEvictingPolicyIsWarnedOf(t *testing.T) {
 			t.Fatal(err)
 		}
 		core, logs := observer.New(zap.DebugLevel)
-		s, err := Open(Config{Addrs: []string{testAddr(t)}, KeyPrefix: testPrefix(t)}, zap.New(core))
+		s, err := Open(Config{Addrs: []string{redistest.Addr(t)}, KeyPrefix: redistest.Prefix(t)}, zap.New(core))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,7 +292,7 @@ func TestUnknownStateIsUnreadable(t *testing.T) {
 	if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 204}); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin(t).HSet(ctx, cfg.KeyPrefix+key, "state", "done_v9").Err(); err != nil {
+	if err := redistest.Admin(t).HSet(ctx, cfg.KeyPrefix+key, "state", "done_v9").Err(); err != nil {
 		t.Fatal(err)
 	}
 	again := storetest.Reservation(key, storetest.Long, storetest.Long)
@@ -356,7 +357,7 @@ func TestAwaitsOfOneKeyShareAWait(t *testing.T) {
 func TestCloseEndsTheSubscription(t *testing.T) {
 	s, cfg := openStore(t, func(c *Config) { c.NotifyFallback = time.Minute })
 	s.Warm()
-	a := admin(t)
+	a := redistest.Admin(t)
 	ctx := context.Background()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		n, err := a.PubSubNumSub(ctx, cfg.KeyPrefix+"changed").Result()
