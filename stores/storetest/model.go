@@ -1067,10 +1067,17 @@ func checkKey(m *modelRound, key string, ops []*mop) []string {
 		stop = min(stop, in.deathHi())
 		// its owner during the wait: the reserver, or the last owner it was
 		// taken over to before the wait; no lapse is judged when a
-		// takeover may fall into the wait
+		// takeover may fall into the wait, nor after a renewal that
+		// shortened the lease: a waiter may sleep until the end of the
+		// lease it read, and the handler renews with the lease it took
+		// (a renewal with a shorter one is this model's, not production's)
 		cur, changing := in.res.owner, false
-		var latest time.Duration
+		var latest, longest time.Duration
 		for _, g := range in.grants {
+			if g.kind == kExtend && g.start < deadline && g.lease < longest {
+				changing = true
+			}
+			longest = max(longest, g.lease)
 			if g.kind != kTakeOver {
 				continue
 			}
