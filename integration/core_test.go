@@ -1098,6 +1098,7 @@ func TestCoreForwardAuthAfterTheDirectiveIsWarnedOf(t *testing.T) {
 		"handle /v1/* {\nforward_auth "+b.Addr()+" {\nuri /auth\n}\nreverse_proxy "+b.Addr()+"\n}"))
 	wantExecuted(t, "first", wantCommittedOnce(t, b, c, c, "/v1/after/namespaces", `{"namespace":["after"]}`))
 	wantExecuted(t, "second", wantCommittedOnce(t, b, c, c, "/v1/again/namespaces", `{"namespace":["again"]}`))
+	waitLogs(t, c, askedAfterAnswerWarning)
 	if n := strings.Count(c.Logs(), askedAfterAnswerWarning); n != 1 {
 		t.Fatalf("the warning about forward_auth after the directive appears %d times, want once:\n%s", n, c.Logs())
 	}
@@ -1127,9 +1128,7 @@ func TestCoreTwoDirectivesOnOneRequest(t *testing.T) {
 	if n := strings.Count(string(config.Body), `"idempotency-key-lifetime":"PT1H"`); n != 1 {
 		t.Fatalf("config advertises the outer lifetime %d times, want once: %s", n, config.Body)
 	}
-	if !strings.Contains(c.Logs(), "executes this request: passed through") {
-		t.Fatalf("no warning about the second handler in the logs:\n%s", c.Logs())
-	}
+	waitLogs(t, c, "executes this request: passed through")
 }
 
 // The outer directive with the default memory store of each node, the
