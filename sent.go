@@ -13,6 +13,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
 )
 
 // How much of a request reached the catalog, as far as an error from the
@@ -194,13 +196,24 @@ func (c *connTrace) soleUnansweredAttempt() bool {
 //   - HTTP/1: a write that failed before any byte of the request reached
 //     the connection (a keep-alive connection the catalog closed as the
 //     request went out), which the transport marks as nothing written.
+//   - HTTP/3 (quic-go's transport, `versions 3`): the catalog reset the
+//     request's stream with H3_REQUEST_REJECTED, which RFC 9114 (4.1.1)
+//     defines as not processed; its server answers so to requests that
+//     arrive during a graceful shutdown. quic-go resends such a request
+//     only when it can rewind the body, as Go does over HTTP/2. quic-go's
+//     errors are types, tested as such; the code must come from the
+//     catalog, not be the client's own.
 //
-// Go exposes neither as a type or value to test for, so they are
-// recognised by the transport's own error texts and type name; should a
-// Go release change them, they read as "may have been processed", the safe
-// side, and TestUnprocessedErrors fails. A RST_STREAM with PROTOCOL_ERROR,
-// which Go also retries, is not such a proof.
+// Go exposes neither of its cases as a type or value to test for, so they
+// are recognised by the transport's own error texts and type name; should
+// a Go release change them, they read as "may have been processed", the
+// safe side, and TestUnprocessedErrors fails. A RST_STREAM with
+// PROTOCOL_ERROR, which Go also retries, is not such a proof.
 func unprocessed(err error) bool {
+	var streamErr *quic.StreamError
+	if errors.As(err, &streamErr) {
+		return streamErr.Remote && http3.ErrCode(streamErr.ErrorCode) == http3.ErrCodeRequestRejected
+	}
 	for e := err; e != nil; e = errors.Unwrap(e) {
 		if fmt.Sprintf("%T", e) == "http.nothingWrittenError" {
 			return true

@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/http3"
 	"golang.org/x/net/http2"
 )
 
@@ -32,6 +35,13 @@ func TestUnprocessedErrors(t *testing.T) {
 		{"HTTP/1 nothing written", func(t *testing.T) error { return h1Failure(t, 0) }, true},
 		{"HTTP/1 part written", func(t *testing.T) error { return h1Failure(t, 10) }, false},
 		{"HTTP/1 reset after the request", func(t *testing.T) error { return h1Failure(t, -1) }, false},
+		{"HTTP/3 REQUEST_REJECTED", func(t *testing.T) error { return h3Reset(t, http3.ErrCodeRequestRejected) }, true},
+		{"HTTP/3 INTERNAL_ERROR", func(t *testing.T) error { return h3Reset(t, http3.ErrCodeInternalError) }, false},
+		{"HTTP/3 REQUEST_CANCELLED", func(t *testing.T) error { return h3Reset(t, http3.ErrCodeRequestCanceled) }, false},
+		// The client's own use of the code is no word from the catalog.
+		{"HTTP/3 REQUEST_REJECTED, local", func(*testing.T) error {
+			return &quic.StreamError{ErrorCode: quic.StreamErrorCode(http3.ErrCodeRequestRejected), Remote: false}
+		}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.err(t)
@@ -184,6 +194,28 @@ func h1Failure(t *testing.T, written int) error {
 		t.Fatal(err)
 	}
 	req.ContentLength = int64(len(commitBody))
+	res, err := tr.RoundTrip(req)
+	if err == nil {
+		res.Body.Close()
+	}
+	return err
+}
+
+// h3Reset sends a POST with a body it cannot rewind over quic-go's HTTP/3
+// transport to a catalog that resets the stream with code, and returns the
+// transport's error.
+func h3Reset(t *testing.T, code http3.ErrCode) error {
+	t.Helper()
+	catalog := newH3Catalog(t, func(_ *h3Catalog, w http.ResponseWriter, _ *http.Request) { resetStream(w, code) })
+	tr := &http3.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
+	defer tr.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+catalog.addr+commitPath,
+		opaqueBody{bytes.NewReader([]byte(commitBody))})
+	if err != nil {
+		t.Fatal(err)
+	}
 	res, err := tr.RoundTrip(req)
 	if err == nil {
 		res.Body.Close()
