@@ -478,3 +478,83 @@ func TestRenewalCutOffByExecutionTimeoutLandsBeforeAbandon(t *testing.T) {
 		t.Fatalf("record after the execution timed out: %s, want in flight and abandoned (outcome unknown)", hmRecString(rec))
 	}
 }
+
+// lostRenewalStore loses the reply of its first lease renewal: the call
+// fails as a cut connection does, and its statement commits later, just
+// after the first Abandon (a stand-in: no real store can be made to commit
+// a statement on cue after its connection broke). The late statement
+// extends the lease by a minute, so that the record reads as in flight for
+// as long, unless the key is marked abandoned again.
+type lostRenewalStore struct {
+	stores.Store
+	renewals  atomic.Int32
+	abandoned chan struct{} // closed at the first Abandon
+	once      sync.Once
+	landed    chan time.Time // when the late renewal committed
+}
+
+func (s *lostRenewalStore) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
+	if s.renewals.Add(1) > 1 {
+		return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
+	}
+	go func() {
+		<-s.abandoned
+		_ = s.Store.ExtendLease(context.Background(), key, owner, time.Minute, ttl+time.Minute)
+		s.landed <- time.Now()
+	}()
+	return errors.New("read tcp 127.0.0.1:50000->127.0.0.1:5432: read: connection reset by peer")
+}
+
+func (s *lostRenewalStore) Abandon(ctx context.Context, key, owner string) error {
+	err := s.Store.Abandon(ctx, key, owner)
+	s.once.Do(func() { close(s.abandoned) })
+	return err
+}
+
+// A renewal whose reply was lost may commit after the key was marked
+// unknown, and give the record a live lease again: every retry would hear
+// "still in flight" for that lease (30 s by default) instead of the
+// outcome. The key is marked abandoned again once the settle window since
+// the failed renewal has passed.
+func TestLostRenewalLandingAfterAbandonIsAbandonedAgain(t *testing.T) {
+	mem := newMemoryStore(t)
+	s := &lostRenewalStore{Store: mem, abandoned: make(chan struct{}), landed: make(chan time.Time, 1)}
+	h := newTestHandler(t, s)
+	h.Lease = caddy.Duration(1200 * time.Millisecond) // renewed every 300ms
+	h.ExecutionTimeout = caddy.Duration(600 * time.Millisecond)
+	h.settleWindow = 2 * time.Second
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Second) // past execution_timeout
+		answerOK(w, r)
+	})
+	key := storetest.NewKey(t)
+	res := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody)
+	if res.errorType() != typeCommitStateUnknown {
+		t.Fatalf("answer %d %q, want outcome unknown", res.code(), res.body)
+	}
+	var landed time.Time
+	select {
+	case landed = <-s.landed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lost renewal never landed: no renewal failed, or the key was never marked abandoned")
+	}
+	rec, err := mem.Load(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec == nil || rec.Abandoned {
+		t.Fatalf("record just after the late renewal landed: %s, want in flight with a live lease", hmRecString(rec))
+	}
+	for deadline := landed.Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		rec, err = mem.Load(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec != nil && rec.State == stores.StateInFlight && rec.Abandoned {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record 10 s after the late renewal landed: %s, want in flight and abandoned (outcome unknown)", hmRecString(rec))
+		}
+	}
+}

@@ -862,7 +862,7 @@ func (g *guarded) storedAlready(ctx context.Context, resp stores.Response) bool 
 func (g *guarded) markUnknown(ctx context.Context, cause error) {
 	// A renewal landing after the Abandon would make the record read as
 	// in flight again for a whole lease.
-	g.hb.stop()
+	lostRenewal := g.hb.stop()
 	executionCounters.inc(g.binding.Operation, resultUnknown)
 	if cause != nil {
 		g.log(zapcore.WarnLevel, "the request may have reached the catalog but no response came back: outcome unknown",
@@ -871,6 +871,39 @@ func (g *guarded) markUnknown(ctx context.Context, cause error) {
 	if err := g.h.store.Abandon(ctx, g.key, g.owner); err != nil && !errors.Is(err, stores.ErrNotOwner) {
 		g.log(zapcore.ErrorLevel, "marking the key abandoned failed: its lease will lapse instead", zap.Error(err))
 	}
+	if !lostRenewal.IsZero() {
+		g.abandonAfterLostRenewal(lostRenewal)
+	}
+}
+
+// abandonAfterLostRenewal marks the key abandoned once more when the settle
+// window has passed since a renewal whose reply was lost (at lost): its
+// statement may still commit after markUnknown's Abandon, and give the
+// record a live lease again, under which every retry hears "still in
+// flight" for a whole lease instead of the outcome. stop waits for the
+// renewal call, not for a statement the store lost track of. The Abandon
+// matches only this request's owner token, so it cannot touch a record
+// another request took over meanwhile; on a record already abandoned it
+// changes nothing. A store failing then gets the tries of undoLostReply.
+func (g *guarded) abandonAfterLostRenewal(lost time.Time) {
+	wait := time.Until(lost.Add(g.h.settleWindow))
+	if wait <= 0 {
+		return
+	}
+	leave := func() {}
+	if g.h.pooled != nil {
+		leave = g.h.pooled.enter()
+	}
+	store, key, owner := g.h.store, g.key, g.owner
+	time.AfterFunc(wait, func() {
+		defer leave()
+		ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
+		err := store.Abandon(ctx, key, owner)
+		cancel()
+		if err != nil && !errors.Is(err, stores.ErrNotOwner) {
+			g.undoLostReply(abandonTakeOver)
+		}
+	})
 }
 
 // release gives the key back: nothing was executed, or nothing final came
@@ -1044,7 +1077,10 @@ type heartbeat struct {
 	// refused as not the owner's most likely lost to that commit.
 	finalizing bool
 	// failing is set from a failed renewal to the next one that succeeds.
-	failing  bool
+	failing bool
+	// lostAt is when the latest renewal whose reply was lost failed: its
+	// statement may yet commit (see abandonAfterLostRenewal).
+	lostAt   time.Time
 	gen      int // of the heartbeat started last; its timer's ticks carry it
 	stopped  bool
 	renewing sync.WaitGroup
@@ -1101,6 +1137,9 @@ func (hb *heartbeat) beat(gen int) {
 	}
 	hb.mu.Lock()
 	defer hb.mu.Unlock()
+	if err != nil && !stores.NotSent(err) {
+		hb.lostAt = time.Now()
+	}
 	if err == nil {
 		hb.renewedAt = start
 		hb.failing = false
@@ -1133,7 +1172,9 @@ func retryAfterFailedRenewal(lease time.Duration) time.Duration {
 }
 
 // stop ends the heartbeat; one never started (executionLease) has no timer.
-func (hb *heartbeat) stop() {
+// It returns when the latest renewal whose reply was lost failed (zero if
+// none was), once any renewal under way has ended.
+func (hb *heartbeat) stop() (lostAt time.Time) {
 	hb.mu.Lock()
 	hb.stopped = true
 	if hb.timer != nil {
@@ -1141,6 +1182,9 @@ func (hb *heartbeat) stop() {
 	}
 	hb.mu.Unlock()
 	hb.renewing.Wait()
+	hb.mu.Lock()
+	defer hb.mu.Unlock()
+	return hb.lostAt
 }
 
 // replay answers with a stored final response, opening it first when it
