@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
@@ -377,5 +378,27 @@ func TestCloseEndsTheSubscription(t *testing.T) {
 	case <-closed:
 	case <-time.After(20 * time.Second):
 		t.Fatal("Close still waits for the subscription's read 20s later (NotifyFallback is a minute)")
+	}
+}
+
+// Close waits for the check of the eviction policy that Warm started:
+// nothing logs for a store once its Close returned (in tests, a log after
+// the test ended panics; CI saw it after TestCloseEndsTheSubscription).
+func TestNothingLogsAfterClose(t *testing.T) {
+	for i := range 20 {
+		core, logs := observer.New(zapcore.DebugLevel)
+		s, err := Open(Config{Addrs: []string{redistest.Addr(t)}, KeyPrefix: redistest.Prefix(t)}, zap.New(core))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Warm()
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		before := logs.Len()
+		time.Sleep(100 * time.Millisecond)
+		if after := logs.AllUntimed()[before:]; len(after) > 0 {
+			t.Fatalf("try %d: logged after Close returned: %q", i, after[0].Message)
+		}
 	}
 }

@@ -30,6 +30,9 @@ type Store struct {
 	listener   *listener // set by the first Warm or Await
 
 	evictionOnce sync.Once
+	// checking is the check of checkEviction under way, which Close waits
+	// for: it logs, and nothing may log for a store after its Close.
+	checking sync.WaitGroup
 
 	// awaits shares one wait per key on this node: a thousand duplicates
 	// of one key then cost one poll loop and one load of the answer, not
@@ -100,7 +103,14 @@ func Open(cfg Config, logger *zap.Logger) (*Store, error) {
 // nothing; Await starts it too.
 func (s *Store) Warm() {
 	s.startListener()
-	s.evictionOnce.Do(func() { go s.checkEviction() })
+	s.evictionOnce.Do(func() {
+		select {
+		case <-s.closed:
+			return
+		default:
+		}
+		s.checking.Go(s.checkEviction)
+	})
 }
 
 // checkEviction warns, once, when the server's maxmemory-policy may evict
@@ -111,6 +121,11 @@ func (s *Store) checkEviction() {
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	v, err := s.client.ConfigGet(ctx, "maxmemory-policy").Result()
+	select {
+	case <-s.closed:
+		return // closed meanwhile: err is most likely the closed client's
+	default:
+	}
 	if err != nil {
 		s.log.Debug("could not read maxmemory-policy: make sure it is noeviction", zap.Error(err))
 		return
@@ -140,11 +155,13 @@ func (s *Store) startListener() {
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
-		s.listenOnce.Do(func() {}) // no listener starts after this
+		s.listenOnce.Do(func() {})   // no listener starts after this
+		s.evictionOnce.Do(func() {}) // nor a check of the eviction policy
 		if s.listener != nil {
 			s.listener.stop()
 		}
 		_ = s.client.Close()
+		s.checking.Wait()
 	})
 	return nil
 }
