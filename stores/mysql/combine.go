@@ -135,8 +135,19 @@ func (s *Store) runBatch(sts []sqlstore.Statement[write], merge bool) ([]int64, 
 	// not the batch. Killing the thread rolls back whatever has not
 	// committed yet, so the callers' clean-up (which gives a late commit
 	// twice statement_timeout) sees the batch settled.
-	go s.killThread(thread)
+	s.startKill(thread)
 	return nil, false, err
+}
+
+// startKill runs killThread in the background, unless Close began: the
+// pool it needs is then closing, and the KILL would only fail.
+func (s *Store) startKill(thread uint64) {
+	s.killsMu.Lock()
+	defer s.killsMu.Unlock()
+	if s.killsClosed {
+		return
+	}
+	s.kills.Go(func() { s.killThread(thread) })
 }
 
 // killThread ends the server thread of a batch whose outcome is unknown.

@@ -86,3 +86,45 @@ func TestLockWaitBound(t *testing.T) {
 		}
 	}
 }
+
+// Close waits for the KILL of a batch thread under way before it closes
+// the pool the KILL runs on: a batch left running could commit after its
+// callers were told it failed. Before, a Close right after a batch was
+// given up (the process exiting) closed the pool under the KILL, and the
+// thread ran on. The thread here is a session of its own running SLEEP,
+// standing in for a batch.
+func TestCloseWaitsForTheKillOfABatch(t *testing.T) {
+	s, _ := openStore(t, nil)
+	db := admin(t)
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var id uint64
+	if err := conn.QueryRowContext(context.Background(), "SELECT CONNECTION_ID()").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _, _ = conn.ExecContext(context.Background(), "SELECT SLEEP(30)") }()
+	running := func() bool {
+		var n int
+		if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = ? AND INFO LIKE 'SELECT SLEEP%'", id).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	for deadline := time.Now().Add(5 * time.Second); !running(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stand-in batch never started")
+		}
+	}
+	s.startKill(id)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); running(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the batch's thread still runs 2 s after Close: its KILL was cut off")
+		}
+	}
+}

@@ -53,7 +53,13 @@ type Store struct {
 	// batchThreads are the server thread ids of batchDB's connections, to
 	// end a batch whose outcome is unknown.
 	batchThreads threadIDs
-	q            queries
+	// kills are the KILLs of batch threads under way (killThread), which
+	// Close waits for before it closes the pool they run on; killsClosed
+	// (under killsMu) refuses new ones once it began.
+	killsMu     sync.Mutex
+	killsClosed bool
+	kills       sync.WaitGroup
+	q           queries
 
 	closeOnce sync.Once
 }
@@ -227,6 +233,12 @@ func (s *Store) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.lazy.Close() // no first contact runs after this
+		// A batch thread left running could still commit after its
+		// callers were told it failed; its KILL needs the pool.
+		s.killsMu.Lock()
+		s.killsClosed = true
+		s.killsMu.Unlock()
+		s.kills.Wait()
 		for _, st := range []*sql.Stmt{s.stmts.reserveFresh, s.stmts.reserve, s.stmts.load, s.stmts.owned, s.stmts.finalize,
 			s.stmts.release, s.stmts.extend, s.stmts.takeOver, s.stmts.purge, s.stmts.abandon, s.stmts.forget} {
 			if st != nil {
