@@ -460,15 +460,7 @@ func TestRenewalCutOffByExecutionTimeoutLandsBeforeAbandon(t *testing.T) {
 	h := newTestHandler(t, &slowRenewal{Store: mem, hold: 300 * time.Millisecond})
 	h.Lease = caddy.Duration(600 * time.Millisecond) // renewed every 150ms
 	h.ExecutionTimeout = caddy.Duration(400 * time.Millisecond)
-	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(time.Second) // past execution_timeout
-		answerOK(w, r)
-	})
-	key := storetest.NewKey(t)
-	res := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody)
-	if res.errorType() != typeCommitStateUnknown {
-		t.Fatalf("answer %d %q, want outcome unknown", res.code(), res.body)
-	}
+	key := commitTimingOut(t, h)
 	time.Sleep(150 * time.Millisecond) // the cut-off renewal has landed
 	rec, err := mem.Load(context.Background(), key)
 	if err != nil {
@@ -523,15 +515,7 @@ func TestLostRenewalLandingAfterAbandonIsAbandonedAgain(t *testing.T) {
 	h.Lease = caddy.Duration(1200 * time.Millisecond) // renewed every 300ms
 	h.ExecutionTimeout = caddy.Duration(600 * time.Millisecond)
 	h.settleWindow = 2 * time.Second
-	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(time.Second) // past execution_timeout
-		answerOK(w, r)
-	})
-	key := storetest.NewKey(t)
-	res := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody)
-	if res.errorType() != typeCommitStateUnknown {
-		t.Fatalf("answer %d %q, want outcome unknown", res.code(), res.body)
-	}
+	key := commitTimingOut(t, h)
 	var landed time.Time
 	select {
 	case landed = <-s.landed:
@@ -557,4 +541,21 @@ func TestLostRenewalLandingAfterAbandonIsAbandonedAgain(t *testing.T) {
 			t.Fatalf("record 10 s after the late renewal landed: %s, want in flight and abandoned (outcome unknown)", hmRecString(rec))
 		}
 	}
+}
+
+// commitTimingOut sends a keyed commit through h to a catalog that answers
+// only after a second, past h's execution_timeout, and checks that it was
+// answered "outcome unknown". It returns the key.
+func commitTimingOut(t *testing.T, h *Handler) string {
+	t.Helper()
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Second)
+		answerOK(w, r)
+	})
+	key := storetest.NewKey(t)
+	res := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody)
+	if res.errorType() != typeCommitStateUnknown {
+		t.Fatalf("answer %d %q, want outcome unknown", res.code(), res.body)
+	}
+	return key
 }

@@ -65,6 +65,12 @@ func (c *h3Catalog) execute(r *http.Request) {
 	c.executed.Add(1)
 }
 
+// executeOK executes the request and answers like a catalog that committed.
+func executeOK(c *h3Catalog, w http.ResponseWriter, r *http.Request) {
+	c.execute(r)
+	answerOK(w, r)
+}
+
 // overH3 makes reverse_proxy speak HTTP/3, configured as cfg.
 func overH3(cfg reverseproxy.TLSConfig) func(*reverseproxy.Handler) {
 	return func(rp *reverseproxy.Handler) {
@@ -85,10 +91,7 @@ func resetStream(w http.ResponseWriter, code http3.ErrCode) {
 
 // Over HTTP/3 a commit executes once and its retry is replayed.
 func TestHTTP3CommitExecutesOnceAndReplays(t *testing.T) {
-	catalog := newH3Catalog(t, func(c *h3Catalog, w http.ResponseWriter, r *http.Request) {
-		c.execute(r)
-		answerOK(w, r)
-	})
+	catalog := newH3Catalog(t, executeOK)
 	h := newTestHandler(t, newMemoryStore(t))
 	rp := newReverseProxy(t, catalog.addr, insecureH3)
 	key := storetest.NewKey(t)
@@ -135,8 +138,7 @@ func TestHTTP3RejectedRequestReleasesTheKey(t *testing.T) {
 			resetStream(w, http3.ErrCodeRequestRejected)
 			return
 		}
-		c.execute(r)
-		answerOK(w, r)
+		executeOK(c, w, r)
 	})
 	h := newTestHandler(t, newMemoryStore(t))
 	rp := newReverseProxy(t, catalog.addr, insecureH3)
@@ -156,10 +158,7 @@ func TestHTTP3RejectedRequestReleasesTheKey(t *testing.T) {
 // A handshake that fails (a certificate not trusted) sends nothing over
 // HTTP/3 either: the key is released, and the retry executes.
 func TestHTTP3FailedHandshakeReleasesTheKey(t *testing.T) {
-	catalog := newH3Catalog(t, func(c *h3Catalog, w http.ResponseWriter, r *http.Request) {
-		c.execute(r)
-		answerOK(w, r)
-	})
+	catalog := newH3Catalog(t, executeOK)
 	h := newTestHandler(t, newMemoryStore(t))
 	key := storetest.NewKey(t)
 	first := serve(t, h, newReverseProxy(t, catalog.addr, overH3(reverseproxy.TLSConfig{})), http.MethodPost, commitPath, key, commitBody)
@@ -199,10 +198,7 @@ func TestHTTP3TimeoutDuringTheHandshakeReleasesTheKey(t *testing.T) {
 	if first.errorType() == typeCommitStateUnknown {
 		t.Fatalf("first = %d %q: the handshake never completed, nothing was sent, yet the outcome is unknown", first.code(), first.body)
 	}
-	catalog := newH3Catalog(t, func(c *h3Catalog, w http.ResponseWriter, r *http.Request) {
-		c.execute(r)
-		answerOK(w, r)
-	})
+	catalog := newH3Catalog(t, executeOK)
 	retry := serve(t, h, newReverseProxy(t, catalog.addr, insecureH3), http.MethodPost, commitPath, key, commitBody)
 	if retry.code() != http.StatusOK || catalog.executed.Load() != 1 {
 		t.Fatalf("retry = %d %q, catalog executed %d; want it to execute once", retry.code(), retry.body, catalog.executed.Load())

@@ -1,7 +1,6 @@
 package icebergidempotency
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"io"
@@ -128,12 +127,22 @@ func h2Refusal(t *testing.T, how h2Misbehaviour) error {
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
 	defer tr.CloseIdleConnections()
+	return postUnrewindable(t, tr, "http://"+ln.Addr().String()+commitPath, -1)
+}
+
+// postUnrewindable POSTs the commit over tr with a body it cannot rewind,
+// as the handler's is, and returns the transport's error. contentLength
+// is announced unless negative.
+func postUnrewindable(t *testing.T, tr http.RoundTripper, url string, contentLength int64) error {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ln.Addr().String()+commitPath,
-		opaqueBody{strings.NewReader(commitBody)})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, opaqueBody{strings.NewReader(commitBody)})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if contentLength >= 0 {
+		req.ContentLength = contentLength
 	}
 	res, err := tr.RoundTrip(req)
 	if err == nil {
@@ -186,19 +195,7 @@ func h1Failure(t *testing.T, written int) error {
 		return &scriptedConn{written: written, testEnd: testEnd}, nil
 	}}
 	defer tr.CloseIdleConnections()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://catalog"+commitPath,
-		opaqueBody{bytes.NewReader([]byte(commitBody))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.ContentLength = int64(len(commitBody))
-	res, err := tr.RoundTrip(req)
-	if err == nil {
-		res.Body.Close()
-	}
-	return err
+	return postUnrewindable(t, tr, "http://catalog"+commitPath, int64(len(commitBody)))
 }
 
 // h3Reset sends a POST with a body it cannot rewind over quic-go's HTTP/3
@@ -209,16 +206,5 @@ func h3Reset(t *testing.T, code http3.ErrCode) error {
 	catalog := newH3Catalog(t, func(_ *h3Catalog, w http.ResponseWriter, _ *http.Request) { resetStream(w, code) })
 	tr := &http3.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
 	defer tr.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+catalog.addr+commitPath,
-		opaqueBody{bytes.NewReader([]byte(commitBody))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := tr.RoundTrip(req)
-	if err == nil {
-		res.Body.Close()
-	}
-	return err
+	return postUnrewindable(t, tr, "https://"+catalog.addr+commitPath, -1)
 }
