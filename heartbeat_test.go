@@ -512,9 +512,12 @@ func TestLostRenewalLandingAfterAbandonIsAbandonedAgain(t *testing.T) {
 	mem := newMemoryStore(t)
 	s := &lostRenewalStore{Store: mem, abandoned: make(chan struct{}), landed: make(chan time.Time, 1)}
 	h := newTestHandler(t, s)
+	// The first renewal (at 300ms) comes well before the execution ends
+	// (1.5s), and the second Abandon (at 3.3s) well after the late renewal
+	// landed, also on a busy machine.
 	h.Lease = caddy.Duration(1200 * time.Millisecond) // renewed every 300ms
-	h.ExecutionTimeout = caddy.Duration(600 * time.Millisecond)
-	h.settleWindow = 2 * time.Second
+	h.ExecutionTimeout = caddy.Duration(1500 * time.Millisecond)
+	h.settleWindow = 3 * time.Second
 	key := commitTimingOut(t, h)
 	var landed time.Time
 	select {
@@ -544,12 +547,12 @@ func TestLostRenewalLandingAfterAbandonIsAbandonedAgain(t *testing.T) {
 }
 
 // commitTimingOut sends a keyed commit through h to a catalog that answers
-// only after a second, past h's execution_timeout, and checks that it was
+// only a second past h's execution_timeout, and checks that it was
 // answered "outcome unknown". It returns the key.
 func commitTimingOut(t *testing.T, h *Handler) string {
 	t.Helper()
 	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(time.Second)
+		time.Sleep(time.Duration(h.ExecutionTimeout) + time.Second)
 		answerOK(w, r)
 	})
 	key := storetest.NewKey(t)
