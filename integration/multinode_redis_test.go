@@ -7,78 +7,15 @@ package integration_test
 
 import (
 	"bytes"
-	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/http"
-	"os"
-	"sync"
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/caddyproc"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
-
-const (
-	redisAddrEnv = "ICEBERG_IDEMPOTENCY_TEST_REDIS_ADDR"
-	redisStart   = `redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no`
-)
-
-var (
-	redisOnce    sync.Once
-	redisPingErr error
-)
-
-// redisAddr returns the test server's address; an unreachable server skips
-// the test, and fails it under CI=true.
-func redisAddr(t *testing.T) string {
-	t.Helper()
-	addr := "127.0.0.1:6379"
-	if v := os.Getenv(redisAddrEnv); v != "" {
-		addr = v
-	}
-	redisOnce.Do(func() {
-		c := goredis.NewClient(&goredis.Options{Addr: addr, MaxRetries: -1})
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		redisPingErr = c.Ping(ctx).Err()
-	})
-	if redisPingErr != nil {
-		sqltest.Unavailable(t, "Redis", redisAddrEnv, redisStart, redisPingErr)
-	}
-	return addr
-}
-
-// redisPrefix returns a fresh key prefix whose keys are deleted when the
-// test ends. Call it before starting the nodes, so that the cleanup runs
-// after they stopped.
-func redisPrefix(t *testing.T, addr string) string {
-	t.Helper()
-	var b [6]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		t.Fatal(err)
-	}
-	prefix := "multinode_" + hex.EncodeToString(b[:]) + ":"
-	t.Cleanup(func() {
-		c := goredis.NewClient(&goredis.Options{Addr: addr})
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			t.Errorf("deleting %s*: %v", prefix, err)
-		}
-	})
-	return prefix
-}
 
 func redisStoreBlock(addr, prefix string, options ...string) string {
 	s := "store redis {\naddress " + addr + "\nkey_prefix " + prefix + "\n"
@@ -95,12 +32,12 @@ func redisStoreBlock(addr, prefix string, options ...string) string {
 // and a node starts while Redis is down.
 func TestMultiNodeRedis(t *testing.T) {
 	t.Parallel()
-	addr := redisAddr(t)
+	addr := redistest.Addr(t)
 
 	t.Run("concurrent_duplicates", func(t *testing.T) {
 		t.Parallel()
 		b := caddyproc.NewBackend(t)
-		cfg := multiNodeSite(b, redisStoreBlock(addr, redisPrefix(t, addr)), "in_flight_wait 30s")
+		cfg := multiNodeSite(b, redisStoreBlock(addr, redistest.Prefix(t)), "in_flight_wait 30s")
 		nodes := []*caddyproc.Instance{caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)}
 		path := multiNodePath("concurrent")
 		gate := b.Stall(path)
@@ -158,7 +95,7 @@ func TestMultiNodeRedis(t *testing.T) {
 	t.Run("replay_across_nodes", func(t *testing.T) {
 		t.Parallel()
 		b := caddyproc.NewBackend(t)
-		cfg := multiNodeSite(b, redisStoreBlock(addr, redisPrefix(t, addr)))
+		cfg := multiNodeSite(b, redisStoreBlock(addr, redistest.Prefix(t)))
 		nodeA, nodeB := caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)
 		ok := multiNodePath("ok")
 		key := newKey(t)
@@ -186,7 +123,7 @@ func TestMultiNodeRedis(t *testing.T) {
 		t.Run("crash_abandoned_"+policy, func(t *testing.T) {
 			t.Parallel()
 			// The 3s lease needs calls bounded by a third of it.
-			testCrash(t, redisStoreBlock(addr, redisPrefix(t, addr), "timeout 1s"), policy)
+			testCrash(t, redisStoreBlock(addr, redistest.Prefix(t), "timeout 1s"), policy)
 		})
 	}
 
@@ -194,7 +131,7 @@ func TestMultiNodeRedis(t *testing.T) {
 		t.Parallel()
 		proxy := sqltest.NewProxy(t, addr)
 		b := caddyproc.NewBackend(t)
-		store := redisStoreBlock(proxy.Addr(), redisPrefix(t, addr), "timeout 1s")
+		store := redisStoreBlock(proxy.Addr(), redistest.Prefix(t), "timeout 1s")
 		node := caddyproc.Start(t, multiNodeSite(b, store, "retry_after 2s"))
 		before := multiNodePath("before")
 		keyBefore := newKey(t)
@@ -236,7 +173,7 @@ func TestMultiNodeRedis(t *testing.T) {
 		proxy := sqltest.NewProxy(t, addr)
 		proxy.Stop()
 		b := caddyproc.NewBackend(t)
-		store := redisStoreBlock(proxy.Addr(), redisPrefix(t, addr), "timeout 1s")
+		store := redisStoreBlock(proxy.Addr(), redistest.Prefix(t), "timeout 1s")
 		node := caddyproc.Start(t, multiNodeSite(b, store))
 		path := multiNodePath("startdown")
 		key := newKey(t)
