@@ -1,0 +1,241 @@
+package icebergidempotency
+
+import (
+	"bytes"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// Body-less keyed mutations (dropTable, dropView, dropNamespace,
+// cancelPlanning, unregisterTable) over HTTP/2. reverse_proxy hands Go's
+// transport such a request with no body, and a transport may resend a
+// body-less request by itself after some stream resets. Which resets is a
+// property of the HTTP/2 transport reverse_proxy runs: golang.org/x/net's
+// (http2.ConfigureTransport, for `versions 2` and `h2c` alike), which this
+// module requires at v0.60.0 or later. Go 1.26's own copy in net/http also
+// resends after a RST_STREAM with PROTOCOL_ERROR, which proves nothing
+// about processing; x/net's does not, and these tests keep it so (with the
+// PROTOCOL_ERROR resend put back into x/net, the first one fails: the
+// catalog executes twice and the first answer is the second run's 200).
+//
+// No Go HTTP/2 server resets a stream after running its handler on
+// purpose; a load balancer in front of a catalog can. The catalog here is
+// x/net's framer on a raw connection, which answers as each case tells.
+
+// h2FirstStream is what h2Catalog does with the first request of the
+// tested method.
+type h2FirstStream int
+
+const (
+	h2ExecuteThenResetProtocol h2FirstStream = iota // counted as executed, then RST_STREAM PROTOCOL_ERROR
+	h2RefuseUnprocessed                             // not executed: RST_STREAM REFUSED_STREAM
+	h2GoAwayUnprocessed                             // not executed: GOAWAY below the stream, connection closed
+)
+
+// h2Catalog is an HTTP/2 server (h2c, or h2 over TLS) that executes every
+// request; the first request of method it treats as first says. The
+// others get 200 with a JSON body.
+type h2Catalog struct {
+	addr     string
+	executed atomic.Int32 // requests of method executed
+	streams  atomic.Int32 // HEADERS of method received
+}
+
+func newH2Catalog(t *testing.T, overTLS bool, method string, first h2FirstStream) *h2Catalog {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg *tls.Config
+	if overTLS {
+		certSrc := httptest.NewUnstartedServer(nil)
+		certSrc.StartTLS()
+		cfg = &tls.Config{Certificates: certSrc.TLS.Certificates, NextProtos: []string{"h2"}}
+		certSrc.Close()
+	}
+	c := &h2Catalog{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	var conns sync.Map
+	t.Cleanup(func() {
+		conns.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Store(conn, nil)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer conn.Close()
+				if cfg != nil {
+					tc := tls.Server(conn, cfg)
+					if tc.Handshake() != nil {
+						return
+					}
+					conn = tc
+				}
+				c.serveConn(conn, method, first)
+			}()
+		}
+	}()
+	return c
+}
+
+func (c *h2Catalog) serveConn(conn net.Conn, method string, first h2FirstStream) {
+	if _, err := io.ReadFull(conn, make([]byte, len(http2.ClientPreface))); err != nil {
+		return
+	}
+	fr := http2.NewFramer(conn, conn)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	_ = fr.WriteSettings()
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				_ = fr.WriteSettingsAck()
+			}
+		case *http2.MetaHeadersFrame:
+			id := f.StreamID
+			if f.PseudoValue("method") == method && c.streams.Add(1) == 1 {
+				switch first {
+				case h2ExecuteThenResetProtocol:
+					c.executed.Add(1)
+					_ = fr.WriteRSTStream(id, http2.ErrCodeProtocol)
+				case h2RefuseUnprocessed:
+					_ = fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
+				case h2GoAwayUnprocessed:
+					// The connection stays open until the client, done
+					// with it, closes it: closed at once, it could end
+					// before the GOAWAY is read, which proves nothing.
+					_ = fr.WriteGoAway(id-1, http2.ErrCodeNo, nil)
+				}
+				continue
+			}
+			if f.PseudoValue("method") == method {
+				c.executed.Add(1)
+			}
+			var block bytes.Buffer
+			enc := hpack.NewEncoder(&block)
+			_ = enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+			_ = enc.WriteField(hpack.HeaderField{Name: "content-type", Value: "application/json"})
+			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true})
+			_ = fr.WriteData(id, true, []byte(`{"metadata-location":"s3://w/t/metadata/00001.json"}`))
+		}
+	}
+}
+
+// overHTTP2 makes reverse_proxy speak HTTP/2 to the catalog: h2c, or h2
+// over TLS (a self-signed certificate) with the default versions.
+func overHTTP2(overTLS bool) func(*reverseproxy.Handler) {
+	ht := &reverseproxy.HTTPTransport{Versions: []string{"h2c"}}
+	if overTLS {
+		ht = &reverseproxy.HTTPTransport{TLS: &reverseproxy.TLSConfig{InsecureSkipVerify: true}}
+	}
+	return func(rp *reverseproxy.Handler) {
+		rp.TransportRaw = caddyconfig.JSONModuleObject(ht, "protocol", "http", nil)
+	}
+}
+
+// A body-less keyed mutation the catalog (or a load balancer before it)
+// executed and then reset with PROTOCOL_ERROR: the transport must not
+// resend it, and the key's outcome is unknown. Were it resent, the drop
+// or unregister would run twice, and every retry would be replayed the
+// second run's answer (404 NoSuchTable, where the first run's 200 carried
+// the unregistered table's metadata location).
+func TestBodylessKeyedMutationIsNotResentAfterAnHTTP2Reset(t *testing.T) {
+	for _, c := range []struct {
+		name, method, path string
+	}{
+		{"dropTable", http.MethodDelete, commitPath},
+		{"unregisterTable", http.MethodPost, commitPath + "/unregister"},
+	} {
+		for _, tlsOn := range []bool{false, true} {
+			name := c.name + "/h2c"
+			if tlsOn {
+				name = c.name + "/h2 over TLS"
+			}
+			t.Run(name, func(t *testing.T) {
+				catalog := newH2Catalog(t, tlsOn, c.method, h2ExecuteThenResetProtocol)
+				h := newTestHandler(t, newMemoryStore(t))
+				proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
+				key := storetest.NewKey(t)
+				first := serve(t, h, proxy, c.method, c.path, key, "")
+				if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
+					t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
+				}
+				retry := serve(t, h, proxy, c.method, c.path, key, "")
+				if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
+					t.Fatalf("retry = %d %q, want 500 %s", retry.code(), retry.body, typeCommitStateUnknown)
+				}
+				if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 1 {
+					t.Fatalf("the catalog got the keyed %s %d times and executed it %d times, want 1 and 1", c.method, s, n)
+				}
+			})
+		}
+	}
+}
+
+// A body-less keyed mutation the catalog provably did not process
+// (REFUSED_STREAM, or a GOAWAY that left its stream out) is resent by the
+// transport itself, on another stream or connection: it executes once,
+// its answer is stored, and a retry is replayed it.
+func TestBodylessKeyedMutationRefusedOverHTTP2RunsOnce(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		first h2FirstStream
+	}{
+		{"REFUSED_STREAM", h2RefuseUnprocessed},
+		{"GOAWAY", h2GoAwayUnprocessed},
+	} {
+		for _, tlsOn := range []bool{false, true} {
+			name := c.name + "/h2c"
+			if tlsOn {
+				name = c.name + "/h2 over TLS"
+			}
+			t.Run(name, func(t *testing.T) {
+				catalog := newH2Catalog(t, tlsOn, http.MethodDelete, c.first)
+				h := newTestHandler(t, newMemoryStore(t))
+				proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
+				key := storetest.NewKey(t)
+				first := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
+				if first.code() != http.StatusOK {
+					t.Fatalf("first answer = %d %q %v, want 200", first.code(), first.body, first.err)
+				}
+				retry := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
+				if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" {
+					t.Fatalf("retry = %d %q %v, want a replayed 200", retry.code(), retry.header, retry.body)
+				}
+				if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 2 {
+					t.Fatalf("the catalog got the keyed DELETE %d times and executed it %d times, want 2 and 1", s, n)
+				}
+			})
+		}
+	}
+}
