@@ -664,3 +664,49 @@ func TestForwardAuthAfterTheDirectiveIsNoResend(t *testing.T) {
 			retry.code(), retry.body, retry.header.Get(ReplayedHeader), catalog.executed.Load())
 	}
 }
+
+// A keyed commit that broke with no answer on a keep-alive connection that
+// had idled a while (here the catalog executes it and then drops the
+// connection, as one closing idle connections does when the request lands
+// as it closes): the outcome is unknown, as for any broken connection, and
+// the warning names the likely cause and its remedy, the transport's
+// keepalive. On a connection that had barely idled, no such warning.
+func TestStaleKeepAliveConnectionIsNamed(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		idle   time.Duration
+		warned bool
+	}{
+		{"idle past a second", staleIdle + 200*time.Millisecond, true},
+		{"barely idle", 0, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			addr, executed := breakAfterExecuting(t, http.MethodPost, func(w http.ResponseWriter) { answerOK(w, nil) })
+			core, logs := observer.New(zapcore.WarnLevel)
+			h := newTestHandler(t, newMemoryStore(t))
+			h.logger = zap.New(core)
+			proxy := newReverseProxy(t, addr)
+			if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
+				t.Fatalf("warm-up read = %d %v", r.code(), r.err)
+			}
+			time.Sleep(c.idle)
+			first := serve(t, h, proxy, http.MethodPost, commitPath, storetest.NewKey(t), commitBody)
+			if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
+				t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
+			}
+			if n := executed.Load(); n != 1 {
+				t.Fatalf("the catalog executed %d times, want 1", n)
+			}
+			named := logs.FilterMessageSnippet("keepalive").All()
+			if got := len(named) == 1; got != c.warned {
+				t.Fatalf("warnings naming keepalive: %d, want warned = %v; all: %v", len(named), c.warned, logs.All())
+			}
+			if c.warned {
+				idle, _ := named[0].ContextMap()["idle_for"].(time.Duration)
+				if idle < c.idle-100*time.Millisecond {
+					t.Fatalf("idle_for = %v, want about %v", idle, c.idle)
+				}
+			}
+		})
+	}
+}
