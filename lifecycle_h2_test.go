@@ -19,8 +19,9 @@ import (
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
-// Body-less keyed mutations (dropTable, dropView, dropNamespace,
-// cancelPlanning, unregisterTable) over HTTP/2. reverse_proxy hands Go's
+// Keyed mutations over HTTP/2 (`versions 2` over TLS, or `h2c`), chiefly
+// body-less ones (dropTable, dropView, dropNamespace, cancelPlanning,
+// unregisterTable). reverse_proxy hands Go's
 // transport such a request with no body, and a transport may resend a
 // body-less request by itself after some stream resets. Which resets is a
 // property of the HTTP/2 transport reverse_proxy runs: golang.org/x/net's
@@ -42,7 +43,7 @@ type h2FirstStream int
 const (
 	h2ExecuteThenResetProtocol h2FirstStream = iota // counted as executed, then RST_STREAM PROTOCOL_ERROR
 	h2RefuseUnprocessed                             // not executed: RST_STREAM REFUSED_STREAM
-	h2GoAwayUnprocessed                             // not executed: GOAWAY below the stream, connection closed
+	h2GoAwayUnprocessed                             // not executed: GOAWAY below the stream
 )
 
 // h2Catalog is an HTTP/2 server (h2c, or h2 over TLS) that executes every
@@ -111,6 +112,34 @@ func (c *h2Catalog) serveConn(conn net.Conn, method string, first h2FirstStream)
 	fr := http2.NewFramer(conn, conn)
 	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	_ = fr.WriteSettings()
+	answer := func(id uint32) {
+		var block bytes.Buffer
+		enc := hpack.NewEncoder(&block)
+		_ = enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+		_ = enc.WriteField(hpack.HeaderField{Name: "content-type", Value: "application/json"})
+		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true})
+		_ = fr.WriteData(id, true, []byte(`{"metadata-location":"s3://w/t/metadata/00001.json"}`))
+	}
+	misbehave := func(id uint32) {
+		switch first {
+		case h2ExecuteThenResetProtocol:
+			c.executed.Add(1)
+			_ = fr.WriteRSTStream(id, http2.ErrCodeProtocol)
+		case h2RefuseUnprocessed:
+			_ = fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
+		case h2GoAwayUnprocessed:
+			// The connection stays open until the client, done with
+			// it, closes it: closed at once, it could end before the
+			// GOAWAY is read, which proves nothing.
+			_ = fr.WriteGoAway(id-1, http2.ErrCodeNo, nil)
+		}
+	}
+	// Each request is acted on once it is whole, as a catalog does. An
+	// answer or reset while the transport still writes the body has x/net
+	// close the body as Caddy's reverse_proxy (v2.11.9) reads it, and its
+	// wrapper's count of bytes read is no atomic: a data race of Caddy's
+	// own, which -race reports.
+	waiting := map[uint32]func(uint32){}
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -121,32 +150,25 @@ func (c *h2Catalog) serveConn(conn net.Conn, method string, first h2FirstStream)
 			if !f.IsAck() {
 				_ = fr.WriteSettingsAck()
 			}
+		case *http2.DataFrame:
+			if act, ok := waiting[f.StreamID]; ok && f.StreamEnded() {
+				delete(waiting, f.StreamID)
+				act(f.StreamID)
+			}
 		case *http2.MetaHeadersFrame:
-			id := f.StreamID
-			if f.PseudoValue("method") == method && c.streams.Add(1) == 1 {
-				switch first {
-				case h2ExecuteThenResetProtocol:
-					c.executed.Add(1)
-					_ = fr.WriteRSTStream(id, http2.ErrCodeProtocol)
-				case h2RefuseUnprocessed:
-					_ = fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
-				case h2GoAwayUnprocessed:
-					// The connection stays open until the client, done
-					// with it, closes it: closed at once, it could end
-					// before the GOAWAY is read, which proves nothing.
-					_ = fr.WriteGoAway(id-1, http2.ErrCodeNo, nil)
-				}
-				continue
-			}
+			act := answer
 			if f.PseudoValue("method") == method {
-				c.executed.Add(1)
+				if c.streams.Add(1) == 1 {
+					act = misbehave
+				} else {
+					c.executed.Add(1)
+				}
 			}
-			var block bytes.Buffer
-			enc := hpack.NewEncoder(&block)
-			_ = enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
-			_ = enc.WriteField(hpack.HeaderField{Name: "content-type", Value: "application/json"})
-			_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true})
-			_ = fr.WriteData(id, true, []byte(`{"metadata-location":"s3://w/t/metadata/00001.json"}`))
+			if f.StreamEnded() {
+				act(f.StreamID)
+			} else {
+				waiting[f.StreamID] = act
+			}
 		}
 	}
 }
@@ -234,6 +256,50 @@ func TestBodylessKeyedMutationRefusedOverHTTP2RunsOnce(t *testing.T) {
 				}
 				if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 2 {
 					t.Fatalf("the catalog got the keyed DELETE %d times and executed it %d times, want 2 and 1", s, n)
+				}
+			})
+		}
+	}
+}
+
+// A keyed commit with a body that the catalog provably did not process
+// (REFUSED_STREAM, or a GOAWAY that left its stream out): the transport
+// cannot resend it, as the handler gives it no way to rewind the body, so
+// its error comes back; the handler reads it as unprocessed and releases
+// the key, and the retry executes once. TestUnprocessedErrors reads the
+// errors of net/http's copy of HTTP/2; this reads x/net's, which
+// reverse_proxy runs, whose texts the handler must recognise as well.
+func TestKeyedCommitRefusedOverHTTP2IsReleased(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		first h2FirstStream
+	}{
+		{"REFUSED_STREAM", h2RefuseUnprocessed},
+		{"GOAWAY", h2GoAwayUnprocessed},
+	} {
+		for _, tlsOn := range []bool{false, true} {
+			name := c.name + "/h2c"
+			if tlsOn {
+				name = c.name + "/h2 over TLS"
+			}
+			t.Run(name, func(t *testing.T) {
+				catalog := newH2Catalog(t, tlsOn, http.MethodPost, c.first)
+				h := newTestHandler(t, newMemoryStore(t))
+				proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
+				key := storetest.NewKey(t)
+				first := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+				if first.code() != http.StatusBadGateway || first.errorType() == typeCommitStateUnknown {
+					t.Fatalf("first answer = %d %q %v, want 502 saying the catalog did not process it", first.code(), first.body, first.err)
+				}
+				if n := catalog.executed.Load(); n != 0 {
+					t.Fatalf("the catalog executed the refused commit %d times", n)
+				}
+				retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+				if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "" {
+					t.Fatalf("retry = %d %v %q, want 200 executed", retry.code(), retry.header, retry.body)
+				}
+				if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 2 {
+					t.Fatalf("the catalog got the keyed POST %d times and executed it %d times, want 2 and 1", s, n)
 				}
 			})
 		}
