@@ -105,14 +105,35 @@ func newH2Catalog(t *testing.T, overTLS bool, method string, first h2FirstStream
 	return c
 }
 
-func (c *h2Catalog) serveConn(conn net.Conn, method string, first h2FirstStream) {
+// serveH2Frames reads the client's preface from conn, sends the server's
+// settings, acknowledges the client's, and hands every other frame to
+// handle, headers decoded, until the connection ends or handle says stop.
+func serveH2Frames(conn net.Conn, handle func(fr *http2.Framer, f http2.Frame) (more bool)) {
 	if _, err := io.ReadFull(conn, make([]byte, len(http2.ClientPreface))); err != nil {
 		return
 	}
 	fr := http2.NewFramer(conn, conn)
 	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	_ = fr.WriteSettings()
-	answer := func(id uint32) {
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			return
+		}
+		if s, ok := f.(*http2.SettingsFrame); ok {
+			if !s.IsAck() {
+				_ = fr.WriteSettingsAck()
+			}
+			continue
+		}
+		if !handle(fr, f) {
+			return
+		}
+	}
+}
+
+func (c *h2Catalog) serveConn(conn net.Conn, method string, first h2FirstStream) {
+	answer := func(fr *http2.Framer, id uint32) {
 		var block bytes.Buffer
 		enc := hpack.NewEncoder(&block)
 		_ = enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
@@ -120,7 +141,7 @@ func (c *h2Catalog) serveConn(conn net.Conn, method string, first h2FirstStream)
 		_ = fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndHeaders: true})
 		_ = fr.WriteData(id, true, []byte(`{"metadata-location":"s3://w/t/metadata/00001.json"}`))
 	}
-	misbehave := func(id uint32) {
+	misbehave := func(fr *http2.Framer, id uint32) {
 		switch first {
 		case h2ExecuteThenResetProtocol:
 			c.executed.Add(1)
@@ -139,21 +160,13 @@ func (c *h2Catalog) serveConn(conn net.Conn, method string, first h2FirstStream)
 	// close the body as Caddy's reverse_proxy (v2.11.9) reads it, and its
 	// wrapper's count of bytes read is no atomic: a data race of Caddy's
 	// own, which -race reports.
-	waiting := map[uint32]func(uint32){}
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			return
-		}
+	waiting := map[uint32]func(*http2.Framer, uint32){}
+	serveH2Frames(conn, func(fr *http2.Framer, f http2.Frame) bool {
 		switch f := f.(type) {
-		case *http2.SettingsFrame:
-			if !f.IsAck() {
-				_ = fr.WriteSettingsAck()
-			}
 		case *http2.DataFrame:
 			if act, ok := waiting[f.StreamID]; ok && f.StreamEnded() {
 				delete(waiting, f.StreamID)
-				act(f.StreamID)
+				act(fr, f.StreamID)
 			}
 		case *http2.MetaHeadersFrame:
 			act := answer
@@ -165,12 +178,29 @@ func (c *h2Catalog) serveConn(conn net.Conn, method string, first h2FirstStream)
 				}
 			}
 			if f.StreamEnded() {
-				act(f.StreamID)
+				act(fr, f.StreamID)
 			} else {
 				waiting[f.StreamID] = act
 			}
 		}
-	}
+		return true
+	})
+}
+
+// runOverH2cAndTLS runs f as the subtests name/h2c and name/h2 over TLS.
+func runOverH2cAndTLS(t *testing.T, name string, f func(t *testing.T, overTLS bool)) {
+	t.Run(name+"/h2c", func(t *testing.T) { f(t, false) })
+	t.Run(name+"/h2 over TLS", func(t *testing.T) { f(t, true) })
+}
+
+// h2Refusals are the two ways an HTTP/2 server proves it did not process
+// a stream.
+var h2Refusals = []struct {
+	name  string
+	first h2FirstStream
+}{
+	{"REFUSED_STREAM", h2RefuseUnprocessed},
+	{"GOAWAY", h2GoAwayUnprocessed},
 }
 
 // overHTTP2 makes reverse_proxy speak HTTP/2 to the catalog: h2c, or h2
@@ -198,29 +228,23 @@ func TestBodylessKeyedMutationIsNotResentAfterAnHTTP2Reset(t *testing.T) {
 		{"dropTable", http.MethodDelete, commitPath},
 		{"unregisterTable", http.MethodPost, commitPath + "/unregister"},
 	} {
-		for _, tlsOn := range []bool{false, true} {
-			name := c.name + "/h2c"
-			if tlsOn {
-				name = c.name + "/h2 over TLS"
+		runOverH2cAndTLS(t, c.name, func(t *testing.T, tlsOn bool) {
+			catalog := newH2Catalog(t, tlsOn, c.method, h2ExecuteThenResetProtocol)
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
+			key := storetest.NewKey(t)
+			first := serve(t, h, proxy, c.method, c.path, key, "")
+			if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
+				t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
 			}
-			t.Run(name, func(t *testing.T) {
-				catalog := newH2Catalog(t, tlsOn, c.method, h2ExecuteThenResetProtocol)
-				h := newTestHandler(t, newMemoryStore(t))
-				proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
-				key := storetest.NewKey(t)
-				first := serve(t, h, proxy, c.method, c.path, key, "")
-				if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
-					t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
-				}
-				retry := serve(t, h, proxy, c.method, c.path, key, "")
-				if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
-					t.Fatalf("retry = %d %q, want 500 %s", retry.code(), retry.body, typeCommitStateUnknown)
-				}
-				if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 1 {
-					t.Fatalf("the catalog got the keyed %s %d times and executed it %d times, want 1 and 1", c.method, s, n)
-				}
-			})
-		}
+			retry := serve(t, h, proxy, c.method, c.path, key, "")
+			if retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
+				t.Fatalf("retry = %d %q, want 500 %s", retry.code(), retry.body, typeCommitStateUnknown)
+			}
+			if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 1 {
+				t.Fatalf("the catalog got the keyed %s %d times and executed it %d times, want 1 and 1", c.method, s, n)
+			}
+		})
 	}
 }
 
@@ -229,36 +253,24 @@ func TestBodylessKeyedMutationIsNotResentAfterAnHTTP2Reset(t *testing.T) {
 // transport itself, on another stream or connection: it executes once,
 // its answer is stored, and a retry is replayed it.
 func TestBodylessKeyedMutationRefusedOverHTTP2RunsOnce(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		first h2FirstStream
-	}{
-		{"REFUSED_STREAM", h2RefuseUnprocessed},
-		{"GOAWAY", h2GoAwayUnprocessed},
-	} {
-		for _, tlsOn := range []bool{false, true} {
-			name := c.name + "/h2c"
-			if tlsOn {
-				name = c.name + "/h2 over TLS"
+	for _, c := range h2Refusals {
+		runOverH2cAndTLS(t, c.name, func(t *testing.T, tlsOn bool) {
+			catalog := newH2Catalog(t, tlsOn, http.MethodDelete, c.first)
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
+			key := storetest.NewKey(t)
+			first := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
+			if first.code() != http.StatusOK {
+				t.Fatalf("first answer = %d %q %v, want 200", first.code(), first.body, first.err)
 			}
-			t.Run(name, func(t *testing.T) {
-				catalog := newH2Catalog(t, tlsOn, http.MethodDelete, c.first)
-				h := newTestHandler(t, newMemoryStore(t))
-				proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
-				key := storetest.NewKey(t)
-				first := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
-				if first.code() != http.StatusOK {
-					t.Fatalf("first answer = %d %q %v, want 200", first.code(), first.body, first.err)
-				}
-				retry := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
-				if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" {
-					t.Fatalf("retry = %d %q %v, want a replayed 200", retry.code(), retry.header, retry.body)
-				}
-				if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 2 {
-					t.Fatalf("the catalog got the keyed DELETE %d times and executed it %d times, want 2 and 1", s, n)
-				}
-			})
-		}
+			retry := serve(t, h, proxy, http.MethodDelete, commitPath, key, "")
+			if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" {
+				t.Fatalf("retry = %d %q %v, want a replayed 200", retry.code(), retry.header, retry.body)
+			}
+			if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 2 {
+				t.Fatalf("the catalog got the keyed DELETE %d times and executed it %d times, want 2 and 1", s, n)
+			}
+		})
 	}
 }
 
@@ -270,38 +282,26 @@ func TestBodylessKeyedMutationRefusedOverHTTP2RunsOnce(t *testing.T) {
 // errors of net/http's copy of HTTP/2; this reads x/net's, which
 // reverse_proxy runs, whose texts the handler must recognise as well.
 func TestKeyedCommitRefusedOverHTTP2IsReleased(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		first h2FirstStream
-	}{
-		{"REFUSED_STREAM", h2RefuseUnprocessed},
-		{"GOAWAY", h2GoAwayUnprocessed},
-	} {
-		for _, tlsOn := range []bool{false, true} {
-			name := c.name + "/h2c"
-			if tlsOn {
-				name = c.name + "/h2 over TLS"
+	for _, c := range h2Refusals {
+		runOverH2cAndTLS(t, c.name, func(t *testing.T, tlsOn bool) {
+			catalog := newH2Catalog(t, tlsOn, http.MethodPost, c.first)
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
+			key := storetest.NewKey(t)
+			first := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+			if first.code() != http.StatusBadGateway || first.errorType() == typeCommitStateUnknown {
+				t.Fatalf("first answer = %d %q %v, want 502 saying the catalog did not process it", first.code(), first.body, first.err)
 			}
-			t.Run(name, func(t *testing.T) {
-				catalog := newH2Catalog(t, tlsOn, http.MethodPost, c.first)
-				h := newTestHandler(t, newMemoryStore(t))
-				proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
-				key := storetest.NewKey(t)
-				first := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
-				if first.code() != http.StatusBadGateway || first.errorType() == typeCommitStateUnknown {
-					t.Fatalf("first answer = %d %q %v, want 502 saying the catalog did not process it", first.code(), first.body, first.err)
-				}
-				if n := catalog.executed.Load(); n != 0 {
-					t.Fatalf("the catalog executed the refused commit %d times", n)
-				}
-				retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
-				if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "" {
-					t.Fatalf("retry = %d %v %q, want 200 executed", retry.code(), retry.header, retry.body)
-				}
-				if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 2 {
-					t.Fatalf("the catalog got the keyed POST %d times and executed it %d times, want 2 and 1", s, n)
-				}
-			})
-		}
+			if n := catalog.executed.Load(); n != 0 {
+				t.Fatalf("the catalog executed the refused commit %d times", n)
+			}
+			retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+			if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "" {
+				t.Fatalf("retry = %d %v %q, want 200 executed", retry.code(), retry.header, retry.body)
+			}
+			if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 2 {
+				t.Fatalf("the catalog got the keyed POST %d times and executed it %d times, want 2 and 1", s, n)
+			}
+		})
 	}
 }

@@ -90,39 +90,28 @@ func h2Refusal(t *testing.T, how h2Misbehaviour) error {
 			return
 		}
 		defer conn.Close()
-		if _, err := io.ReadFull(conn, make([]byte, len(http2.ClientPreface))); err != nil {
-			return
-		}
-		fr := http2.NewFramer(conn, conn)
-		_ = fr.WriteSettings()
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				return
+		serveH2Frames(conn, func(fr *http2.Framer, f http2.Frame) bool {
+			h, ok := f.(*http2.MetaHeadersFrame)
+			if !ok {
+				return true
 			}
-			switch f := f.(type) {
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					_ = fr.WriteSettingsAck()
-				}
-			case *http2.HeadersFrame:
-				id := f.StreamID
-				switch how {
-				case refuseGoAway:
-					_ = fr.WriteGoAway(0, http2.ErrCodeNo, nil)
-				case refuseStream:
-					_ = fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
-				case resetProtocolError:
-					_ = fr.WriteRSTStream(id, http2.ErrCodeProtocol)
-				case goAwayAfterStream:
-					_ = fr.WriteGoAway(id, http2.ErrCodeNo, nil)
-				}
-				if how == refuseGoAway || how == goAwayAfterStream {
-					time.Sleep(50 * time.Millisecond) // the frame arrives before the close
-					return
-				}
+			id := h.StreamID
+			switch how {
+			case refuseGoAway:
+				_ = fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+			case refuseStream:
+				_ = fr.WriteRSTStream(id, http2.ErrCodeRefusedStream)
+			case resetProtocolError:
+				_ = fr.WriteRSTStream(id, http2.ErrCodeProtocol)
+			case goAwayAfterStream:
+				_ = fr.WriteGoAway(id, http2.ErrCodeNo, nil)
 			}
-		}
+			if how == refuseGoAway || how == goAwayAfterStream {
+				time.Sleep(50 * time.Millisecond) // the frame arrives before the close
+				return false
+			}
+			return true
+		})
 	}()
 	tr := &http.Transport{Protocols: new(http.Protocols)}
 	tr.Protocols.SetUnencryptedHTTP2(true)
