@@ -416,10 +416,10 @@ func (g *guarded) execute() error {
 		// Iceberg error saying so; a retry gets the abandoned policy's
 		// answer at once.
 		if idle, ok := g.conns.staleConnection(err); ok {
-			g.log(zapcore.WarnLevel, "the keyed request broke on a keep-alive connection that had been idle for "+idle.Round(time.Millisecond).String()+
-				": if the catalog (or a load balancer before it) closes idle connections sooner, set reverse_proxy's "+
-				"`transport http { keepalive <duration> }` below its idle timeout",
-				zap.Duration("idle_for", idle), zap.Error(err))
+			g.log(zapcore.WarnLevel, "the keyed request broke on a keep-alive connection that had idled a second or more (idle_for): "+
+				"if the catalog, or a load balancer before it, closes idle connections sooner, "+
+				"set reverse_proxy's `transport http { keepalive <duration> }` below its idle timeout",
+				zap.Duration("idle_for", idle))
 		}
 		g.markUnknown(detached, err)
 		writeError(g.w, status, typeCommitStateUnknown,
