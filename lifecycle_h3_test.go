@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"context"
 	"crypto/tls"
 	"io"
 	"net"
@@ -34,27 +35,91 @@ type h3Catalog struct {
 
 func newH3Catalog(t *testing.T, answer func(c *h3Catalog, w http.ResponseWriter, r *http.Request)) *h3Catalog {
 	t.Helper()
+	return startH3Catalog(t, 0, answer)
+}
+
+// newH3CatalogResettingFirst is an h3Catalog that resets the stream of
+// the first request it gets, in both directions with code, once the whole
+// request has arrived and before any answer, as a server failing a
+// request does, or turning it away unprocessed with H3_REQUEST_REJECTED.
+// quic-go's handler can reset a stream only after its HTTPStream has
+// flushed a 200 header, which the client may read before the reset:
+// reverse_proxy then has an answer whose body breaks off.
+func newH3CatalogResettingFirst(t *testing.T, code http3.ErrCode, answer func(c *h3Catalog, w http.ResponseWriter, r *http.Request)) *h3Catalog {
+	t.Helper()
+	return startH3Catalog(t, code, answer)
+}
+
+// startH3Catalog serves HTTP/3 connection by connection through quic-go's
+// RawServerConn, which lets the test take a request stream before the
+// handler does; resetFirst 0 resets none.
+func startH3Catalog(t *testing.T, resetFirst http3.ErrCode, answer func(c *h3Catalog, w http.ResponseWriter, r *http.Request)) *h3Catalog {
 	// httptest's certificate, for 127.0.0.1.
 	certSrc := httptest.NewUnstartedServer(nil)
 	certSrc.StartTLS()
 	cert := certSrc.TLS.Certificates[0]
 	certSrc.Close()
 
-	conn, err := net.ListenPacket("udp", "127.0.0.1:0")
+	udp, err := net.ListenPacket("udp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &h3Catalog{addr: conn.LocalAddr().String()}
-	srv := &http3.Server{
-		TLSConfig: http3.ConfigureTLSConfig(&tls.Config{Certificates: []tls.Certificate{cert}}),
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			answer(c, w, r)
-		}),
+	tr := &quic.Transport{Conn: udp}
+	ln, err := tr.ListenEarly(http3.ConfigureTLSConfig(&tls.Config{Certificates: []tls.Certificate{cert}}), nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	go func() { _ = srv.Serve(conn) }()
+	c := &h3Catalog{addr: udp.LocalAddr().String()}
+	srv := &http3.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		answer(c, w, r)
+	})}
+	var reset atomic.Bool
+	reset.Store(resetFirst == 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for {
+			conn, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			raw, err := srv.NewRawServerConn(conn)
+			if err != nil {
+				_ = conn.CloseWithError(0, "")
+				continue
+			}
+			go func() {
+				for {
+					str, err := conn.AcceptUniStream(ctx)
+					if err != nil {
+						return
+					}
+					go raw.HandleUnidirectionalStream(str)
+				}
+			}()
+			go func() {
+				for {
+					str, err := conn.AcceptStream(ctx)
+					if err != nil {
+						return
+					}
+					if reset.CompareAndSwap(false, true) {
+						go func() {
+							_, _ = io.Copy(io.Discard, str) // the request, whole
+							str.CancelRead(quic.StreamErrorCode(resetFirst))
+							str.CancelWrite(quic.StreamErrorCode(resetFirst))
+						}()
+						continue
+					}
+					go raw.HandleRequestStream(str)
+				}
+			}()
+		}
+	}()
 	t.Cleanup(func() {
-		_ = srv.Close()
-		_ = conn.Close()
+		cancel()
+		_ = ln.Close()
+		_ = tr.Close()
+		_ = udp.Close()
 	})
 	return c
 }
@@ -80,15 +145,6 @@ func overH3(cfg reverseproxy.TLSConfig) func(*reverseproxy.Handler) {
 
 var insecureH3 = overH3(reverseproxy.TLSConfig{InsecureSkipVerify: true})
 
-// resetStream takes the request's stream over and resets both of its
-// directions with code, as a catalog's HTTP/3 server does when it fails a
-// request or, with H3_REQUEST_REJECTED, turns it away unprocessed.
-func resetStream(w http.ResponseWriter, code http3.ErrCode) {
-	str := w.(http3.HTTPStreamer).HTTPStream()
-	str.CancelRead(quic.StreamErrorCode(code))
-	str.CancelWrite(quic.StreamErrorCode(code))
-}
-
 // Over HTTP/3 a commit executes once and its retry is replayed.
 func TestHTTP3CommitExecutesOnceAndReplays(t *testing.T) {
 	catalog := newH3Catalog(t, executeOK)
@@ -108,9 +164,11 @@ func TestHTTP3CommitExecutesOnceAndReplays(t *testing.T) {
 // may have committed: the outcome is unknown, and the retry does not
 // execute again.
 func TestHTTP3StreamResetAfterExecutingIsUnknown(t *testing.T) {
-	catalog := newH3Catalog(t, func(c *h3Catalog, w http.ResponseWriter, r *http.Request) {
+	catalog := newH3Catalog(t, func(c *h3Catalog, _ http.ResponseWriter, r *http.Request) {
 		c.execute(r)
-		resetStream(w, http3.ErrCodeInternalError)
+		// quic-go resets the stream of a handler that panics, with
+		// H3_INTERNAL_ERROR, and sends no header first.
+		panic(http.ErrAbortHandler)
 	})
 	h := newTestHandler(t, newMemoryStore(t))
 	rp := newReverseProxy(t, catalog.addr, insecureH3)
@@ -132,14 +190,7 @@ func TestHTTP3StreamResetAfterExecutingIsUnknown(t *testing.T) {
 // commit on purpose (the real server's shutdown rejects only requests that
 // race its GOAWAY, which a test cannot time).
 func TestHTTP3RejectedRequestReleasesTheKey(t *testing.T) {
-	var rejected atomic.Bool
-	catalog := newH3Catalog(t, func(c *h3Catalog, w http.ResponseWriter, r *http.Request) {
-		if rejected.CompareAndSwap(false, true) {
-			resetStream(w, http3.ErrCodeRequestRejected)
-			return
-		}
-		executeOK(c, w, r)
-	})
+	catalog := newH3CatalogResettingFirst(t, http3.ErrCodeRequestRejected, executeOK)
 	h := newTestHandler(t, newMemoryStore(t))
 	rp := newReverseProxy(t, catalog.addr, insecureH3)
 	key := storetest.NewKey(t)

@@ -192,7 +192,7 @@ func h1Failure(t *testing.T, written int) error {
 // transport's error.
 func h3Reset(t *testing.T, code http3.ErrCode) error {
 	t.Helper()
-	catalog := newH3Catalog(t, func(_ *h3Catalog, w http.ResponseWriter, _ *http.Request) { resetStream(w, code) })
+	catalog := newH3CatalogResettingFirst(t, code, executeOK)
 	tr := &http3.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
 	defer tr.Close()
 	return postUnrewindable(t, tr, "https://"+catalog.addr+commitPath, -1)
