@@ -391,6 +391,7 @@ func (g *guarded) execute() error {
 		case sentUnprocessed:
 			g.log(zapcore.ErrorLevel, "the catalog did not process the request (HTTP/2 GOAWAY or REFUSED_STREAM, or nothing written on a closing connection): key released",
 				zap.Int("status", status), zap.Error(err))
+			g.warnStaleConnection(err)
 			g.release(detached, "not processed by the catalog")
 			// A directive around this one (nested) sees only the 502
 			// written below, after a connection: this tells it the
@@ -415,12 +416,7 @@ func (g *guarded) execute() error {
 		// committed. This client gets Caddy's status (502, 504) with an
 		// Iceberg error saying so; a retry gets the abandoned policy's
 		// answer at once.
-		if idle, ok := g.conns.staleConnection(err); ok {
-			g.log(zapcore.WarnLevel, "the keyed request broke on a keep-alive connection that had idled a second or more (idle_for): "+
-				"if the catalog, or a load balancer before it, closes idle connections sooner, "+
-				"set reverse_proxy's `transport http { keepalive <duration> }` below its idle timeout",
-				zap.Duration("idle_for", idle))
-		}
+		g.warnStaleConnection(err)
 		g.markUnknown(detached, err)
 		writeError(g.w, status, typeCommitStateUnknown,
 			"The request reached the catalog but no response came back; its outcome is unknown. Check the catalog's state before retrying.", 0)
@@ -699,6 +695,22 @@ func (k hiddenKey) restore() {
 // transportReplayHeaders are the headers that make net/http's transport
 // replay a request (net/http.Request.isReplayable).
 var transportReplayHeaders = [...]string{IdempotencyKeyHeader, "X-Idempotency-Key"}
+
+// warnStaleConnection names the likely cause, and its remedy, of a catalog
+// call that failed with err on a keep-alive connection that had idled a
+// second or more (see connTrace.staleConnection): whether the key is then
+// unknown (a reset or an EOF after the request went out) or released (an
+// HTTP/2 GOAWAY, the way such a server closes an idle connection, or an
+// HTTP/1 write that sent nothing), the client saw a 502 that a shorter
+// keepalive avoids.
+func (g *guarded) warnStaleConnection(err error) {
+	if idle, ok := g.conns.staleConnection(err); ok {
+		g.log(zapcore.WarnLevel, "the keyed request failed on a keep-alive connection that had idled a second or more (idle_for): "+
+			"if the catalog, or a load balancer before it, closes idle connections sooner, "+
+			"set reverse_proxy's `transport http { keepalive <duration> }` below its idle timeout",
+			zap.Duration("idle_for", idle))
+	}
+}
 
 // errorStatus is the status Caddy would answer err with.
 func errorStatus(err error) int {

@@ -10,9 +10,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
@@ -303,5 +307,34 @@ func TestKeyedCommitRefusedOverHTTP2IsReleased(t *testing.T) {
 				t.Fatalf("the catalog got the keyed POST %d times and executed it %d times, want 2 and 1", s, n)
 			}
 		})
+	}
+}
+
+// An HTTP/2 catalog closes an idle connection with a GOAWAY; a commit sent
+// on it as it does is refused unprocessed: released, and the client hears
+// 502. When the connection had idled a second or more, the warning names
+// keepalive, as for the HTTP/1 connection that breaks
+// (TestStaleKeepAliveConnectionIsNamed).
+func TestRefusalOnAnIdleHTTP2ConnectionIsNamed(t *testing.T) {
+	catalog := newH2Catalog(t, true, http.MethodPost, h2GoAwayUnprocessed)
+	core, logs := observer.New(zapcore.WarnLevel)
+	h := newTestHandler(t, newMemoryStore(t))
+	h.logger = zap.New(core)
+	proxy := newReverseProxy(t, catalog.addr, overHTTP2(true))
+	if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
+		t.Fatalf("warm-up read = %d %v", r.code(), r.err)
+	}
+	idle := staleIdle + 200*time.Millisecond
+	time.Sleep(idle)
+	first := serve(t, h, proxy, http.MethodPost, commitPath, storetest.NewKey(t), commitBody)
+	if first.code() != http.StatusBadGateway || first.errorType() == typeCommitStateUnknown {
+		t.Fatalf("first answer = %d %q %v, want 502 saying the catalog did not process it", first.code(), first.body, first.err)
+	}
+	named := logs.FilterMessageSnippet("keepalive").All()
+	if len(named) != 1 {
+		t.Fatalf("warnings naming keepalive: %d, want 1; all: %v", len(named), logs.All())
+	}
+	if got, _ := named[0].ContextMap()["idle_for"].(time.Duration); got < idle-100*time.Millisecond {
+		t.Fatalf("idle_for = %v, want about %v", got, idle)
 	}
 }
