@@ -606,6 +606,22 @@ func (g *guarded) warnResent() {
 	}
 }
 
+// warnStaleConnection names the likely cause, and its remedy, of a catalog
+// call that failed with err on a keep-alive connection that had idled a
+// second or more (see connTrace.staleConnection): whether the key is then
+// unknown (a reset or an EOF after the request went out) or released (an
+// HTTP/2 GOAWAY, the way such a server closes an idle connection, or an
+// HTTP/1 write that sent nothing), the client saw a 502 that a shorter
+// keepalive avoids.
+func (g *guarded) warnStaleConnection(err error) {
+	if idle, ok := g.conns.staleConnection(err); ok {
+		g.log(zapcore.WarnLevel, "the keyed request failed on a keep-alive connection that had idled a second or more (idle_for): "+
+			"if the catalog, or a load balancer before it, closes idle connections sooner, "+
+			"set reverse_proxy's `transport http { keepalive <duration> }` below its idle timeout",
+			zap.Duration("idle_for", idle))
+	}
+}
+
 // soleAnswer is the status of the catalog's one answer to this request,
 // when exactly one came back and nothing was sent after it.
 func (g *guarded) soleAnswer() (int, bool) {
@@ -695,22 +711,6 @@ func (k hiddenKey) restore() {
 // transportReplayHeaders are the headers that make net/http's transport
 // replay a request (net/http.Request.isReplayable).
 var transportReplayHeaders = [...]string{IdempotencyKeyHeader, "X-Idempotency-Key"}
-
-// warnStaleConnection names the likely cause, and its remedy, of a catalog
-// call that failed with err on a keep-alive connection that had idled a
-// second or more (see connTrace.staleConnection): whether the key is then
-// unknown (a reset or an EOF after the request went out) or released (an
-// HTTP/2 GOAWAY, the way such a server closes an idle connection, or an
-// HTTP/1 write that sent nothing), the client saw a 502 that a shorter
-// keepalive avoids.
-func (g *guarded) warnStaleConnection(err error) {
-	if idle, ok := g.conns.staleConnection(err); ok {
-		g.log(zapcore.WarnLevel, "the keyed request failed on a keep-alive connection that had idled a second or more (idle_for): "+
-			"if the catalog, or a load balancer before it, closes idle connections sooner, "+
-			"set reverse_proxy's `transport http { keepalive <duration> }` below its idle timeout",
-			zap.Duration("idle_for", idle))
-	}
-}
 
 // errorStatus is the status Caddy would answer err with.
 func errorStatus(err error) int {
