@@ -35,6 +35,9 @@ import (
 // about processing; x/net's does not, and these tests keep it so (with the
 // PROTOCOL_ERROR resend put back into x/net, the first one fails: the
 // catalog executes twice and the first answer is the second run's 200).
+// Built with Go 1.27 or later, x/net's ConfigureTransport hands HTTP/2 to
+// net/http's own code, which there no longer resends after PROTOCOL_ERROR;
+// CI runs these tests under Go 1.27 as well.
 //
 // No Go HTTP/2 server resets a stream after running its handler on
 // purpose; a load balancer in front of a catalog can. The catalog here is
