@@ -163,10 +163,10 @@ func (c *h2Catalog) serveConn(conn net.Conn, method string, first h2FirstStream)
 		}
 	}
 	// Each request is acted on once it is whole, as a catalog does. An
-	// answer or reset while the transport still writes the body has x/net
-	// close the body as Caddy's reverse_proxy (v2.11.9) reads it, and its
-	// wrapper's count of bytes read is no atomic: a data race of Caddy's
-	// own, which -race reports.
+	// answer or reset while the transport still writes the body has the
+	// transport close the body as Caddy's reverse_proxy (v2.11.9) reads
+	// it, and its wrapper's count of bytes read is no atomic: a data race
+	// of Caddy's own, which -race reports.
 	waiting := map[uint32]func(*http2.Framer, uint32){}
 	serveH2Frames(conn, func(fr *http2.Framer, f http2.Frame) bool {
 		switch f := f.(type) {
@@ -286,8 +286,9 @@ func TestBodylessKeyedMutationRefusedOverHTTP2RunsOnce(t *testing.T) {
 // cannot resend it, as the handler gives it no way to rewind the body, so
 // its error comes back; the handler reads it as unprocessed and releases
 // the key, and the retry executes once. TestUnprocessedErrors reads the
-// errors of net/http's copy of HTTP/2; this reads x/net's, which
-// reverse_proxy runs, whose texts the handler must recognise as well.
+// errors of net/http's HTTP/2; this reads those of the one reverse_proxy
+// runs (x/net's, or from Go 1.27 on net/http's, which x/net hands HTTP/2
+// to), whose texts the handler must recognise as well.
 func TestKeyedCommitRefusedOverHTTP2IsReleased(t *testing.T) {
 	for _, c := range h2Refusals {
 		runOverH2cAndTLS(t, c.name, func(t *testing.T, tlsOn bool) {
