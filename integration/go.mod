@@ -9,7 +9,7 @@ require (
 	github.com/caddyserver/caddy/v2 v2.11.9
 	github.com/getkin/kin-openapi v0.153.0
 	github.com/google/uuid v1.6.0
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/uptrace/bun/driver/sqliteshim v1.3.0
 )
 
