@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -155,5 +156,46 @@ func TestFirstCallPreparesItsStatement(t *testing.T) {
 				t.Fatalf("%s as the first call: %v", call.name, err)
 			}
 		})
+	}
+}
+
+// A server whose greeting is cut short fails the store's first contact
+// with an error. go-sql-driver before v1.10.2 indexed past the end of such
+// a packet (GHSA-9qjq-77h9-895w); the panic came in the goroutine of the
+// first contact, where nothing recovers it, and took the whole Caddy
+// process down with it. No real server sends such a greeting, so the
+// server here is a listener that writes one and hangs up.
+func TestTruncatedGreetingIsAnError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			// A packet of 4 bytes, sequence 0: protocol version 10 and a
+			// server version with no NUL to end it, nothing after.
+			_, _ = c.Write([]byte{4, 0, 0, 0, 10, '1', '1', '.'})
+			c.Close()
+		}
+	}()
+	cfg := Config{
+		DSN:   "root@tcp(" + ln.Addr().String() + ")/test",
+		Table: sqltest.TableName(t), AutoMigrate: true, StatementTimeout: time.Second,
+	}
+	s, err := Open(context.Background(), cfg, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = s.Ready(ctx)
+	if !errors.Is(err, mysql.ErrMalformPkt) || !errors.Is(err, sqlstore.ErrNotReady) {
+		t.Fatalf("Ready against a truncated greeting: %v; want ErrNotReady from a malformed packet", err)
 	}
 }
