@@ -26,7 +26,12 @@ func TestLockWaitEndsWithTheCall(t *testing.T) {
 		t.Fatal("Reserve behind an uncommitted row of its key succeeded")
 	}
 	// The call failed; the server must stop waiting about then too.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	// INNODB_TRX is a snapshot InnoDB takes again only once it has gone
+	// unread for 0.1 s (CACHE_MIN_IDLE_TIME_NS, trx0i_s.cc): polled more
+	// often, it shows its first snapshot for ever. Polled every 50 ms, a
+	// first read just before the wait timed out listed that wait 5 s later
+	// (in about 1 run of 30 on a loaded machine).
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(250 * time.Millisecond) {
 		var waiting int
 		// Only this test's table: the server is shared with other tests.
 		if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE CONCAT('%', ?, '%')", cfg.Table).Scan(&waiting); err != nil {
