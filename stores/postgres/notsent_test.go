@@ -98,9 +98,10 @@ CREATE TRIGGER refuse BEFORE INSERT ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 			if err := tx.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
+			a := admin(t)
 			var owner string
 			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				err := admin(t).QueryRow(ctx, fmt.Sprintf("SELECT owner FROM %s WHERE key = $1", cfg.Table), key).Scan(&owner)
+				err := a.QueryRow(ctx, fmt.Sprintf("SELECT owner FROM %s WHERE key = $1", cfg.Table), key).Scan(&owner)
 				if err == nil {
 					break
 				}
