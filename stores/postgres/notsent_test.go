@@ -126,19 +126,10 @@ CREATE TRIGGER refuse BEFORE INSERT ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 		r := storetest.Reservation(key, storetest.Long, storetest.Long)
 		done := make(chan error, 1)
 		go func() { _, err := s.Reserve(ctx, r); done <- err }()
-		a := admin(t)
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			var n int
-			if err := a.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()`, cfg.Table).Scan(&n); err != nil {
-				t.Fatal(err)
-			}
-			if n > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("the store's INSERT never waited for the lock")
-			}
+		waitForLockWait(t, cfg.Table)
+		var n int
+		if err := admin(t).QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) "+lockWaiters, cfg.Table).Scan(&n); err != nil || n == 0 {
+			t.Fatalf("terminating the waiting backend: %d terminated, %v", n, err)
 		}
 		if err := <-done; err == nil || stores.NotSent(err) {
 			t.Fatalf("Reserve whose session was terminated: err = %v, NotSent = %v; want an error not marked not sent", err, stores.NotSent(err))
@@ -146,14 +137,18 @@ WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_bac
 	})
 }
 
+// lockWaiters selects the backends (other than the caller's) whose
+// statement on the table $1 waits for a lock.
+const lockWaiters = `FROM pg_stat_activity
+WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()`
+
 // waitForLockWait returns once a statement on table waits for a row lock.
 func waitForLockWait(t *testing.T, table string) {
 	t.Helper()
 	a := admin(t)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		var n int
-		if err := a.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()`, table).Scan(&n); err != nil {
+		if err := a.QueryRow(context.Background(), "SELECT count(*) "+lockWaiters, table).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		if n > 0 {
