@@ -691,22 +691,60 @@ func (h *Handler) warnBelowPrefix(flag *int32, r *http.Request, what string) {
 // mutation, of the other readings a catalog may give it: as sent (dot
 // segments and path parameters kept, as axum does, or a servlet that reads
 // getRequestURI: "DELETE /v1/namespaces/;x" is dropNamespace of ";x",
-// "POST …/tables/%2E%2E" updateTable), and with "%2F" decoded before
-// routing (as Starlette does: "POST /v1/wh%2Fnamespaces" is
-// createNamespace). Guarding a reading the catalog does not use costs at
-// most a stored 4xx.
+// "POST …/tables/%2E%2E" updateTable), with "%2F" decoded before routing
+// (as Starlette does: "POST /v1/wh%2Fnamespaces" is createNamespace), and
+// both ("DELETE /v1/wh%2Fnamespaces/;x"). With base_path, the same
+// readings of what "uri strip_prefix" of the base, in a route or handle
+// after this handler, leaves of the path come last: Caddy cuts the prefix
+// before it decodes and cleans the rest, so "/api/catalog/%2E%2E/v1/…",
+// which the handler reads as "/api/v1/…" (outside the base, no catalog
+// path), reaches the catalog as "/v1/…". Guarding a reading the catalog
+// does not use costs at most a stored 4xx.
 func (h *Handler) classifyRequest(method, escaped string) (op, bound string) {
 	normal := normalizePath(escaped)
 	if op, bound = h.classifyPath(method, normal); op != "" {
 		return op, bound
 	}
+	if op, bound = otherReadings(method, escaped, normal, h.classifyPath); op != "" || h.basePath == "" {
+		return op, bound
+	}
+	// Without an escape or a path parameter, the rest strip_prefix leaves
+	// is the normalized path's below the base, read already: Caddy cleans
+	// the path before it cuts the prefix.
+	if !strings.ContainsAny(escaped, "%;") {
+		return "", ""
+	}
+	rest, ok := strippedPath(escaped, h.basePath)
+	if !ok {
+		return "", ""
+	}
+	stripped := func(method, rel string) (string, string) {
+		if op := classify(method, rel); op != "" {
+			return op, h.basePath + rel
+		}
+		return "", ""
+	}
+	normal = normalizePath(rest)
+	if op, bound = stripped(method, normal); op != "" {
+		return op, bound
+	}
+	return otherReadings(method, rest, normal, stripped)
+}
+
+// otherReadings is classifyPath (or another classifier) of the readings of
+// escaped besides its normalized form: as sent, with "%2F" decoded and
+// normalized, and with "%2F" decoded as sent.
+func otherReadings(method, escaped, normal string, classifyPath func(method, path string) (string, string)) (op, bound string) {
 	if normal != escaped {
-		if op, bound = h.classifyPath(method, literalPath(escaped)); op != "" {
+		if op, bound = classifyPath(method, literalPath(escaped)); op != "" {
 			return op, bound
 		}
 	}
 	if slashes := decodeSlashes(escaped); slashes != escaped {
-		return h.classifyPath(method, normalizePath(slashes))
+		if op, bound = classifyPath(method, normalizePath(slashes)); op != "" {
+			return op, bound
+		}
+		return classifyPath(method, literalPath(slashes))
 	}
 	return "", ""
 }

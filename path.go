@@ -1,6 +1,14 @@
 package icebergidempotency
 
-import "strings"
+import (
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/rewrite"
+)
 
 // normalizePath returns the form of an escaped URL path that the handler
 // classifies and binds keys to, so that every spelling a catalog treats as
@@ -196,4 +204,22 @@ func lowerASCII(c byte) byte {
 		return c + 'a' - 'A'
 	}
 	return c
+}
+
+// strippedPath returns the escaped path that "uri strip_prefix base" leaves
+// of escaped, as sent on by reverse_proxy, and whether it strips anything.
+// It asks Caddy's own rewrite: how it cuts an escaped prefix and cleans
+// what is left has changed between Caddy releases, and the path the
+// catalog gets is whatever this build's does.
+func strippedPath(escaped, base string) (string, bool) {
+	decoded, err := url.PathUnescape(escaped)
+	if err != nil {
+		return "", false // Go's server refuses such a request line
+	}
+	r := &http.Request{URL: &url.URL{Path: decoded, RawPath: escaped}}
+	rewrite.Rewrite{StripPathPrefix: base}.Rewrite(r, caddy.NewEmptyReplacer())
+	// Unstripped, the rewrite leaves the path as it cleans it before
+	// looking for the prefix.
+	rest := r.URL.EscapedPath()
+	return rest, rest != caddyhttp.CleanPath(escaped, !strings.Contains(base, "//"))
 }

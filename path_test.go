@@ -79,6 +79,13 @@ func TestClassifyLiteralReading(t *testing.T) {
 		{"DELETE", "/v1/wh/namespaces/ns/tables/.", "dropTable", "/v1/wh/namespaces/ns/tables/."},
 		// A catalog that decodes %2F before routing.
 		{"POST", "/v1/wh%2Fnamespaces", "createNamespace", "/v1/wh/namespaces"},
+		// A catalog that decodes %2F and routes the rest as sent (Starlette:
+		// no dot segments resolved, ";" kept). Before, none of the readings
+		// was this one, and these passed unguarded.
+		{"DELETE", "/v1/wh%2Fnamespaces/;x", "dropNamespace", "/v1/wh/namespaces/;x"},
+		{"DELETE", "/v1/wh%2Fnamespaces/..", "dropNamespace", "/v1/wh/namespaces/.."},
+		{"DELETE", "/v1/wh%2Fnamespaces/ns/tables/.", "dropTable", "/v1/wh/namespaces/ns/tables/."},
+		{"POST", "/v1/wh%2Fnamespaces/ns/tables/%2E%2E", "updateTable", "/v1/wh/namespaces/ns/tables/.."},
 		// A %2F in a path that is a mutation as it is stays in its segment.
 		{"DELETE", "/v1/wh/namespaces/ns%2ftables%2Ft", "dropNamespace", "/v1/wh/namespaces/ns%2Ftables%2Ft"},
 		{"DELETE", "/v1/wh/namespaces/ns/tables/a%2Fb", "dropTable", "/v1/wh/namespaces/ns/tables/a%2Fb"},
@@ -86,6 +93,37 @@ func TestClassifyLiteralReading(t *testing.T) {
 		{"POST", "/v1/wh/namespaces;x=1", "createNamespace", "/v1/wh/namespaces"},
 		// Neither reading is a mutation.
 		{"POST", "/v1/wh/namespaces/ns/tables/t/metrics", "", ""},
+	} {
+		if op, bound := h.classifyRequest(c.method, c.path); op != c.op || bound != c.bound {
+			t.Errorf("%s %s = %q bound to %q, want %q bound to %q", c.method, c.path, op, bound, c.op, c.bound)
+		}
+	}
+}
+
+// With base_path set and "uri strip_prefix" of it after the directive (in
+// a route, or a handle that does not strip), Caddy cuts the prefix from the
+// path as sent and only then decodes and cleans the rest, whose ".."
+// segments stop at its own root: these reach the catalog as the mutations
+// below. Read whole, their dot segments climb out of the base ("/api/v1/…":
+// no catalog path), and before they passed unguarded.
+func TestClassifyAfterStripPrefix(t *testing.T) {
+	h := &Handler{BasePath: "/api/catalog"}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ method, path, op, bound string }{
+		{"POST", "/api/catalog/%2E%2E/v1/wh/namespaces", "createNamespace", "/api/catalog/v1/wh/namespaces"},
+		{"POST", "/API/Catalog/%2e%2e/v1/wh/namespaces", "createNamespace", "/api/catalog/v1/wh/namespaces"},
+		{"POST", "/api/catalog/x%2F..%2F..%2Fv1/wh/namespaces", "createNamespace", "/api/catalog/v1/wh/namespaces"},
+		// The rest read as sent, by a catalog that keeps path parameters.
+		{"DELETE", "/api/catalog/%2E%2E/v1/wh/namespaces/;x", "dropNamespace", "/api/catalog/v1/wh/namespaces/;x"},
+		// A path parameter on "..": Caddy's clean keeps the segment, a
+		// servlet catalog resolves it.
+		{"POST", "/api/catalog/..;x/v1/wh/namespaces", "createNamespace", "/api/catalog/v1/wh/namespaces"},
+		// Not below the base: strip_prefix leaves it alone, and read whole
+		// it is no catalog path.
+		{"POST", "/api/other/%2E%2E/v1/wh/namespaces", "", ""},
+		{"POST", "/api/catalog/v1/wh/namespaces/ns/tables/t/metrics", "", ""},
 	} {
 		if op, bound := h.classifyRequest(c.method, c.path); op != c.op || bound != c.bound {
 			t.Errorf("%s %s = %q bound to %q, want %q bound to %q", c.method, c.path, op, bound, c.op, c.bound)
@@ -142,6 +180,7 @@ func FuzzClassify(f *testing.F) {
 		"/v1/wh/namespaces/a%1Fb/tables/t/plan/p1", "/v1/transactions/commit", "/v1/%2e%2e/x", "%", "/v1/a%zz",
 		"/v1/wh/namespaces/ns/tables/t/plan/p", "/v1/wh/namespaces/ns/tables/t/plan/p/x", "/v1/namespaces/ns/tables/t/plan/p",
 		"/v1/0/0/namespaces/0", "/v1/a/b/c/d/e/f/g/h/i/j/namespaces/ns/tables/t/plan/p", "/v1/a/b/c/d/e/f/g/h/i/j/k/namespaces",
+		"/api/catalog/%2E%2E/v1/wh/namespaces", "/api/catalog/x%2F..%2F..%2Fv1/wh/namespaces", "/v1/wh%2Fnamespaces/;x",
 	} {
 		f.Add("POST", seed)
 		f.Add("DELETE", seed)
@@ -161,6 +200,15 @@ func FuzzClassify(f *testing.F) {
 		}
 		op, _ := plain.classifyPath(method, norm)
 		_, _ = h.classifyPath(method, norm)
+		// Every reading binds the key to a path that is the mutation it
+		// was read as, below the base or outside it.
+		for _, hh := range []*Handler{h, plain} {
+			if op, bound := hh.classifyRequest(method, path); op != "" {
+				if got := classify(method, strings.TrimPrefix(bound, hh.basePath)); got != op {
+					t.Fatalf("%s %q is guarded as %s bound to %q, which is %q", method, path, op, bound, got)
+				}
+			}
+		}
 		if rel, ok := strings.CutPrefix(norm, "/v1/"); ok {
 			if want := classifyByList(method, rel); op != want {
 				t.Fatalf("%s %q classifies as %q, but as %q by the whole list", method, norm, op, want)

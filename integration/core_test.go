@@ -1009,6 +1009,32 @@ func TestCoreBasePathUnderHandlePath(t *testing.T) {
 	}
 }
 
+// base_path at the site level, and the prefix stripped by "uri
+// strip_prefix" in a handle block after the directive. Caddy cuts the
+// prefix from the path as sent, then decodes and cleans the rest, whose
+// ".." stops at its own root: "/api/catalog/%2E%2E/v1/…" reaches the
+// catalog as "/v1/…". Before, the handler resolved the ".." over the whole
+// path ("/api/v1/…", no catalog path) and passed the request: a retry with
+// its key executed the mutation again.
+func TestCoreBasePathBeforeURIStripPrefix(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("",
+		"iceberg_idempotency {\nbase_path /api/catalog\n}\nhandle /api/* {\nuri strip_prefix /api/catalog\nreverse_proxy "+b.Addr()+"\n}"))
+	const body = `{"namespace":["stripped"]}`
+	for i, spelled := range []string{"/api/catalog/%%2E%%2E/v1/strip%d/namespaces", "/api/catalog/x%%2F..%%2F..%%2Fv1/strip%d/namespaces"} {
+		key := newKey(t)
+		path, sent := fmt.Sprintf("/v1/strip%d/namespaces", i), fmt.Sprintf(spelled, i)
+		first := send(t, "POST", c.URL()+sent, body, keyHeader, key)
+		wantStatus(t, sent+" first", first, 200)
+		retry := send(t, "POST", c.URL()+sent, body, keyHeader, key)
+		wantReplayOf(t, sent+" retry", retry, first)
+		plain := send(t, "POST", c.URL()+"/api/catalog"+path, body, keyHeader, key)
+		wantReplayOf(t, sent+" retry spelled /api/catalog", plain, first)
+		wantCount(t, b, path, 1)
+	}
+}
+
 // The directive inside handle_path, with base_path set as for a
 // site-level one: handle_path strips the prefix first, so every request
 // looks outside base_path. Catalog paths are guarded (and the config
