@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"bytes"
 	"crypto/tls"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -309,6 +310,44 @@ func TestKeyedCommitRefusedOverHTTP2IsReleased(t *testing.T) {
 			}
 			if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 2 {
 				t.Fatalf("the catalog got the keyed POST %d times and executed it %d times, want 2 and 1", s, n)
+			}
+		})
+	}
+}
+
+// Two catalog nodes behind lb_retries (whose default retries dial errors
+// only), as in a rolling restart: the first pick is down (nothing sent),
+// the second refuses the stream unprocessed. No catalog processed the
+// commit, so the key is released. Before, reverse_proxy's count of its
+// retries (the dial error's) made the refusal "unknown", and every retry
+// with the key heard 500 CommitStateUnknownException for the key's life.
+func TestRefusedAfterADialErrorIsReleased(t *testing.T) {
+	for _, c := range h2Refusals {
+		runOverH2cAndTLS(t, c.name, func(t *testing.T, tlsOn bool) {
+			catalog := newH2Catalog(t, tlsOn, http.MethodPost, c.first)
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn), func(rp *reverseproxy.Handler) {
+				// round_robin picks the pool's second upstream first.
+				rp.Upstreams = reverseproxy.UpstreamPool{{Dial: catalog.addr}, {Dial: deadAddr(t)}}
+				rp.LoadBalancing = &reverseproxy.LoadBalancing{
+					Retries:            1,
+					SelectionPolicyRaw: json.RawMessage(`{"policy":"round_robin"}`),
+				}
+			})
+			key := storetest.NewKey(t)
+			first := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+			if first.code() != http.StatusBadGateway || first.errorType() == typeCommitStateUnknown {
+				t.Fatalf("first answer = %d %q %v, want 502 saying the catalog did not process it", first.code(), first.body, first.err)
+			}
+			if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 0 || s != 1 {
+				t.Fatalf("the catalog got the keyed POST %d times and executed it %d times, want 1 and 0", s, n)
+			}
+			retry := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody)
+			if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "" {
+				t.Fatalf("retry = %d %v %q, want 200 executed", retry.code(), retry.header, retry.body)
+			}
+			if n := catalog.executed.Load(); n != 1 {
+				t.Fatalf("the catalog executed the commit %d times, want 1", n)
 			}
 		})
 	}

@@ -24,7 +24,7 @@ const (
 	sentMaybe        = iota // the request may have reached the catalog
 	sentNothing             // no upstream was chosen: a handler before reverse_proxy failed
 	sentNoConnection        // reverse_proxy chose an upstream but had no connection to send it on, or had none
-	sentUnprocessed         // the one attempt had a connection, and the transport's error proves the catalog did not process it
+	sentUnprocessed         // one attempt had a connection, and the transport's error proves the catalog did not process it
 )
 
 // howMuchSent tells how much of the request err proves did not reach the
@@ -47,7 +47,9 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 		return sentNothing
 	}
 	if conns.gotConn.Load() {
-		if conns.soleUnansweredAttempt() && !proxyRetried(r) && unprocessed(err) {
+		// Attempts reverse_proxy made before (lb_retries after dial
+		// errors) had no connection: each one handed over counts.
+		if conns.soleUnansweredAttempt() && unprocessed(err) {
 			return sentUnprocessed
 		}
 		return sentMaybe
