@@ -626,11 +626,19 @@ func (g *guarded) bind(stored stores.Binding) string {
 		altMsg := mismatch(stored, alt)
 		if altMsg == "" {
 			g.binding = stored
-			// Sealed under the current secret, which outlives the one
-			// matched; with none, under the matched one (nil: unkeyed).
-			g.sealWith = g.h.keys.current
-			if g.sealWith == nil {
-				g.sealWith = k
+			// Sealed under the secret the binding is keyed under, so that
+			// the record's key id names it: once that secret is dropped,
+			// its retries cannot be matched, and a key id no configured
+			// secret has makes them the 500 of an unreadable record, not
+			// 422. Sealed under B, a record taken over (abandoned
+			// reexecute) but still bound under A told them 422, which a
+			// commit client reads as a failed commit. An unkeyed binding
+			// is sealed under the current secret, if any: the unkeyed
+			// reading is never dropped, and an answer is stored in clear
+			// only with no secret set.
+			g.sealWith = k
+			if k == nil {
+				g.sealWith = g.h.keys.current
 			}
 			return ""
 		}

@@ -64,9 +64,9 @@ type guarded struct {
 	// it holds this request's key: see passGuarded.
 	outer *activeGuard
 	// sealWith is the secret this request's answer is sealed under: the
-	// current one or, with none, for a record adopted under a previous
-	// secret (a takeover with encryption turned off, the old secret kept)
-	// that one, so that no answer under a keyed binding is stored in clear.
+	// one its binding is keyed under (the current one, or for a record
+	// adopted under a previous secret, a takeover, that one), or for an
+	// adopted unkeyed binding the current one; see bind.
 	sealWith *secretKeys
 	// detached is the request's context without its cancellation (the
 	// replacer and vars travel along): store writes and the execution run

@@ -152,6 +152,38 @@ func TestTakeoverWithEncryptionOffSealsUnderTheMatchedSecret(t *testing.T) {
 	}
 }
 
+// A record bound under secret A and taken over (abandoned reexecute) by a
+// node with secret B and previous A keeps its binding under A, and the
+// takeover extends its life. Once A is dropped, its retries cannot be
+// matched: they get the 500 of a record that cannot be read, never 422
+// (which a commit client reads as a failed commit) and never a second
+// execution. Before, the answer was sealed under B: the record opened, the
+// binding differed, and the retry of the executed commit heard 422
+// "another principal".
+func TestTakenOverRecordOnceItsSecretIsDropped(t *testing.T) {
+	old, cur := "secret-A-"+randomHex(t, 16), "secret-B-"+randomHex(t, 16)
+	_, auth, up := vendedCredentials(t)
+	s := newMemoryStore(t)
+	key := abandonedUnder(t, s, old, auth)
+	h := newSecretHandler(t, s, cur, old)
+	h.Abandoned = abandonedReexecute
+	if first := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth); first.code() != 200 {
+		t.Fatalf("takeover answered %d %s", first.code(), first.body)
+	}
+	if r := serve(t, newSecretHandler(t, s, cur, old), up, "POST", commitPath, key, commitBody, "Authorization", auth); r.header.Get(ReplayedHeader) != "true" {
+		t.Fatalf("retry with A still in previous_secrets answered %d %s, want the replay", r.code(), r.body)
+	}
+	dropped := newSecretHandler(t, s, cur)
+	dropped.Abandoned = abandonedReexecute
+	r := serve(t, dropped, up, "POST", commitPath, key, commitBody, "Authorization", auth)
+	if r.code() != http.StatusInternalServerError || r.errorType() != typeCommitStateUnknown {
+		t.Errorf("retry once A is dropped answered %d %s, want 500 %s", r.code(), r.body, typeCommitStateUnknown)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("the catalog was called %d times, want 1", n)
+	}
+}
+
 // takeOverReplyLost commits a TakeOver but reports false, as a Redis
 // cluster client that resends the script after a network error does.
 type takeOverReplyLost struct{ stores.Store }
