@@ -156,16 +156,22 @@ func openMemoryStore(l memory.Limits, config <-chan struct{}, logger *zap.Logger
 // (supersede): a reload that fails after this handler was provisioned, or
 // while its apps start, leaves the running config in force, and a shrink
 // would have evicted its final records, whose retries would then execute
-// again.
+// again. A new config's when_full waits for that too: its refuse, taken
+// at once, stayed on after a reload Caddy refused, and the running config
+// (evict) answered 503 to every new key on a full store.
 func (s *memoryStore) configure(config <-chan struct{}, want memory.Limits, logger *zap.Logger) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.Limits()
+	grow := larger(want, now)
 	if config == s.config {
 		want = larger(want, s.wanted)
+	} else {
+		grow.KeepUnexpired = now.KeepUnexpired
 	}
 	s.config, s.wanted = config, want
 	s.evictions.SetLogger(logger)
-	return s.resize(larger(want, s.Limits()), logger)
+	return s.resize(grow, logger)
 }
 
 // supersede is called as the app of config stops. If a newer config has

@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -253,6 +254,58 @@ func TestRefusedStartKeepsTheRunningConfig(t *testing.T) {
 	}
 	if running.Load() != runningApp {
 		t.Fatal("after a refused start the admin API does not answer for the running config")
+	}
+}
+
+// when_full is the running config's until a reload is in force. A reload
+// to when_full refuse that Caddy refuses (another module fails to
+// provision after the handler was, so no app of it starts or stops) leaves
+// evict on: before, refuse stayed on, and the running config answered 503
+// to every new key on a full store until the next reload. One that
+// succeeds turns refuse on once the old config stops.
+func TestReloadToWhenFullRefuseTakesEffectOnceInForce(t *testing.T) {
+	cfg1 := newCaddyContext(t)
+	p1 := &MemoryStore{MaxEntries: 3} // when_full evict
+	if err := p1.Provision(cfg1); err != nil {
+		t.Fatal(err)
+	}
+	s, err := acquireStore(cfg1, p1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup() }()
+	runningApp := startMemoryApp(t, cfg1, s)
+	for range 3 {
+		finalize(t, s, 10)
+	}
+	reloadToRefuse := func() caddy.Context {
+		cfg := newCaddyContext(t)
+		p := &MemoryStore{MaxEntries: 3, WhenFull: whenFullRefuse}
+		if err := p.Provision(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := acquireStore(cfg, p); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	ms := unpooled(s).(*memoryStore)
+
+	reloadToRefuse()
+	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup() // refused: its handler goes
+	if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)); err != nil {
+		t.Fatalf("after a refused reload to when_full refuse, the running config (evict) got %v; limits %+v", err, ms.Limits())
+	}
+
+	cfg3 := reloadToRefuse()
+	newApp := startMemoryApp(t, cfg3, s)
+	defer func() { _ = newApp.Stop() }()
+	if err := runningApp.Stop(); err != nil { // the old config goes
+		t.Fatal(err)
+	}
+	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
+	if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)); !errors.Is(err, memory.ErrFull) {
+		t.Fatalf("once the reload to when_full refuse is in force, a new key on a full store got %v, want %v; limits %+v", err, memory.ErrFull, ms.Limits())
 	}
 }
 
