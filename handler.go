@@ -703,6 +703,11 @@ func (h *Handler) warnBelowPrefix(flag *int32, r *http.Request, what string) {
 func (h *Handler) classifyRequest(method, escaped string) (op, bound string) {
 	normal := normalizePath(escaped)
 	if op, bound = h.classifyPath(method, normal); op != "" {
+		if !isCommit(op) {
+			if op2, bound2 := otherReadings(method, escaped, normal, h.classifyPath); isCommit(op2) {
+				return op2, bound2
+			}
+		}
 		return op, bound
 	}
 	if op, bound = otherReadings(method, escaped, normal, h.classifyPath); op != "" || h.basePath == "" {

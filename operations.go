@@ -60,7 +60,8 @@ const maxPrefixSegments = 10
 // the path as it is, and catalogs answer /v1/config with prefixes such as
 // catalogs/{catalog} (Unity Catalog) or projects/{p}/catalogs/{c} (BigLake).
 // The shortest prefix whose remainder matches a template wins, the
-// unprefixed reading first.
+// unprefixed reading first, unless a longer one reads the path as a
+// commit (see isCommit).
 func classify(method, rel string) string {
 	m := methodIndex(method)
 	rest, ok := strings.CutPrefix(rel, "/v1/")
@@ -83,18 +84,24 @@ func classify(method, rel string) string {
 		segs = append(segs, rest[:i])
 		rest = rest[i+1:]
 	}
+	first := ""
 	for k := range min(len(segs), maxPrefixSegments+1) {
 		if k > 0 && segs[k-1] == "" {
-			return "" // a prefix has no empty segment
+			return first // a prefix has no empty segment
 		}
 		if len(segs)-k > maxTemplateSegments {
 			continue
 		}
 		if id := match(m, segs[k:]); id != "" {
-			return id
+			if isCommit(id) {
+				return id // a commit reading wins: see isCommit
+			}
+			if first == "" {
+				first = id
+			}
 		}
 	}
-	return ""
+	return first
 }
 
 // byShape holds the mutations by method (methodIndex) and by number of

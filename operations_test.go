@@ -80,6 +80,22 @@ func TestClassify(t *testing.T) {
 	if got := classify("POST", "/v2/namespaces"); got != "" {
 		t.Errorf("classify outside /v1/ = %q", got)
 	}
+	// A path that one prefix reads as a commit and a shorter one as another
+	// mutation is the commit, whose 502 leaves the key unknown: before, the
+	// shortest prefix won, and a 502 after the commit released the key.
+	for path, want := range map[string]string{
+		// Prefix "namespaces", namespace "tables", table "plan"; without a
+		// prefix: planTableScan of table "tables".
+		"/v1/namespaces/namespaces/tables/tables/plan":       "updateTable",
+		"/v1/namespaces/namespaces/tables/tables/tasks":      "updateTable",
+		"/v1/namespaces/namespaces/tables/tables/unregister": "updateTable",
+		// The shortest prefix still wins among non-commits.
+		"/v1/namespaces/namespaces/tables": "createTable",
+	} {
+		if got := classify("POST", path); got != want {
+			t.Errorf("classify(POST %s) = %q, want %q", path, got, want)
+		}
+	}
 }
 
 func replacePrefix(path, prefix string) string {

@@ -89,6 +89,12 @@ func TestClassifyLiteralReading(t *testing.T) {
 		// A %2F in a path that is a mutation as it is stays in its segment.
 		{"DELETE", "/v1/wh/namespaces/ns%2ftables%2Ft", "dropNamespace", "/v1/wh/namespaces/ns%2Ftables%2Ft"},
 		{"DELETE", "/v1/wh/namespaces/ns/tables/a%2Fb", "dropTable", "/v1/wh/namespaces/ns/tables/a%2Fb"},
+		// A table or view named "." as sent: the normalized reading is a
+		// create, the literal one a commit, which wins (its 502 must leave
+		// the key unknown). Before, the create did, and a 502 after the
+		// commit released the key: the retry committed again.
+		{"POST", "/v1/wh/namespaces/ns/tables/%2E", "updateTable", "/v1/wh/namespaces/ns/tables/."},
+		{"POST", "/v1/wh/namespaces/ns/views/%2E", "replaceView", "/v1/wh/namespaces/ns/views/."},
 		// The normalized reading wins where it is a mutation.
 		{"POST", "/v1/wh/namespaces;x=1", "createNamespace", "/v1/wh/namespaces"},
 		// Neither reading is a mutation.
@@ -261,16 +267,22 @@ func classifyByList(method, rest string) string {
 		return ""
 	}
 	// The {prefix} is optional and may span up to maxPrefixSegments
-	// segments, none empty; the shortest that leaves a template wins.
+	// segments, none empty; the shortest that leaves a commit wins, else
+	// the shortest that leaves a template.
+	first := ""
 	for k := 0; k <= maxPrefixSegments && k < len(segs); k++ {
 		if k > 0 && segs[k-1] == "" {
-			return ""
+			break
 		}
-		if id := try(segs[k:]); id != "" {
+		id := try(segs[k:])
+		if isCommit(id) {
 			return id
 		}
+		if first == "" {
+			first = id
+		}
 	}
-	return ""
+	return first
 }
 
 // A catalog mounted under a prefix the handler sees, without base_path:

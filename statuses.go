@@ -103,11 +103,8 @@ func commitStateUnknown(operation string, status int, contentEncoding string, bo
 	if status < 500 || status > 599 {
 		return false
 	}
-	switch operation {
-	case "updateTable", "commitTransaction", "replaceView":
-		if status == 500 || status == 502 || status == 504 {
-			return true
-		}
+	if isCommit(operation) && (status == 500 || status == 502 || status == 504) {
+		return true
 	}
 	if !complete || len(body) == 0 {
 		return false
@@ -130,3 +127,14 @@ func commitStateUnknown(operation string, status int, contentEncoding string, bo
 // maxErrorBodySize bounds how much of a compressed error answer is decoded
 // to read its type.
 const maxErrorBodySize = 1 << 20
+
+// isCommit reports whether operation is one whose 500, 502 and 504 the spec
+// defines as "the commit state is unknown". A path that reads as a commit
+// and as another mutation (a table named ".", sent as "…/tables/%2E": the
+// normalized reading is createTable; a prefix and names that spell a
+// template word) is guarded as the commit: read as the other, its 502
+// would release the key, and a retry would commit again. Read as a commit
+// by mistake, a 5xx leaves the key unknown instead, the safe side.
+func isCommit(operation string) bool {
+	return operation == "updateTable" || operation == "commitTransaction" || operation == "replaceView"
+}
