@@ -144,6 +144,9 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	g.binding = g.own
 	g.sealWith = h.keys.current
 	g.outer = activeGuardOf(r.Context())
+	// A key of another version got here only on a record the store showed:
+	// a store failure from now on must not pass it through under fail_open.
+	g.recordShown = otherVersion
 	// The share goes with the body: released when dropBody lets it go,
 	// or at the latest when the request ends.
 	g.hold, hold = hold, bodyHold{}

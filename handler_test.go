@@ -588,6 +588,47 @@ func TestKeyOfAnotherVersionAcceptedElsewhere(t *testing.T) {
 	}
 }
 
+// reserveFails is a store whose reads work and whose every Reserve fails,
+// as a store does that breaks between two calls.
+type reserveFails struct{ stores.Store }
+
+func (reserveFails) Reserve(context.Context, stores.Reservation) (stores.ReserveResult, error) {
+	return stores.ReserveResult{}, errInjected
+}
+
+// A key of another version gets past admission only on a record the store
+// showed: a Reserve that fails after it must not pass the request through
+// under fail_open, neither beside the request executing it nor after the
+// answer was stored. Before, it did: the catalog executed the key again.
+func TestFailOpenAfterTheRecordOfAnotherVersionWasShown(t *testing.T) {
+	const v4 = "f47ac10b-58cc-4372-a567-0e02b2c3d479"
+	for _, final := range []bool{false, true} {
+		s := newMemoryStore(t)
+		up := answering(200, "{}")
+		upgraded := newTestHandler(t, s)
+		upgraded.KeyVersions = []int{4, 7}
+		if err := upgraded.prepare(); err != nil {
+			t.Fatal(err)
+		}
+		if final {
+			if first := serve(t, upgraded, up, "POST", "/v1/namespaces", v4, nsBody); first.code() != 200 {
+				t.Fatalf("first = %d %s", first.code(), first.body)
+			}
+		} else if res, err := s.Reserve(t.Context(), stores.Reservation{Key: v4, Binding: stores.Binding{Operation: "createNamespace", Path: "/v1/namespaces"},
+			Owner: "another-node", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
+			t.Fatal(res, err)
+		}
+		calls := up.calls.Load()
+		old := newTestHandler(t, reserveFails{s}) // key_versions 7
+		old.FailOpen = true
+		res := serve(t, old, up, "POST", "/v1/namespaces", v4, nsBody)
+		if up.calls.Load() != calls || res.code() != http.StatusServiceUnavailable {
+			t.Errorf("record final %v: a Reserve failing after the lookup = %d %s, catalog called %d more times; want 503 and none",
+				final, res.code(), res.body, up.calls.Load()-calls)
+		}
+	}
+}
+
 // A duplicate waits no longer than the server's write_timeout allows: it is
 // answered 503 + Retry-After with time left to write it, not broken off by
 // the server when in_flight_wait is longer than write_timeout.

@@ -48,14 +48,18 @@ type guarded struct {
 	binding stores.Binding // as stored: under the current secret, or the record's own once bind matched it
 	// own is the binding under the current secret: what a new
 	// reservation is bound to, whatever record an earlier round adopted.
-	own    stores.Binding
-	owner  string
-	status int           // the status of the response being finalized, for logs: a sealed response hides it
-	hb     heartbeat     // the lease renewals of the execution, then of finalizeLater
-	body   requestBody   // the read body, as the handlers after this one get it
-	hold   bodyHold      // body's share of max_buffered_bytes, until dropBody
-	cw     captureWriter // the execution's response, held until it is stored
-	conns  connTrace     // the connections the catalog call took: see howMuchSent
+	own   stores.Binding
+	owner string
+	// recordShown is set when admission already found the key's record
+	// (a key of a version key_versions leaves out, which only a record
+	// lets through): run starts with the store having shown the key.
+	recordShown bool
+	status      int           // the status of the response being finalized, for logs: a sealed response hides it
+	hb          heartbeat     // the lease renewals of the execution, then of finalizeLater
+	body        requestBody   // the read body, as the handlers after this one get it
+	hold        bodyHold      // body's share of max_buffered_bytes, until dropBody
+	cw          captureWriter // the execution's response, held until it is stored
+	conns       connTrace     // the connections the catalog call took: see howMuchSent
 	// executionEnds is when the execution's timeout ends it, set as it
 	// starts: records are kept for the lifetime past it (recordTTL).
 	executionEnds time.Time
@@ -99,8 +103,9 @@ func (g *guarded) run() error {
 	// shown is set once the store has shown the key to be another
 	// request's: from then on a store failure does not pass the request
 	// through under fail_open, since the other one may be executing it
-	// (a duplicate woken with this one by a release, say, reserved it).
-	shown := false
+	// (a duplicate woken with this one by a release, say, reserved it),
+	// or already executed it (a record admission found).
+	shown := g.recordShown
 
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		// A record matched under an older secret in an earlier round
