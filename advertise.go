@@ -154,7 +154,15 @@ func isoDuration(d time.Duration) string {
 		d -= m * time.Minute
 	}
 	if d > 0 {
-		b.WriteString(strconv.FormatFloat(d.Seconds(), 'f', -1, 64) + "S")
+		// In integers: a float's digits are not the duration's (1.118s
+		// formatted as 1.1179999999999999), and java.time.Duration.parse
+		// refuses more than nine of them, which breaks the Java client's
+		// whole config parse.
+		b.WriteString(strconv.FormatInt(int64(d/time.Second), 10))
+		if ns := d % time.Second; ns > 0 {
+			b.WriteString("." + strings.TrimRight(fmt.Sprintf("%09d", ns), "0"))
+		}
+		b.WriteString("S")
 	}
 	return b.String()
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,9 +25,38 @@ func TestISODuration(t *testing.T) {
 		45 * time.Second:                  "PT45S",
 		time.Hour + 1500*time.Millisecond: "PT1H1.5S",
 		0:                                 "PT0S",
+		// Before, the seconds went through a float: PT30M1.1179999999999999S,
+		// which java.time.Duration.parse refuses (nine digits at most).
+		30*time.Minute + 1118*time.Millisecond:     "PT30M1.118S",
+		1128 * time.Millisecond:                    "PT1.128S",
+		time.Hour + 1003691*time.Microsecond:       "PT1H1.003691S",
+		time.Nanosecond:                            "PT0.000000001S",
+		59*time.Second + 999999999*time.Nanosecond: "PT59.999999999S",
 	} {
 		if got := isoDuration(d); got != want {
 			t.Errorf("isoDuration(%v) = %q, want %q", d, got, want)
+		}
+	}
+	// About every millisecond of two minutes, nanoseconds spread: what
+	// Duration.parse accepts, and the duration itself read back.
+	javaDuration := regexp.MustCompile(`^PT(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)(?:\.(\d{1,9}))?S)?$`)
+	for d := time.Hour - time.Minute; d < time.Hour+time.Minute; d += 999_983 * time.Nanosecond {
+		got := isoDuration(d)
+		m := javaDuration.FindStringSubmatch(got)
+		if m == nil {
+			t.Fatalf("isoDuration(%v) = %q, which java.time.Duration.parse refuses", d, got)
+		}
+		var back time.Duration
+		for i, unit := range []time.Duration{time.Hour, time.Minute, time.Second} {
+			n, _ := strconv.ParseInt(m[i+1], 10, 64)
+			back += time.Duration(n) * unit
+		}
+		if frac := m[4]; frac != "" {
+			n, _ := strconv.ParseInt(frac+strings.Repeat("0", 9-len(frac)), 10, 64)
+			back += time.Duration(n)
+		}
+		if back != d {
+			t.Fatalf("isoDuration(%v) = %q, which reads back as %v", d, got, back)
 		}
 	}
 }
