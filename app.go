@@ -120,6 +120,11 @@ func (a *App) Validate() error {
 	if a.CleanupInterval < caddy.Duration(minCleanupInterval) {
 		return fmt.Errorf("cleanup_interval must be at least %v, got %v", minCleanupInterval, time.Duration(a.CleanupInterval))
 	}
+	// Past 265 years the ±10% jitter wraps the timer negative, and purges
+	// ran back to back.
+	if a.CleanupInterval > maxDuration {
+		return fmt.Errorf("cleanup_interval must be at most %v (ten years), got %v", time.Duration(maxDuration), time.Duration(a.CleanupInterval))
+	}
 	if a.CleanupBatch < 0 {
 		return fmt.Errorf("cleanup_batch must be positive, got %d", a.CleanupBatch)
 	}

@@ -86,6 +86,9 @@ func TestAppDefaultsAndValidation(t *testing.T) {
 	if err := (&App{CleanupInterval: 1}).Validate(); err == nil || !strings.Contains(err.Error(), "cleanup_interval must be at least 1s") {
 		t.Fatalf("cleanup_interval 1ns: %v", err)
 	}
+	if err := (&App{CleanupInterval: caddy.Duration(2500000 * time.Hour)}).Validate(); err == nil || !strings.Contains(err.Error(), "cleanup_interval must be at most") {
+		t.Fatalf("cleanup_interval 2500000h: %v", err)
+	}
 	// Stop without Start (a config that failed to load) must not block.
 	if err := (&App{}).Stop(); err != nil {
 		t.Fatal(err)

@@ -382,6 +382,9 @@ func parseApp(d *caddyfile.Dispenser, existing any) (any, error) {
 			if app.CleanupInterval < caddy.Duration(minCleanupInterval) {
 				return nil, d.Errf("cleanup_interval must be at least %v, got %v", minCleanupInterval, time.Duration(app.CleanupInterval))
 			}
+			if app.CleanupInterval > maxDuration {
+				return nil, d.Errf("cleanup_interval must be at most %v (ten years), got %v", time.Duration(maxDuration), time.Duration(app.CleanupInterval))
+			}
 		case "cleanup_batch":
 			arg, err := singleArg(d)
 			if err != nil {

@@ -188,6 +188,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		// PostgreSQL counts it in whole milliseconds: 500µs was sent as 0,
 		// no limit at all.
 		{"statement_timeout below 1ms", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tstatement_timeout 500us\n\t\t}\n\t}", `statement_timeout must be at least 1ms, got 500µs`, "at Caddyfile:4"},
+		// pgxpool counts connections in an int32: refused only at start,
+		// without the line, before.
+		{"max_conns past int32", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn x\n\t\t\tmax_conns 3000000000\n\t\t}\n\t}", `max_conns must be a positive integer up to 2147483647, got "3000000000"`, "at Caddyfile:5"},
 		{"combined_writes value", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tcombined_writes 0\n\t\t}\n\t}", `combined_writes must be a positive integer or off, got "0"`, "at Caddyfile:4"},
 		{"combined_writes mysql", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tcombined_writes many\n\t\t}\n\t}", `combined_writes must be a positive integer or off, got "many"`, "at Caddyfile:5"},
 		{"mysql unknown option", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tlisten_notify on\n\t\t}\n\t}", `unknown mysql store option "listen_notify"`, "at Caddyfile:5"},
@@ -252,6 +255,9 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"no body budget", "iceberg_idempotency {\n\t\tmax_buffered_bytes 0\n\t}", `max_buffered_bytes must be a positive size like 16MiB, got "0"`, "at Caddyfile:3"},
 		// 1ns kept PostgreSQL at 15,000 purge statements/s.
 		{"interval below a second", "iceberg_idempotency {\n\t\tcleanup_interval 500ms\n\t}", "cleanup_interval must be at least 1s, got 500ms", "at Caddyfile:3"},
+		// Past 265 years the jitter wrapped the timer negative: purges ran
+		// back to back.
+		{"interval past ten years", "iceberg_idempotency {\n\t\tcleanup_interval 2500000h\n\t}", "cleanup_interval must be at most 87600h0m0s (ten years), got 2500000h0m0s", "at Caddyfile:3"},
 		{"option twice", "iceberg_idempotency {\n\t\tcleanup_batch 5\n\t\tcleanup_batch 6\n\t}", "cleanup_batch given twice (first on line 3)", "at Caddyfile:4"},
 		// Caddy would keep only the second block.
 		{"block twice", "iceberg_idempotency {\n\t\tcleanup_batch 5\n\t}\n\ticeberg_idempotency {\n\t\tcleanup_interval 1m\n\t}", "iceberg_idempotency global option given twice", "at Caddyfile:5"},

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"slices"
@@ -182,9 +183,11 @@ func (c *SQLStoreConfig) unmarshalOption(d *caddyfile.Dispenser) (bool, error) {
 		if err != nil {
 			return true, err
 		}
+		// pgxpool counts connections in an int32: a larger value was
+		// refused only at start, without the line.
 		n, err := strconv.Atoi(arg)
-		if err != nil || n <= 0 {
-			return true, d.Errf("max_conns must be a positive integer, got %q", arg)
+		if err != nil || n <= 0 || n > math.MaxInt32 {
+			return true, d.Errf("max_conns must be a positive integer up to %d, got %q", math.MaxInt32, arg)
 		}
 		c.MaxConns = n
 	case "auto_migrate":

@@ -67,16 +67,22 @@ func checkLease(lease time.Duration, provider any) error {
 	var tooLong []string
 	for _, t := range b.callTimeouts() {
 		longest = max(longest, t.timeout)
-		if minLeaseCalls*t.timeout > lease {
+		// Divided, not multiplied: three times a timeout over 97 years
+		// wraps negative, and such a timeout passed the check.
+		if t.timeout > lease/minLeaseCalls {
 			tooLong = append(tooLong, fmt.Sprintf("%s (%v)", t.option, t.timeout))
 		}
 	}
 	if len(tooLong) == 0 {
 		return nil
 	}
+	raise := ""
+	if longest <= time.Duration(maxDuration)/minLeaseCalls {
+		raise = fmt.Sprintf("raise lease to at least %v, or ", minLeaseCalls*longest)
+	}
 	return fmt.Errorf("lease %v is shorter than %d times the store's call timeout %v: a renewal that takes the whole timeout would let the lease lapse; "+
-		"raise lease to at least %v, or lower %s to at most %v",
-		lease, minLeaseCalls, longest, minLeaseCalls*longest, joinWords(tooLong, "and"), (lease / minLeaseCalls).Round(time.Millisecond))
+		"%slower %s to at most %v",
+		lease, minLeaseCalls, longest, raise, joinWords(tooLong, "and"), (lease / minLeaseCalls).Round(time.Millisecond))
 }
 
 // joinWords joins names for a message: "a", "a and b", "a, b and c" (or

@@ -33,6 +33,15 @@ func TestLeaseShorterThanThreeCallsIsRefused(t *testing.T) {
 		{"redis defaults too", `{"backend": "redis", "addresses": ["127.0.0.1:1"], "read_timeout": "4s"}`, 10 * time.Second,
 			"or lower dial_timeout (5s), read_timeout (4s) and write_timeout (5s) to at most 3.333s"},
 		{"memory any lease", `{"backend": "memory"}`, 3 * time.Millisecond, ""},
+		// Three times a timeout over 97 years wrapped negative, and the
+		// check passed; raising the lease past ten years is no advice.
+		{"postgres timeout past int64 thrice", `{"backend": "postgres", "dsn": "postgres://caddy@127.0.0.1:1/none", "statement_timeout": "1000000h"}`, 0,
+			"lease 30s is shorter than 3 times the store's call timeout 1000000h0m0s: a renewal that takes the whole timeout would let the lease lapse; lower statement_timeout (1000000h0m0s) to at most 10s"},
+		{"redis timeout past int64 thrice", `{"backend": "redis", "addresses": ["127.0.0.1:1"], "read_timeout": "1000000h"}`, 0,
+			"lower read_timeout (1000000h0m0s) to at most 10s"},
+		// JSON refuses what the Caddyfile does, for MySQL too.
+		{"mysql statement_timeout below 1ms", `{"backend": "mysql", "dsn": "root@tcp(127.0.0.1:1)/none", "statement_timeout": "500us"}`, 0,
+			"statement_timeout must be at least 1ms, got 500µs"},
 		// A lease below the least allowed gets Validate's error, not advice
 		// to lower the statement timeout to 0s.
 		{"negative lease", `{"backend": "postgres", "dsn": "postgres://caddy@127.0.0.1:1/none"}`, -time.Second,

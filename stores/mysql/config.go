@@ -85,6 +85,11 @@ func (c *Config) setDefaults() error {
 	if c.StatementTimeout == 0 {
 		c.StatementTimeout = sqlstore.DefaultStatementTimeout
 	}
+	// As the Caddyfile refuses it for both SQL stores: a JSON config must
+	// not get what the Caddyfile cannot.
+	if c.StatementTimeout < time.Millisecond {
+		return fmt.Errorf("mysql: statement_timeout must be at least 1ms, got %v", c.StatementTimeout)
+	}
 	if c.PollMin == 0 {
 		c.PollMin = sqlstore.DefaultPollMin
 	}
