@@ -44,10 +44,25 @@ func RedactDSN(dsn string) string {
 
 // redact returns the redacted DSN and the raw text of each masked secret.
 func redact(dsn string) (string, []string) {
-	var secrets []string
-	if kvStart.MatchString(dsn) {
-		return redactKV(dsn)
+	if !kvStart.MatchString(dsn) {
+		return redactURL(dsn)
 	}
+	out, secrets := redactKV(dsn)
+	if !strings.Contains(out, "@") {
+		return out, secrets
+	}
+	// A MySQL user name may hold '=': "svc=reader:pw@tcp(db:3306)/x"
+	// reads as key=value, has no password key, and was logged whole.
+	// Its user info is masked too; in a true key=value DSN, a value with
+	// an '@' and a ':' before it is masked that far, more rather than
+	// less.
+	out, more := redactURL(out)
+	return out, append(secrets, more...)
+}
+
+// redactURL redacts a URL or MySQL-driver DSN.
+func redactURL(dsn string) (string, []string) {
+	var secrets []string
 	prefix, body := "", dsn
 	if i := strings.Index(dsn, "://"); i >= 0 {
 		prefix, body = dsn[:i+3], dsn[i+3:]

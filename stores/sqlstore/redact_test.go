@@ -89,6 +89,9 @@ func TestRedactDSNAgainstDriverParsers(t *testing.T) {
 			"caddy:" + pw + "@tcp(db:3306)/iceberg?parseTime=true",
 			"caddy:" + pw + "@unix(/run/mysqld/mysqld.sock)/iceberg",
 			"caddy:" + pw + "@/iceberg",
+			// A user name with '=' read as key=value before, and the
+			// DSN was logged whole.
+			"svc=reader:" + pw + "@tcp(db:3306)/iceberg",
 		} {
 			mc, err := mysqldrv.ParseDSN(dsn)
 			if err != nil {
