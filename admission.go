@@ -34,6 +34,13 @@ import (
 // IdempotencyKeyHeader is the request header defined by the Iceberg REST spec.
 const IdempotencyKeyHeader = "Idempotency-Key"
 
+// maxBoundPath is the longest path a key is bound to: what MySQL's TEXT
+// column holds. Longer, MariaDB's strict mode refused the reservation (503
+// on every retry), and a non-strict sql_mode cut the path short, so that
+// the retry of an executed commit no longer matched its record: 422. No
+// catalog path comes near it; Go's server takes paths up to 1 MB.
+const maxBoundPath = 65535
+
 // admit checks what a keyed mutation brings (its key, its body) and binds
 // the key to it, then hands the request to its lifecycle (lifecycle.go). path is the request's
 // normalized path, which the key is bound to.
@@ -70,6 +77,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		}
 	}
 
+	if len(path) > maxBoundPath {
+		closeUnreadBody(w, r)
+		writeError(w, http.StatusRequestURITooLong, typeURITooLong,
+			fmt.Sprintf("request path is %d bytes, more than the %d an Idempotency-Key can be bound to; it was not executed", len(path), maxBoundPath), 0)
+		return nil
+	}
 	if h.pooled != nil {
 		// The store stays open across a reload until this request is
 		// done, counted from before its body is read: a reload while a

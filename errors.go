@@ -24,6 +24,7 @@ const (
 	typeUnavailable        = "ServiceUnavailableException"
 	typeConflict           = "ConflictException"
 	typeTooLarge           = "RequestEntityTooLargeException"
+	typeURITooLong         = "URITooLongException"
 	typeCommitStateUnknown = "CommitStateUnknownException"
 	typeServiceFailure     = "ServiceFailureException"
 	typeForbidden          = "ForbiddenException"

@@ -588,6 +588,29 @@ func TestKeyOfAnotherVersionAcceptedElsewhere(t *testing.T) {
 	}
 }
 
+// A keyed mutation whose path is longer than a key can be bound to (MySQL's
+// TEXT column) gets 414 before anything is reserved or sent. Before, a
+// non-strict sql_mode cut the stored path short, and the retry of the
+// executed commit got 422; a strict one refused every reservation (503).
+func TestPathLongerThanABindingIsRefused(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	up := answering(200, "{}")
+	prefix := "/v1/wh/namespaces/ns/tables/"
+	for _, tt := range []struct {
+		length int
+		want   int
+	}{{maxBoundPath, 200}, {maxBoundPath + 1, http.StatusRequestURITooLong}} {
+		path := prefix + strings.Repeat("t", tt.length-len(prefix))
+		res := serve(t, h, up, "POST", path, storetest.NewKey(t), commitBody)
+		if res.code() != tt.want {
+			t.Errorf("keyed commit with a %d-byte path = %d %s, want %d", len(path), res.code(), res.body, tt.want)
+		}
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("the catalog was called %d times, want 1 (the path at the limit)", n)
+	}
+}
+
 // reserveFails is a store whose reads work and whose every Reserve fails,
 // as a store does that breaks between two calls.
 type reserveFails struct{ stores.Store }
