@@ -219,15 +219,7 @@ func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
 // later app refused to start, changes nothing: the running config keeps
 // its bounds, its records and the admin API.
 func TestRefusedStartKeepsTheRunningConfig(t *testing.T) {
-	cfg1 := newCaddyContext(t)
-	p1 := &MemoryStore{MaxEntries: 100}
-	if err := p1.Provision(cfg1); err != nil {
-		t.Fatal(err)
-	}
-	s, err := acquireStore(cfg1, p1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg1, s := acquireInNewConfig(t, &MemoryStore{MaxEntries: 100})
 	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup() }()
 	for range 100 {
 		finalize(t, s, 10)
@@ -235,14 +227,7 @@ func TestRefusedStartKeepsTheRunningConfig(t *testing.T) {
 	runningApp := startMemoryApp(t, cfg1, s)
 	defer func() { _ = runningApp.Stop() }()
 
-	cfg2 := newCaddyContext(t)
-	p2 := &MemoryStore{MaxEntries: 10}
-	if err := p2.Provision(cfg2); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := acquireStore(cfg2, p2); err != nil {
-		t.Fatal(err)
-	}
+	cfg2, _ := acquireInNewConfig(t, &MemoryStore{MaxEntries: 10})
 	refused := startMemoryApp(t, cfg2, s)
 	if err := refused.Stop(); err != nil { // a later app of cfg2 refused to start
 		t.Fatal(err)
@@ -264,40 +249,21 @@ func TestRefusedStartKeepsTheRunningConfig(t *testing.T) {
 // to every new key on a full store until the next reload. One that
 // succeeds turns refuse on once the old config stops.
 func TestReloadToWhenFullRefuseTakesEffectOnceInForce(t *testing.T) {
-	cfg1 := newCaddyContext(t)
-	p1 := &MemoryStore{MaxEntries: 3} // when_full evict
-	if err := p1.Provision(cfg1); err != nil {
-		t.Fatal(err)
-	}
-	s, err := acquireStore(cfg1, p1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg1, s := acquireInNewConfig(t, &MemoryStore{MaxEntries: 3}) // when_full evict
 	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup() }()
 	runningApp := startMemoryApp(t, cfg1, s)
 	for range 3 {
 		finalize(t, s, 10)
 	}
-	reloadToRefuse := func() caddy.Context {
-		cfg := newCaddyContext(t)
-		p := &MemoryStore{MaxEntries: 3, WhenFull: whenFullRefuse}
-		if err := p.Provision(cfg); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := acquireStore(cfg, p); err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
 	ms := unpooled(s).(*memoryStore)
 
-	reloadToRefuse()
+	acquireInNewConfig(t, &MemoryStore{MaxEntries: 3, WhenFull: whenFullRefuse})
 	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup() // refused: its handler goes
 	if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)); err != nil {
 		t.Fatalf("after a refused reload to when_full refuse, the running config (evict) got %v; limits %+v", err, ms.Limits())
 	}
 
-	cfg3 := reloadToRefuse()
+	cfg3, _ := acquireInNewConfig(t, &MemoryStore{MaxEntries: 3, WhenFull: whenFullRefuse})
 	newApp := startMemoryApp(t, cfg3, s)
 	defer func() { _ = newApp.Stop() }()
 	if err := runningApp.Stop(); err != nil { // the old config goes
@@ -307,6 +273,21 @@ func TestReloadToWhenFullRefuseTakesEffectOnceInForce(t *testing.T) {
 	if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)); !errors.Is(err, memory.ErrFull) {
 		t.Fatalf("once the reload to when_full refuse is in force, a new key on a full store got %v, want %v; limits %+v", err, memory.ErrFull, ms.Limits())
 	}
+}
+
+// acquireInNewConfig provisions p in a new config and takes the pooled
+// store for it, as a handler of that config does.
+func acquireInNewConfig(t *testing.T, p *MemoryStore) (caddy.Context, stores.Store) {
+	t.Helper()
+	cfg := newCaddyContext(t)
+	if err := p.Provision(cfg); err != nil {
+		t.Fatal(err)
+	}
+	s, err := acquireStore(cfg, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, s
 }
 
 // Reconfigure refuses a store of another kind instead of misusing it.
