@@ -34,7 +34,7 @@ const (
 
 var (
 	defaultFinalizeStatuses = []string{"2xx", "4xx"}
-	defaultReleaseStatuses  = []string{"5xx", "401", "403", "408", "419", "425", "429", "499"}
+	defaultReleaseStatuses  = []string{"5xx", "401", "403", "408", "419", "421", "425", "429", "499"}
 	defaultReplayHeaders    = []string{"Content-Type", "ETag", "Location", "Cache-Control"}
 )
 
@@ -134,7 +134,11 @@ type Handler struct {
 	// over FinalizeStatuses. Statuses in neither list are released too. No
 	// 2xx may be released. An answer that says the commit may have landed
 	// (see commitStateUnknown) leaves the key unknown whatever this holds.
-	// Default: ["5xx", "401", "403", "408", "419", "425", "429", "499"].
+	// Default: ["5xx", "401", "403", "408", "419", "421", "425", "429", "499"].
+	// 421 (Misdirected Request) is one a client may send again "whether or
+	// not the request method is idempotent" (RFC 9110, 15.5.20): the
+	// server did not process it. Stored, every retry heard it for the
+	// key's life.
 	ReleaseStatuses []string `json:"release_statuses,omitempty"`
 
 	// Response headers stored and replayed besides the body. Content-Encoding

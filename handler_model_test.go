@@ -529,7 +529,7 @@ func (env *hmEnv) round(seed uint64) *hmRound {
 	case 1:
 		o.finalize = []string{"2xx", "400", "404", "409", "422"} // 410, 401, ... in neither list: released
 	case 2:
-		o.release = []string{"5xx", "401", "403", "408", "419", "425", "429", "499", "404"}
+		o.release = []string{"5xx", "401", "403", "408", "419", "421", "425", "429", "499", "404"}
 	}
 	o.leases = "in-process"
 	if rng.IntN(4) == 0 {

@@ -77,7 +77,7 @@ func TestFinalizeOrRelease(t *testing.T) {
 		{200, true}, {201, true}, {204, true},
 		{400, true}, {404, true}, {409, true}, {422, true},
 		{500, false}, {502, false}, {503, false}, {504, false},
-		{401, false}, {403, false}, {408, false}, {419, false}, {425, false}, {429, false}, {499, false},
+		{401, false}, {403, false}, {408, false}, {419, false}, {421, false}, {425, false}, {429, false}, {499, false},
 		{302, false}, // in neither list
 	} {
 		t.Run(fmt.Sprint(tt.status), func(t *testing.T) {
