@@ -223,7 +223,7 @@ func TestNoRenewalAfterMarkedUnknown(t *testing.T) {
 }
 
 // slowRenewals is one node's view of a shared store whose call timeout is
-// a third of the lease, the shortest lease checkLease accepts: its first
+// a quarter of the lease, the shortest lease checkLease accepts: its first
 // renewal hangs for the whole timeout and fails (a database hiccup), the
 // second, the retry, takes retry when set (it queues for a connection
 // behind the same hiccup), and the others a third of the timeout; all but
@@ -249,14 +249,14 @@ func (s *slowRenewals) ExtendLease(ctx context.Context, key, owner string, lease
 
 // executeOnTwoNodes sends a keyed commit to node A, whose view of the
 // shared store is slowNode, and half a timeout later its duplicate to node
-// B, both under abandoned reexecute with a lease of three timeouts; the
+// B, both under abandoned reexecute with a lease of minLeaseCalls timeouts; the
 // catalog takes executeFor. It returns both answers and how often the
 // catalog executed.
 func executeOnTwoNodes(t *testing.T, slowNode, shared stores.Store, timeout, executeFor time.Duration) (first, duplicate result, executed int32) {
 	t.Helper()
 	nodeA, nodeB := newTestHandler(t, slowNode), newTestHandler(t, shared)
 	for _, h := range []*Handler{nodeA, nodeB} {
-		h.Lease = caddy.Duration(3 * timeout) // the shortest lease checkLease accepts
+		h.Lease = caddy.Duration(minLeaseCalls * timeout) // the shortest lease checkLease accepts
 		h.Abandoned = abandonedReexecute
 		h.InFlightWait = caddy.Duration(20 * time.Second)
 	}
@@ -301,7 +301,7 @@ func TestOneTimedOutRenewalKeepsTheLease(t *testing.T) {
 // nearly as long, must both fit in the lease. Renewed every third of the
 // lease, the two calls filled the two thirds left, and the retry landed
 // after the lease ran out: another node (abandoned reexecute) executed the
-// commit again. Renewed every quarter, they end by 0.95 of it.
+// commit again. Renewed every quarter, they end by 0.78 of it.
 func TestFailedRenewalAndSlowRetryKeepTheLease(t *testing.T) {
 	const timeout = 600 * time.Millisecond
 	shared := newMemoryStore(t) // one store, two nodes
@@ -344,7 +344,7 @@ func TestAdoptedRecordRenewsBeforeExecuting(t *testing.T) {
 	nodeB := newTestHandler(t, &lostReplyTakeOver{&slowRenewals{Store: shared, timeout: timeout}})
 	nodeC := newTestHandler(t, shared)
 	for _, h := range []*Handler{nodeA, nodeB, nodeC} {
-		h.Lease = caddy.Duration(3 * timeout)
+		h.Lease = caddy.Duration(minLeaseCalls * timeout)
 		h.Abandoned = abandonedReexecute
 		h.InFlightWait = caddy.Duration(10 * time.Second)
 	}
@@ -561,4 +561,157 @@ func commitTimingOut(t *testing.T, h *Handler) string {
 		t.Fatalf("answer %d %q, want outcome unknown", res.code(), res.body)
 	}
 	return key
+}
+
+// slowSuccessThenFail: the first renewal commits at once (the store sets
+// the lease from its statement's start) but its reply takes 0.97 of the
+// call timeout (a commit waiting on a log flush or synchronous replication);
+// the second takes the whole timeout and fails; the retry takes 0.97 of it
+// and succeeds. Every call is within the store's timeout. A fake: no real
+// store can be made to reply late on cue.
+type slowSuccessThenFail struct {
+	stores.Store
+	timeout time.Duration
+	calls   atomic.Int32
+}
+
+// sleepOrDone waits d, or until ctx ends (as a real store call does).
+func sleepOrDone(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *slowSuccessThenFail) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
+	switch n := s.calls.Add(1); {
+	case n == 1:
+		err := s.Store.ExtendLease(ctx, key, owner, lease, ttl)
+		if e := sleepOrDone(ctx, s.timeout*97/100); e != nil {
+			return e // committed, reply lost
+		}
+		return err
+	case n == 2:
+		_ = sleepOrDone(ctx, s.timeout)
+		return context.DeadlineExceeded
+	case n == 3:
+		if err := sleepOrDone(ctx, s.timeout*97/100); err != nil {
+			return err
+		}
+	default:
+		if err := sleepOrDone(ctx, s.timeout/3); err != nil {
+			return err
+		}
+	}
+	return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
+}
+
+// A renewal that succeeds but replies a whole call timeout late, then one
+// that takes its whole timeout and fails, then the retry: all within the
+// lease, at the shortest lease checkLease accepts. With three timeouts
+// (the bound before), the next renewal started only as the slow reply came
+// back, a third of the lease late, the failure and the retry ran past the
+// lease's end, and a duplicate on another node (abandoned reexecute) took
+// the key over and executed the commit again.
+func TestSlowRenewalThenATimedOutOneKeepsTheLease(t *testing.T) {
+	const timeout = 600 * time.Millisecond
+	shared := newMemoryStore(t)
+	slow := &slowSuccessThenFail{Store: shared, timeout: timeout}
+	first, duplicate, n := executeOnTwoNodes(t, slow, shared, timeout, 6*timeout)
+	if n != 1 {
+		t.Fatalf("the catalog executed the commit %d times (first %d %s, duplicate %d %s), want 1",
+			n, first.code(), first.body, duplicate.code(), duplicate.body)
+	}
+}
+
+// slowTakeOverLostRenewal: once armed, TakeOver takes longer than a quarter
+// of the lease (so slowLeaseRenewed renews before executing), and that
+// renewal's reply is lost: it fails as a reset connection does, and its
+// statement commits just after the request's Abandon (as
+// lostRenewalStore in heartbeat_test.go does for the heartbeat).
+type slowTakeOverLostRenewal struct {
+	stores.Store
+	armed     atomic.Bool
+	slow      time.Duration
+	renewals  atomic.Int32
+	abandoned chan struct{}
+	once      sync.Once
+	landed    chan time.Time
+}
+
+func (s *slowTakeOverLostRenewal) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
+	ok, err := s.Store.TakeOver(ctx, key, oldOwner, newOwner, lease, ttl)
+	if s.armed.Load() {
+		time.Sleep(s.slow)
+	}
+	return ok, err
+}
+
+func (s *slowTakeOverLostRenewal) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
+	if !s.armed.Load() || s.renewals.Add(1) > 1 {
+		return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
+	}
+	go func() {
+		<-s.abandoned
+		_ = s.Store.ExtendLease(context.Background(), key, owner, time.Minute, ttl+time.Minute)
+		s.landed <- time.Now()
+	}()
+	return errors.New("read tcp 127.0.0.1:50000->127.0.0.1:5432: read: connection reset by peer")
+}
+
+func (s *slowTakeOverLostRenewal) Abandon(ctx context.Context, key, owner string) error {
+	err := s.Store.Abandon(ctx, key, owner)
+	if s.armed.Load() {
+		s.once.Do(func() { close(s.abandoned) })
+	}
+	return err
+}
+
+// The renewal slowLeaseRenewed makes after a slow TakeOver, when its reply
+// is lost and it commits after markUnknown's Abandon, must not leave the
+// record in flight with a live lease: like the heartbeat's lost renewals it
+// gets a second Abandon after the settle window (abandonAfterLostRenewal).
+// Before, it got none, and retries heard "still in flight" for the late
+// renewal's whole lease.
+func TestLostRenewalAfterASlowTakeOverIsAbandonedAgain(t *testing.T) {
+	mem := newMemoryStore(t)
+	s := &slowTakeOverLostRenewal{Store: mem, slow: 200 * time.Millisecond, abandoned: make(chan struct{}), landed: make(chan time.Time, 1)}
+	h := newTestHandler(t, s)
+	h.Lease = caddy.Duration(600 * time.Millisecond) // a quarter: 150ms
+	h.ExecutionTimeout = caddy.Duration(300 * time.Millisecond)
+	h.Abandoned = abandonedReexecute
+	h.settleWindow = time.Second
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(time.Duration(h.ExecutionTimeout) + 500*time.Millisecond)
+		answerOK(w, r)
+	})
+	proxy := newReverseProxy(t, catalog.addr())
+	key := storetest.NewKey(t)
+	if res := serve(t, h, proxy, "POST", commitPath, key, commitBody); res.errorType() != typeCommitStateUnknown {
+		t.Fatalf("first: %d %s, want outcome unknown", res.code(), res.body)
+	}
+	s.armed.Store(true)
+	res := serve(t, h, proxy, "POST", commitPath, key, commitBody)
+	t.Logf("retry: %d %s", res.code(), res.body)
+	var landed time.Time
+	select {
+	case landed = <-s.landed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lost renewal never landed")
+	}
+	for deadline := landed.Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		rec, err := mem.Load(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec != nil && rec.State == stores.StateInFlight && rec.Abandoned {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record 3 s after the late renewal landed (settle window 1 s): %s, want in flight and abandoned; "+
+				"retries hear 'still in flight' for the late renewal's whole lease", hmRecString(rec))
+		}
+	}
 }

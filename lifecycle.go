@@ -284,6 +284,11 @@ func (g *guarded) slowLeaseRenewed(took time.Duration) (held bool, err error) {
 	err = g.h.store.ExtendLease(g.detached, g.key, g.owner, lease, g.recordTTL(lease))
 	if err == nil {
 		g.hb.renewedAt = start
+	} else if !stores.NotSent(err) && !errors.Is(err, stores.ErrNotOwner) {
+		// Its reply lost, it may commit after the key is marked unknown
+		// and make the record read as in flight: abandoned again then,
+		// as the heartbeat's lost renewals are (abandonAfterLostRenewal).
+		g.hb.lostAt = time.Now()
 	}
 	if errors.Is(err, stores.ErrNotOwner) {
 		g.log(zapcore.WarnLevel, "the key's lease ran out before its reservation came back: not executing",
@@ -1116,12 +1121,13 @@ func (hb *heartbeat) untilDue() time.Duration {
 }
 
 // renewalInterval is how often a lease is renewed: a quarter of it. A
-// store call may take its whole timeout T, at most a third of the lease
-// (checkLease). A renewal that does, and fails, followed by the retry's
-// pause (retryAfterFailedRenewal) and a retry that takes T too, then ends
-// by 1/4 + 1/3 + 1/30 + 1/3 = 0.95 of the lease: in time. Renewed every
-// third, the two calls alone filled the two thirds left, and any pause
-// let the lease lapse under a live owner.
+// store call may take its whole timeout T, at most a quarter of the lease
+// (checkLease), so the last renewal's reply came back by the time the next
+// is due, however slow it was. A renewal that takes T and fails, followed
+// by the retry's pause (retryAfterFailedRenewal) and a retry that takes T
+// too, then ends by 1/4 + 1/4 + 1/30 + 1/4 = 0.78 of the lease: in time.
+// Renewed every third, the two calls alone filled the two thirds left, and
+// any pause let the lease lapse under a live owner.
 func renewalInterval(lease time.Duration) time.Duration {
 	return lease / 4
 }

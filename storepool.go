@@ -48,10 +48,15 @@ type namedTimeout struct {
 
 // minLeaseCalls is how many of the store's call timeouts a lease must last
 // at least. A renewal is due a quarter of the lease after the last one
-// began; one that takes its whole timeout and fails, and the retry that
-// follows and takes its whole timeout too, must still land before the
-// lease they renew runs out (see renewalInterval).
-const minLeaseCalls = 3
+// began, or when its reply came back if that was later; one that takes its
+// whole timeout and fails, and the retry that follows and takes its whole
+// timeout too, must still land before the lease they renew runs out (see
+// renewalInterval). With three, a renewal that succeeded but replied a
+// whole timeout late (a commit waiting on a log flush) left the next one
+// and its retry two timeouts and a pause in the last two thirds of the
+// lease: 1.03 of it, and under abandoned reexecute another node executed
+// the request again.
+const minLeaseCalls = 4
 
 // checkLease refuses a lease that a single slow renewal could let lapse:
 // under abandoned reexecute another node would then execute the request

@@ -41,8 +41,8 @@ func TestFaultSQLNodeKilled(t *testing.T) {
 		// each wait in_flight_wait (300ms) and fit in that.
 		const lease = 2 * time.Second
 		b := caddyproc.NewBackend(t)
-		// The 2s lease needs calls bounded by a third of it.
-		store := db.storeBlock(dsn, db.newTable(t, dsn), "statement_timeout 600ms")
+		// The 2s lease needs calls bounded by a quarter of it.
+		store := db.storeBlock(dsn, db.newTable(t, dsn), "statement_timeout 500ms")
 		cfg := multiNodeSite(b, store, "lease 2s", "in_flight_wait 300ms")
 		nodeA, nodeB := caddyproc.Start(t, cfg), caddyproc.Start(t, cfg)
 

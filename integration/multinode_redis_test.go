@@ -122,8 +122,8 @@ func TestMultiNodeRedis(t *testing.T) {
 	for _, policy := range []string{"unknown", "reexecute"} {
 		t.Run("crash_abandoned_"+policy, func(t *testing.T) {
 			t.Parallel()
-			// The 3s lease needs calls bounded by a third of it.
-			testCrash(t, redisStoreBlock(addr, redistest.Prefix(t), "timeout 1s"), policy)
+			// The 3s lease needs calls bounded by a quarter of it.
+			testCrash(t, redisStoreBlock(addr, redistest.Prefix(t), "timeout 750ms"), policy)
 		})
 	}
 

@@ -227,8 +227,8 @@ func TestMultiNodeCrash(t *testing.T) {
 		for _, policy := range []string{"unknown", "reexecute"} {
 			t.Run("abandoned_"+policy, func(t *testing.T) {
 				t.Parallel()
-				// The 3s lease needs calls bounded by a third of it.
-				testCrash(t, db.storeBlock(dsn, db.newTable(t, dsn), "statement_timeout 1s"), policy)
+				// The 3s lease needs calls bounded by a quarter of it.
+				testCrash(t, db.storeBlock(dsn, db.newTable(t, dsn), "statement_timeout 750ms"), policy)
 			})
 		}
 	})
