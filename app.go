@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
@@ -66,6 +67,7 @@ type App struct {
 	// that a limit whose statement timed out is not tried again first.
 	paces  map[string]*purgePacer
 	logger *zap.Logger
+	ctx    caddy.Context   // for the http app at Start (warnShadowedHandlers)
 	config <-chan struct{} // the config's Done channel: which config's bounds the memory store holds
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -94,6 +96,7 @@ func (*App) CaddyModule() caddy.ModuleInfo {
 
 // Provision sets defaults.
 func (a *App) Provision(ctx caddy.Context) error {
+	a.ctx = ctx
 	a.logger = ctx.Logger()
 	a.config = ctx.Done()
 	a.stores = make(map[string]stores.Store)
@@ -184,6 +187,13 @@ func (a *App) Start() error {
 	a.done = make(chan struct{})
 	go a.purgeLoop(ctx)
 	a.prev.Store(running.Swap(a))
+	// Every app of the config is provisioned by now, the http app's
+	// routes with their handlers.
+	if http, err := a.ctx.AppIfConfigured("http"); err == nil {
+		if http, ok := http.(*caddyhttp.App); ok {
+			warnShadowedHandlers(http, a.logger)
+		}
+	}
 	return nil
 }
 

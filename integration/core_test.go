@@ -1035,6 +1035,42 @@ func TestCoreBasePathBeforeURIStripPrefix(t *testing.T) {
 	}
 }
 
+// A reverse_proxy that answers before the directive leaves every request it
+// answers unguarded, which nothing told: a global "order
+// iceberg_idempotency before reverse_proxy" line (what most plugins ask
+// for) puts the directive after handle blocks, and the catalog's 409 on a
+// keyed retry was all a user saw. Such layouts are now warned of at start;
+// the layouts the README shows are not.
+func TestCoreReverseProxyBeforeTheDirectiveIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	const warning = "iceberg_idempotency comes after a reverse_proxy that can answer first"
+	for _, tt := range []struct {
+		name, global, site string
+		warned             bool
+	}{
+		{"order line before reverse_proxy", "order iceberg_idempotency before reverse_proxy",
+			"iceberg_idempotency\nhandle /v1/* {\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"route written the other way", "", "route {\nreverse_proxy " + b.Addr() + "\niceberg_idempotency\n}", true},
+		{"site level, handle", "", "iceberg_idempotency\nhandle /v1/* {\nreverse_proxy " + b.Addr() + "\n}", false},
+		{"forward_auth before it", "",
+			"forward_auth " + b.Addr() + " {\nuri /auth\n}\niceberg_idempotency\nhandle /v1/* {\nreverse_proxy " + b.Addr() + "\n}", false},
+		{"inside handle_path, a catch-all handle after", "",
+			"handle_path /api/catalog/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", false},
+		{"inside a handle after another", "",
+			"handle /other/* {\nreverse_proxy " + b.Addr() + "\n}\nhandle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := caddyproc.Start(t, caddyproc.Caddyfile(tt.global, tt.site))
+			waitForLog(t, c, "serving initial configuration") // logged once every app started
+			if warned := strings.Contains(c.Logs(), warning); warned != tt.warned {
+				t.Fatalf("warned %v, want %v; logs:\n%s", warned, tt.warned, c.Logs())
+			}
+		})
+	}
+}
+
 // The directive inside handle_path, with base_path set as for a
 // site-level one: handle_path strips the prefix first, so every request
 // looks outside base_path. Catalog paths are guarded (and the config

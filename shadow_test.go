@@ -1,0 +1,51 @@
+package icebergidempotency
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+// shadowedIn on route lists shaped as the Caddyfile adapter builds them
+// (integration's TestCoreReverseProxyBeforeTheDirectiveIsWarnedOf runs the
+// real ones): a reverse_proxy that answers before the handler shadows it,
+// unless handle blocks of one group or matchers on both keep them apart, or
+// it is forward_auth's, which hands the request on.
+func TestShadowedHandlers(t *testing.T) {
+	proxy := func() caddyhttp.MiddlewareHandler { return &reverseproxy.Handler{} }
+	forwardAuth := func() caddyhttp.MiddlewareHandler {
+		return &reverseproxy.Handler{HandleResponse: []caddyhttp.ResponseHandler{{}}}
+	}
+	guard := func() caddyhttp.MiddlewareHandler { return &Handler{} }
+	route := func(hs ...caddyhttp.MiddlewareHandler) caddyhttp.Route { return caddyhttp.Route{Handlers: hs} }
+	sub := func(routes ...caddyhttp.Route) caddyhttp.MiddlewareHandler {
+		return &caddyhttp.Subroute{Routes: routes}
+	}
+	matched := func(r caddyhttp.Route) caddyhttp.Route {
+		r.MatcherSetsRaw = caddyhttp.RawMatcherSets{{"path": json.RawMessage(`["/v1/*"]`)}}
+		return r
+	}
+	grouped := func(r caddyhttp.Route) caddyhttp.Route { r.Group = "group0"; return r }
+	for _, tt := range []struct {
+		name   string
+		routes caddyhttp.RouteList
+		want   int
+	}{
+		{"guard first", caddyhttp.RouteList{route(guard()), matched(route(sub(route(proxy()))))}, 0},
+		// order iceberg_idempotency before reverse_proxy: after the handle.
+		{"handle block first", caddyhttp.RouteList{matched(route(sub(route(proxy())))), route(guard())}, 1},
+		{"one route, proxy first", caddyhttp.RouteList{route(proxy(), guard())}, 1},
+		{"one route, guard first", caddyhttp.RouteList{route(guard(), proxy())}, 0},
+		{"handle blocks of one group", caddyhttp.RouteList{
+			grouped(matched(route(sub(route(proxy()))))), grouped(route(sub(route(guard(), proxy()))))}, 0},
+		{"matchers on both", caddyhttp.RouteList{matched(route(proxy())), matched(route(guard(), proxy()))}, 0},
+		{"forward_auth first", caddyhttp.RouteList{route(forwardAuth()), route(guard()), route(proxy())}, 0},
+		{"nested under an earlier proxy", caddyhttp.RouteList{route(sub(route(proxy()))), route(sub(route(sub(route(guard())))))}, 1},
+	} {
+		if got := shadowedIn(tt.routes, false); got != tt.want {
+			t.Errorf("%s: %d shadowed, want %d", tt.name, got, tt.want)
+		}
+	}
+}
