@@ -629,16 +629,12 @@ func TestSlowRenewalThenATimedOutOneKeepsTheLease(t *testing.T) {
 // slowTakeOverLostRenewal: once armed, TakeOver takes longer than a quarter
 // of the lease (so slowLeaseRenewed renews before executing), and that
 // renewal's reply is lost: it fails as a reset connection does, and its
-// statement commits just after the request's Abandon (as
-// lostRenewalStore in heartbeat_test.go does for the heartbeat).
+// statement commits just after the request's Abandon (lostRenewalStore's
+// lost renewal, after a slow TakeOver instead of in the heartbeat).
 type slowTakeOverLostRenewal struct {
-	stores.Store
-	armed     atomic.Bool
-	slow      time.Duration
-	renewals  atomic.Int32
-	abandoned chan struct{}
-	once      sync.Once
-	landed    chan time.Time
+	*lostRenewalStore
+	armed atomic.Bool
+	slow  time.Duration
 }
 
 func (s *slowTakeOverLostRenewal) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
@@ -650,23 +646,17 @@ func (s *slowTakeOverLostRenewal) TakeOver(ctx context.Context, key, oldOwner, n
 }
 
 func (s *slowTakeOverLostRenewal) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
-	if !s.armed.Load() || s.renewals.Add(1) > 1 {
+	if !s.armed.Load() {
 		return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
 	}
-	go func() {
-		<-s.abandoned
-		_ = s.Store.ExtendLease(context.Background(), key, owner, time.Minute, ttl+time.Minute)
-		s.landed <- time.Now()
-	}()
-	return errors.New("read tcp 127.0.0.1:50000->127.0.0.1:5432: read: connection reset by peer")
+	return s.lostRenewalStore.ExtendLease(ctx, key, owner, lease, ttl)
 }
 
 func (s *slowTakeOverLostRenewal) Abandon(ctx context.Context, key, owner string) error {
-	err := s.Store.Abandon(ctx, key, owner)
-	if s.armed.Load() {
-		s.once.Do(func() { close(s.abandoned) })
+	if !s.armed.Load() {
+		return s.Store.Abandon(ctx, key, owner)
 	}
-	return err
+	return s.lostRenewalStore.Abandon(ctx, key, owner)
 }
 
 // The renewal slowLeaseRenewed makes after a slow TakeOver, when its reply
@@ -677,7 +667,10 @@ func (s *slowTakeOverLostRenewal) Abandon(ctx context.Context, key, owner string
 // renewal's whole lease.
 func TestLostRenewalAfterASlowTakeOverIsAbandonedAgain(t *testing.T) {
 	mem := newMemoryStore(t)
-	s := &slowTakeOverLostRenewal{Store: mem, slow: 200 * time.Millisecond, abandoned: make(chan struct{}), landed: make(chan time.Time, 1)}
+	s := &slowTakeOverLostRenewal{
+		lostRenewalStore: &lostRenewalStore{Store: mem, abandoned: make(chan struct{}), landed: make(chan time.Time, 1)},
+		slow:             200 * time.Millisecond,
+	}
 	h := newTestHandler(t, s)
 	h.Lease = caddy.Duration(600 * time.Millisecond) // a quarter: 150ms
 	h.ExecutionTimeout = caddy.Duration(300 * time.Millisecond)

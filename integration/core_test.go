@@ -997,16 +997,24 @@ func TestCoreBasePathUnderHandlePath(t *testing.T) {
 		"iceberg_idempotency {\nbase_path /api/catalog\n}\nhandle_path /api/catalog/* {\nreverse_proxy "+b.Addr()+"\n}"))
 	const body = `{"namespace":["spelled"]}`
 	for i, spelling := range []string{"/API/Catalog", "/api%2Fcatalog", "/Api%2fCATALOG"} {
-		key := newKey(t)
 		path := fmt.Sprintf("/v1/spelling%d/namespaces", i)
-		first := send(t, "POST", c.URL()+spelling+path, body, keyHeader, key)
-		wantStatus(t, spelling+" first", first, 200)
-		retry := send(t, "POST", c.URL()+spelling+path, body, keyHeader, key)
-		wantReplayOf(t, spelling+" retry", retry, first)
-		other := send(t, "POST", c.URL()+"/api/catalog"+path, body, keyHeader, key)
-		wantReplayOf(t, spelling+" retry spelled /api/catalog", other, first)
-		wantCount(t, b, path, 1)
+		wantGuardedAsOne(t, c, b, spelling+path, "/api/catalog"+path, path, body)
 	}
+}
+
+// wantGuardedAsOne sends a keyed POST of body to sent, its retry, and a
+// retry to plain, the same path spelled plainly: the first executes (the
+// catalog gets it as path), and both retries replay it.
+func wantGuardedAsOne(t *testing.T, c *caddyproc.Instance, b *caddyproc.Backend, sent, plain, path, body string) {
+	t.Helper()
+	key := newKey(t)
+	first := send(t, "POST", c.URL()+sent, body, keyHeader, key)
+	wantStatus(t, sent+" first", first, 200)
+	retry := send(t, "POST", c.URL()+sent, body, keyHeader, key)
+	wantReplayOf(t, sent+" retry", retry, first)
+	other := send(t, "POST", c.URL()+plain, body, keyHeader, key)
+	wantReplayOf(t, sent+" retry spelled "+plain, other, first)
+	wantCount(t, b, path, 1)
 }
 
 // base_path at the site level, and the prefix stripped by "uri
@@ -1023,15 +1031,8 @@ func TestCoreBasePathBeforeURIStripPrefix(t *testing.T) {
 		"iceberg_idempotency {\nbase_path /api/catalog\n}\nhandle /api/* {\nuri strip_prefix /api/catalog\nreverse_proxy "+b.Addr()+"\n}"))
 	const body = `{"namespace":["stripped"]}`
 	for i, spelled := range []string{"/api/catalog/%%2E%%2E/v1/strip%d/namespaces", "/api/catalog/x%%2F..%%2F..%%2Fv1/strip%d/namespaces"} {
-		key := newKey(t)
-		path, sent := fmt.Sprintf("/v1/strip%d/namespaces", i), fmt.Sprintf(spelled, i)
-		first := send(t, "POST", c.URL()+sent, body, keyHeader, key)
-		wantStatus(t, sent+" first", first, 200)
-		retry := send(t, "POST", c.URL()+sent, body, keyHeader, key)
-		wantReplayOf(t, sent+" retry", retry, first)
-		plain := send(t, "POST", c.URL()+"/api/catalog"+path, body, keyHeader, key)
-		wantReplayOf(t, sent+" retry spelled /api/catalog", plain, first)
-		wantCount(t, b, path, 1)
+		path := fmt.Sprintf("/v1/strip%d/namespaces", i)
+		wantGuardedAsOne(t, c, b, fmt.Sprintf(spelled, i), "/api/catalog"+path, path, body)
 	}
 }
 
