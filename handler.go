@@ -691,71 +691,77 @@ func (h *Handler) warnBelowPrefix(flag *int32, r *http.Request, what string) {
 	}
 }
 
-// classifyRequest is classifyPath of the normalized path or, if that is no
-// mutation, of the other readings a catalog may give it: as sent (dot
-// segments and path parameters kept, as axum does, or a servlet that reads
-// getRequestURI: "DELETE /v1/namespaces/;x" is dropNamespace of ";x",
-// "POST …/tables/%2E%2E" updateTable), with "%2F" decoded before routing
-// (as Starlette does: "POST /v1/wh%2Fnamespaces" is createNamespace), and
-// both ("DELETE /v1/wh%2Fnamespaces/;x"). With base_path, the same
-// readings of what "uri strip_prefix" of the base, in a route or handle
-// after this handler, leaves of the path come last: Caddy cuts the prefix
-// before it decodes and cleans the rest, so "/api/catalog/%2E%2E/v1/…",
-// which the handler reads as "/api/v1/…" (outside the base, no catalog
-// path), reaches the catalog as "/v1/…". Guarding a reading the catalog
-// does not use costs at most a stored 4xx.
+// classifyRequest is classifyPath of the readings a catalog may give a
+// path: normalized; as sent (dot segments and path parameters kept, as axum
+// does, or a servlet that reads getRequestURI: "DELETE /v1/namespaces/;x"
+// is dropNamespace of ";x", "POST …/tables/%2E%2E" updateTable); with "%2F"
+// decoded before routing (as Starlette does: "POST /v1/wh%2Fnamespaces" is
+// createNamespace); and both ("DELETE /v1/wh%2Fnamespaces/;x"). With
+// base_path, the same readings of what "uri strip_prefix" of the base, in a
+// route or handle after this handler, leaves of the path come last: Caddy
+// cuts the prefix before it decodes and cleans the rest, so
+// "/api/catalog/%2E%2E/v1/…", which the handler reads as "/api/v1/…"
+// (outside the base, no catalog path), reaches the catalog as "/v1/…".
+//
+// The first reading that is a commit wins, else the first that is a
+// mutation (see isCommit). Guarding a reading the catalog does not use
+// costs at most a stored 4xx, or a key left unknown.
 func (h *Handler) classifyRequest(method, escaped string) (op, bound string) {
+	var pick readingPick
 	normal := normalizePath(escaped)
-	if op, bound = h.classifyPath(method, normal); op != "" {
-		if !isCommit(op) {
-			if op2, bound2 := otherReadings(method, escaped, normal, h.classifyPath); isCommit(op2) {
-				return op2, bound2
-			}
-		}
-		return op, bound
-	}
-	if op, bound = otherReadings(method, escaped, normal, h.classifyPath); op != "" || h.basePath == "" {
-		return op, bound
+	if pick.offer(h.classifyPath(method, normal)) || pick.otherReadings(method, escaped, normal, h.classifyPath) {
+		return pick.op, pick.bound
 	}
 	// Without an escape or a path parameter, the rest strip_prefix leaves
 	// is the normalized path's below the base, read already: Caddy cleans
 	// the path before it cuts the prefix.
-	if !strings.ContainsAny(escaped, "%;") {
-		return "", ""
+	if h.basePath == "" || !strings.ContainsAny(escaped, "%;") {
+		return pick.op, pick.bound
 	}
-	rest, ok := strippedPath(escaped, h.basePath)
-	if !ok {
-		return "", ""
-	}
-	stripped := func(method, rel string) (string, string) {
-		if op := classify(method, rel); op != "" {
-			return op, h.basePath + rel
+	if rest, ok := strippedPath(escaped, h.basePath); ok {
+		stripped := func(method, rel string) (string, string) {
+			if op := classify(method, rel); op != "" {
+				return op, h.basePath + rel
+			}
+			return "", ""
 		}
-		return "", ""
+		normal = normalizePath(rest)
+		_ = pick.offer(stripped(method, normal)) || pick.otherReadings(method, rest, normal, stripped)
 	}
-	normal = normalizePath(rest)
-	if op, bound = stripped(method, normal); op != "" {
-		return op, bound
-	}
-	return otherReadings(method, rest, normal, stripped)
+	return pick.op, pick.bound
 }
 
-// otherReadings is classifyPath (or another classifier) of the readings of
-// escaped besides its normalized form: as sent, with "%2F" decoded and
-// normalized, and with "%2F" decoded as sent.
-func otherReadings(method, escaped, normal string, classifyPath func(method, path string) (string, string)) (op, bound string) {
-	if normal != escaped {
-		if op, bound = classifyPath(method, literalPath(escaped)); op != "" {
-			return op, bound
-		}
+// readingPick keeps, of the readings offered, the first commit, or until
+// one comes the first mutation.
+type readingPick struct{ op, bound string }
+
+// offer takes a reading's classification and reports whether it is a
+// commit: the pick is then final.
+func (p *readingPick) offer(op, bound string) bool {
+	switch {
+	case isCommit(op):
+		p.op, p.bound = op, bound
+		return true
+	case op != "" && p.op == "":
+		p.op, p.bound = op, bound
+	}
+	return false
+}
+
+// otherReadings offers classifyPath (or another classifier) of the readings
+// of escaped besides its normalized form: as sent, with "%2F" decoded and
+// normalized, and with "%2F" decoded as sent. It reports whether one was a
+// commit. Until the build after e735f9c the first mutation won here: "POST
+// …/a%2ftables/tables" was createTable as sent, its %2F-decoded reading
+// (updateTable of table "tables") never read, and a 502 released its key.
+func (p *readingPick) otherReadings(method, escaped, normal string, classifyPath func(method, path string) (string, string)) bool {
+	if normal != escaped && p.offer(classifyPath(method, literalPath(escaped))) {
+		return true
 	}
 	if slashes := decodeSlashes(escaped); slashes != escaped {
-		if op, bound = classifyPath(method, normalizePath(slashes)); op != "" {
-			return op, bound
-		}
-		return classifyPath(method, literalPath(slashes))
+		return p.offer(classifyPath(method, normalizePath(slashes))) || p.offer(classifyPath(method, literalPath(slashes)))
 	}
-	return "", ""
+	return false
 }
 
 // isConfigRequest reports whether r's normalized path is GET /v1/config's.

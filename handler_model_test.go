@@ -356,8 +356,8 @@ type hmRound struct {
 func (m *hmRound) now() time.Duration { return time.Since(m.t0) }
 
 // hmStoreTimeout is the SQL stores' statement_timeout and the Redis store's
-// timeout in the model (_STORE_TIMEOUT, default 1s): a round's lease is 3
-// or 5 times it, so that renewals come every 3/4 or 5/4 of it.
+// timeout in the model (_STORE_TIMEOUT, default 1s): a round's lease is
+// minLeaseCalls (4) or 5 times it, so that renewals come every 1 or 5/4 of it.
 var hmStoreTimeout = func() time.Duration {
 	if d, err := time.ParseDuration(os.Getenv(hmStoreTimeoutEnv)); err == nil && d > 0 {
 		return d
@@ -541,11 +541,12 @@ func (env *hmEnv) round(seed uint64) *hmRound {
 	}
 	if env.backend != "memory" {
 		// A store outside the process takes leases by heartbeat, at least
-		// 3 times its call timeout (checkLease). A separate stream, so
-		// that the memory store's rounds draw what they always drew.
+		// minLeaseCalls times its call timeout (checkLease). A separate
+		// stream, so that the memory store's rounds draw what they always
+		// drew.
 		xrng := rand.New(rand.NewPCG(seed, 0x5eed))
 		o.leases = "heartbeat"
-		o.lease = []time.Duration{3 * hmStoreTimeout, 5 * hmStoreTimeout}[xrng.IntN(2)]
+		o.lease = []time.Duration{minLeaseCalls * hmStoreTimeout, 5 * hmStoreTimeout}[xrng.IntN(2)]
 	}
 	nkeys := 4 + rng.IntN(4)
 	if n, err := strconv.Atoi(os.Getenv(hmKeysEnv)); err == nil && n > 0 {

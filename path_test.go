@@ -95,6 +95,11 @@ func TestClassifyLiteralReading(t *testing.T) {
 		// commit released the key: the retry committed again.
 		{"POST", "/v1/wh/namespaces/ns/tables/%2E", "updateTable", "/v1/wh/namespaces/ns/tables/."},
 		{"POST", "/v1/wh/namespaces/ns/views/%2E", "replaceView", "/v1/wh/namespaces/ns/views/."},
+		// Every reading is read for a commit: before, the first mutation
+		// won, and with a lower-case %2f the literal reading (createTable)
+		// came before the %2F-decoded one (updateTable of table "tables").
+		{"POST", "/v1/wh/namespaces/a%2ftables/tables", "updateTable", "/v1/wh/namespaces/a/tables/tables"},
+		{"POST", "/v1/wh/namespaces/a%2Ftables/tables;x", "updateTable", "/v1/wh/namespaces/a/tables/tables"},
 		// The normalized reading wins where it is a mutation.
 		{"POST", "/v1/wh/namespaces;x=1", "createNamespace", "/v1/wh/namespaces"},
 		// Neither reading is a mutation.
@@ -102,6 +107,25 @@ func TestClassifyLiteralReading(t *testing.T) {
 	} {
 		if op, bound := h.classifyRequest(c.method, c.path); op != c.op || bound != c.bound {
 			t.Errorf("%s %s = %q bound to %q, want %q bound to %q", c.method, c.path, op, bound, c.op, c.bound)
+		}
+	}
+}
+
+// End to end, through reverse_proxy to a catalog that decodes %2F and
+// commits table "tables", then answers 502: the key is left unknown, and
+// the retry does not commit again, whatever the case of the escape.
+// Before, "%2f" was guarded as createTable, whose 502 released the key.
+func TestCommitReadingWinsEndToEnd(t *testing.T) {
+	for _, p := range []string{"/v1/wh/namespaces/a%2Ftables/tables", "/v1/wh/namespaces/a%2ftables/tables"} {
+		h := newTestHandler(t, newMemoryStore(t))
+		catalog := newCountingCatalog(t, answerStatus(http.StatusBadGateway, typeServiceFailure))
+		proxy := newReverseProxy(t, catalog.addr())
+		key := storetest.NewKey(t)
+		first := serve(t, h, proxy, "POST", p, key, commitBody)
+		retry := serve(t, h, proxy, "POST", p, key, commitBody)
+		if n := catalog.executed.Load(); n != 1 || retry.errorType() != typeCommitStateUnknown {
+			t.Errorf("POST %s: first %d, retry %d %s, catalog executed %d times; want the retry told unknown, one execution",
+				p, first.code(), retry.code(), retry.errorType(), n)
 		}
 	}
 }
