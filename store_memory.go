@@ -132,6 +132,9 @@ type memoryStore struct {
 	mu     sync.Mutex
 	config <-chan struct{} // Done channel of the config whose handlers last asked for bounds
 	wanted memory.Limits   // what that config's handlers ask for: the largest of each
+	// inForce is the config whose when_full the store keeps: the one
+	// that opened it, then each that superseded it.
+	inForce <-chan struct{}
 }
 
 // openMemoryStore opens a store; now and after are for tests (nil: real time).
@@ -146,7 +149,7 @@ func openMemoryStore(l memory.Limits, config <-chan struct{}, logger *zap.Logger
 	if err != nil {
 		return nil, err
 	}
-	return &memoryStore{Store: s, evictions: ev, config: config, wanted: s.Limits()}, nil
+	return &memoryStore{Store: s, evictions: ev, config: config, wanted: s.Limits(), inForce: config}, nil
 }
 
 // configure takes a handler's bounds. Handlers of one config share its
@@ -158,16 +161,19 @@ func openMemoryStore(l memory.Limits, config <-chan struct{}, logger *zap.Logger
 // would have evicted its final records, whose retries would then execute
 // again. A new config's when_full waits for that too: its refuse, taken
 // at once, stayed on after a reload Caddy refused, and the running config
-// (evict) answered 503 to every new key on a full store.
+// (evict) answered 503 to every new key on a full store (with one handler
+// in the new config until the build after 1ccf432 fixed it, with two
+// after it).
 func (s *memoryStore) configure(config <-chan struct{}, want memory.Limits, logger *zap.Logger) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.Limits()
 	grow := larger(want, now)
+	if config != s.inForce {
+		grow.KeepUnexpired = now.KeepUnexpired
+	}
 	if config == s.config {
 		want = larger(want, s.wanted)
-	} else {
-		grow.KeepUnexpired = now.KeepUnexpired
 	}
 	s.config, s.wanted = config, want
 	s.evictions.SetLogger(logger)
@@ -185,6 +191,7 @@ func (s *memoryStore) supersede(config <-chan struct{}, logger *zap.Logger) erro
 	if config == s.config {
 		return nil
 	}
+	s.inForce = s.config
 	return s.resize(s.wanted, logger)
 }
 

@@ -257,8 +257,21 @@ func TestReloadToWhenFullRefuseTakesEffectOnceInForce(t *testing.T) {
 	}
 	ms := unpooled(s).(*memoryStore)
 
-	acquireInNewConfig(t, &MemoryStore{MaxEntries: 3, WhenFull: whenFullRefuse})
-	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup() // refused: its handler goes
+	// A refused config of two handlers (two sites, say): before, the
+	// second one's refuse was taken at once.
+	refused := newCaddyContext(t)
+	for range 2 {
+		p := &MemoryStore{MaxEntries: 3, WhenFull: whenFullRefuse}
+		if err := p.Provision(refused); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := acquireStore(refused, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		_ = (&Handler{storeKey: memoryStoreKey}).Cleanup() // refused: its handlers go
+	}
 	if _, err := s.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)); err != nil {
 		t.Fatalf("after a refused reload to when_full refuse, the running config (evict) got %v; limits %+v", err, ms.Limits())
 	}
