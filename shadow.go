@@ -74,7 +74,7 @@ func answersBefore(earlier, later caddyhttp.Route) bool {
 	if earlier.Group != "" && earlier.Group == later.Group {
 		return false
 	}
-	if len(earlier.MatcherSetsRaw) > 0 && len(later.MatcherSetsRaw) > 0 {
+	if hasMatchers(earlier) && hasMatchers(later) {
 		return false
 	}
 	return proxiesIn(caddyhttp.RouteList{earlier})
@@ -86,6 +86,13 @@ func answersBefore(earlier, later caddyhttp.Route) bool {
 // headers on a 2xx and lets the request go on.
 func answers(rp *reverseproxy.Handler) bool {
 	return len(rp.HandleResponse) == 0
+}
+
+// hasMatchers reports whether route has matchers: provisioned (Caddy
+// empties MatcherSetsRaw as it loads them, so a route of a running config
+// has only MatcherSets) or not.
+func hasMatchers(route caddyhttp.Route) bool {
+	return len(route.MatcherSets) > 0 || len(route.MatcherSetsRaw) > 0
 }
 
 // proxiesIn reports whether routes hold a reverse_proxy that answers, at

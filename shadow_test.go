@@ -6,6 +6,9 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // shadowedIn on route lists shaped as the Caddyfile adapter builds them
@@ -47,5 +50,44 @@ func TestShadowedHandlers(t *testing.T) {
 		if got := shadowedIn(tt.routes, false); got != tt.want {
 			t.Errorf("%s: %d shadowed, want %d", tt.name, got, tt.want)
 		}
+	}
+}
+
+// On a provisioned http app, as App.Start sees it: Caddy empties a route's
+// MatcherSetsRaw as it loads its matchers. Two sites on one server, the
+// catalog's with the directive first, warned before: the host matchers
+// that keep them apart were not seen. (Caddy sorts the sites: "another"
+// comes first, its reverse_proxy before the catalog's directive.)
+func TestShadowedHandlersOnAProvisionedApp(t *testing.T) {
+	for _, tt := range []struct {
+		name, caddyfile string
+		warned          bool
+	}{
+		{"two sites on one server", "http://another.localhost:8089 {\n\treverse_proxy 127.0.0.1:1\n}\n" +
+			"http://catalog.localhost:8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"order line", "{\n\torder iceberg_idempotency before reverse_proxy\n}\n" +
+			":8089 {\n\ticeberg_idempotency\n\thandle /v1/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			adapted, err := adapt(t, tt.caddyfile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cfg struct {
+				Apps map[string]json.RawMessage `json:"apps"`
+			}
+			if err := json.Unmarshal(adapted, &cfg); err != nil {
+				t.Fatal(err)
+			}
+			mod, err := runningCaddyContext(t).LoadModuleByID("http", cfg.Apps["http"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			core, logs := observer.New(zapcore.WarnLevel)
+			warnShadowedHandlers(mod.(*caddyhttp.App), zap.New(core))
+			if warned := logs.Len() > 0; warned != tt.warned {
+				t.Fatalf("warned %v, want %v: %v", warned, tt.warned, logs.All())
+			}
+		})
 	}
 }
