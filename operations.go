@@ -62,9 +62,17 @@ const maxPrefixSegments = 10
 // The shortest prefix whose remainder matches a template wins, the
 // unprefixed reading first, unless a longer one reads the path as a
 // commit (see isCommit).
+//
+// "v1" and the template's words match in any case: Iceberg's reference
+// servlet (the REST fixture's Route) and Hive's HMS REST catalog compare
+// them with equalsIgnoreCase, so "POST …/ns/Tables/t" is a commit there.
+// Before, such a path passed unguarded, and a keyed retry executed again.
 func classify(method, rel string) string {
 	m := methodIndex(method)
-	rest, ok := strings.CutPrefix(rel, "/v1/")
+	rest, ok := rel, len(rel) >= 4 && strings.EqualFold(rel[:4], "/v1/")
+	if ok {
+		rest = rel[4:]
+	}
 	if m < 0 || !ok {
 		return ""
 	}
@@ -135,7 +143,7 @@ func match(m int, segs []string) string {
 	for _, op := range byShape[m][len(segs)] {
 		ok := true
 		for i, t := range op.template {
-			if segs[i] == "" || (t != "*" && t != segs[i]) {
+			if segs[i] == "" || (t != "*" && !strings.EqualFold(t, segs[i])) {
 				ok = false
 				break
 			}

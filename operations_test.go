@@ -80,6 +80,9 @@ func TestClassify(t *testing.T) {
 	if got := classify("POST", "/v2/namespaces"); got != "" {
 		t.Errorf("classify outside /v1/ = %q", got)
 	}
+	if got := classify("DELETE", "/v1/wh/Namespaces/ns"); got != "dropNamespace" {
+		t.Errorf("classify(DELETE /v1/wh/Namespaces/ns) = %q, want dropNamespace", got)
+	}
 	// A path that one prefix reads as a commit and a shorter one as another
 	// mutation is the commit, whose 502 leaves the key unknown: before, the
 	// shortest prefix won, and a 502 after the commit released the key.
@@ -91,6 +94,16 @@ func TestClassify(t *testing.T) {
 		"/v1/namespaces/namespaces/tables/tables/unregister": "updateTable",
 		// The shortest prefix still wins among non-commits.
 		"/v1/namespaces/namespaces/tables": "createTable",
+		// v1 and template words in any case, as Iceberg's reference
+		// servlet and Hive's HMS REST catalog match them: before, these
+		// passed unguarded, or read as another mutation.
+		"/v1/wh/namespaces/ns/Tables/t":                     "updateTable",
+		"/V1/wh/namespaces/ns/tables/t":                     "updateTable",
+		"/v1/TRANSACTIONS/commit":                           "commitTransaction",
+		"/v1/wh/namespaces/ns/Views/v":                      "replaceView",
+		"/v1/wh/Namespaces":                                 "createNamespace",
+		"/v1/namespaces/namespaces/Tables/tables":           "updateTable",
+		"/v1/wh/namespaces/namespaces/Tables/register-view": "updateTable",
 	} {
 		if got := classify("POST", path); got != want {
 			t.Errorf("classify(POST %s) = %q, want %q", path, got, want)
