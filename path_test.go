@@ -73,7 +73,7 @@ func TestClassifyLiteralReading(t *testing.T) {
 	if err := h.prepare(); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct{ method, path, op, bound string }{
+	wantClassified(t, h, []classified{
 		{"POST", "/v1/wh/namespaces/ns/tables/%2E%2E", "updateTable", "/v1/wh/namespaces/ns/tables/.."},
 		{"DELETE", "/v1/wh/namespaces/;x", "dropNamespace", "/v1/wh/namespaces/;x"},
 		{"DELETE", "/v1/wh/namespaces/ns/tables/.", "dropTable", "/v1/wh/namespaces/ns/tables/."},
@@ -104,11 +104,7 @@ func TestClassifyLiteralReading(t *testing.T) {
 		{"POST", "/v1/wh/namespaces;x=1", "createNamespace", "/v1/wh/namespaces"},
 		// Neither reading is a mutation.
 		{"POST", "/v1/wh/namespaces/ns/tables/t/metrics", "", ""},
-	} {
-		if op, bound := h.classifyRequest(c.method, c.path); op != c.op || bound != c.bound {
-			t.Errorf("%s %s = %q bound to %q, want %q bound to %q", c.method, c.path, op, bound, c.op, c.bound)
-		}
-	}
+	})
 }
 
 // End to end, through reverse_proxy to a catalog that decodes %2F and
@@ -141,7 +137,7 @@ func TestClassifyAfterStripPrefix(t *testing.T) {
 	if err := h.prepare(); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct{ method, path, op, bound string }{
+	wantClassified(t, h, []classified{
 		{"POST", "/api/catalog/%2E%2E/v1/wh/namespaces", "createNamespace", "/api/catalog/v1/wh/namespaces"},
 		{"POST", "/API/Catalog/%2e%2e/v1/wh/namespaces", "createNamespace", "/api/catalog/v1/wh/namespaces"},
 		{"POST", "/api/catalog/x%2F..%2F..%2Fv1/wh/namespaces", "createNamespace", "/api/catalog/v1/wh/namespaces"},
@@ -154,7 +150,17 @@ func TestClassifyAfterStripPrefix(t *testing.T) {
 		// it is no catalog path.
 		{"POST", "/api/other/%2E%2E/v1/wh/namespaces", "", ""},
 		{"POST", "/api/catalog/v1/wh/namespaces/ns/tables/t/metrics", "", ""},
-	} {
+	})
+}
+
+// classified is a request and what classifyRequest should make of it: the
+// operation and the path its key is bound to ("" for a pass-through).
+type classified struct{ method, path, op, bound string }
+
+// wantClassified fails t for each case h classifies otherwise.
+func wantClassified(t *testing.T, h *Handler, cases []classified) {
+	t.Helper()
+	for _, c := range cases {
 		if op, bound := h.classifyRequest(c.method, c.path); op != c.op || bound != c.bound {
 			t.Errorf("%s %s = %q bound to %q, want %q bound to %q", c.method, c.path, op, bound, c.op, c.bound)
 		}
