@@ -713,9 +713,11 @@ func (h *Handler) classifyRequest(method, escaped string) (op, bound string) {
 		return pick.op, pick.bound
 	}
 	// Without an escape or a path parameter, the rest strip_prefix leaves
-	// is the normalized path's below the base, read already: Caddy cleans
-	// the path before it cuts the prefix.
-	if h.basePath == "" || !strings.ContainsAny(escaped, "%;") {
+	// is the normalized path's below the base, read already (Caddy cleans
+	// the path before it cuts the prefix), unless the base ends inside a
+	// segment: strip_prefix cuts "/api/catalogv1/…" to "/v1/…" all the
+	// same, where belowBase sees no base.
+	if h.basePath == "" || !strings.ContainsAny(escaped, "%;") && !h.continuesPastBase(normal) {
 		return pick.op, pick.bound
 	}
 	if rest, ok := strippedPath(escaped, h.basePath); ok {
@@ -820,6 +822,15 @@ func (h *Handler) warnOutsideBase(path string) {
 	}
 }
 
+// continuesPastBase reports whether the normalized path starts with
+// base_path, as belowBase matches it, and goes on inside the base's last
+// segment ("/api/catalogv1/…", "/api/catalog./v1/…"). uri strip_prefix
+// cuts such a prefix and anchors what is left: "/v1/…".
+func (h *Handler) continuesPastBase(path string) bool {
+	rest, ok := cutPrefixFold(path, h.basePath)
+	return ok && rest != "" && rest[0] != '/' && !strings.HasPrefix(rest, "%2F")
+}
+
 // belowBase returns the part of the normalized path below base_path, which
 // it must start with as Caddy's path matcher (handle_path, uri
 // strip_prefix) reads a prefix: case-insensitively and with escapes
@@ -828,9 +839,10 @@ func (h *Handler) warnOutsideBase(path string) {
 // the catalog, prefix stripped, unguarded; a looser one costs at most a
 // stored 4xx from a catalog that routes them nowhere.
 //
-// The base ends at a segment boundary, as a matched prefix does: "/v1/…"
-// is not below "/v" (as "1/…", no catalog path, it went unguarded), it is
-// outside it.
+// The base ends at a segment boundary, as handle_path's matched prefix
+// does: "/v1/…" is not below "/v" (as "1/…", no catalog path, it went
+// unguarded), it is outside it. uri strip_prefix, which cuts inside a
+// segment too, is classifyRequest's concern.
 func (h *Handler) belowBase(path string) (string, bool) {
 	rel, ok := cutPrefixFold(path, h.basePath)
 	if !ok {

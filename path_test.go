@@ -146,6 +146,13 @@ func TestClassifyAfterStripPrefix(t *testing.T) {
 		// A path parameter on "..": Caddy's clean keeps the segment, a
 		// servlet catalog resolves it.
 		{"POST", "/api/catalog/..;x/v1/wh/namespaces", "createNamespace", "/api/catalog/v1/wh/namespaces"},
+		// The base ending inside a segment: strip_prefix cuts it all the
+		// same, and anchors the rest at "/". Until the build after 051e419
+		// these passed unguarded.
+		{"POST", "/api/catalogv1/wh/namespaces", "createNamespace", "/api/catalog/v1/wh/namespaces"},
+		{"POST", "/API/CATALOG./v1/wh/namespaces/ns/tables/t", "updateTable", "/api/catalog/v1/wh/namespaces/ns/tables/t"},
+		{"POST", "/api/catalog../v1/wh/namespaces/ns/tables/t", "updateTable", "/api/catalog/v1/wh/namespaces/ns/tables/t"},
+		{"POST", "/api/catalogx/v1/wh/namespaces", "", ""},
 		// Not below the base: strip_prefix leaves it alone, and read whole
 		// it is no catalog path.
 		{"POST", "/api/other/%2E%2E/v1/wh/namespaces", "", ""},
