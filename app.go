@@ -192,6 +192,7 @@ func (a *App) Start() error {
 	if http, err := a.ctx.AppIfConfigured("http"); err == nil {
 		if http, ok := http.(*caddyhttp.App); ok {
 			warnShadowedHandlers(http, a.logger)
+			warnBypassableHandlers(http, a.logger)
 		}
 	}
 	return nil

@@ -1,6 +1,8 @@
 package icebergidempotency
 
 import (
+	"slices"
+
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
@@ -109,6 +111,140 @@ func proxiesIn(routes caddyhttp.RouteList) bool {
 				if proxiesIn(h.Routes) {
 					return true
 				}
+			}
+		}
+	}
+	return false
+}
+
+// warnBypassableHandlers logs, once per config, each server where an
+// iceberg_idempotency handler sits under a path matcher (a handle, route
+// or handle_path block, or a matcher on the directive) while a reverse_proxy
+// to one of the upstreams it guards is reachable without it (a catch-all
+// handle, a site-level reverse_proxy). Caddy's path matcher does not cut
+// path parameters: "/v1;x/…", "/.;/v1/…" and "/x/..;/v1/…" miss "/v1/*"
+// and reach that reverse_proxy unguarded, and a servlet or JAX-RS catalog
+// routes them as "/v1/…": a keyed retry executes again.
+func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
+	for name, srv := range app.Servers {
+		var w bypassWalk
+		w.walk(srv.Routes, false, false) // unguarded, no matcher
+		for _, r := range srv.NamedRoutes {
+			if r != nil {
+				w.walk(caddyhttp.RouteList{*r}, false, false)
+			}
+		}
+		var shared []string
+		for dial := range w.guardedUnderPath {
+			if w.unguarded[dial] {
+				shared = append(shared, dial)
+			}
+		}
+		if len(shared) > 0 {
+			slices.Sort(shared)
+			logger.Warn("iceberg_idempotency guards an upstream only for the requests a path matcher gives it, and "+
+				"a reverse_proxy to the same upstream takes the requests its matcher misses, unguarded: Caddy's path matcher "+
+				"does not cut path parameters (/v1;x/..., /.;/v1/...), which Java catalogs route as /v1/..., so a keyed retry "+
+				"of such a path executes again. Put the directive at the site level (with base_path for a prefix)",
+				zap.String("server", name), zap.Strings("upstreams", shared))
+		}
+	}
+}
+
+// bypassWalk gathers, for one server, the upstreams that a guard under a
+// path matcher proxies to, and those that requests reach with no guard.
+type bypassWalk struct {
+	guardedUnderPath map[string]bool
+	unguarded        map[string]bool
+}
+
+// reach is which requests can arrive at a point of a route list: with no
+// guard before them, after a guard under a path matcher, after one under
+// none; underPath says a path matcher is around the point.
+type reach struct{ unguarded, guardedUnderPath, guarded, underPath bool }
+
+// guard is st after a guard: the requests that reached it unguarded are
+// guarded now, under a path matcher or not.
+func (st reach) guard() reach {
+	if st.unguarded {
+		st.unguarded = false
+		if st.underPath {
+			st.guardedUnderPath = true
+		} else {
+			st.guarded = true
+		}
+	}
+	return st
+}
+
+func (w *bypassWalk) walk(routes caddyhttp.RouteList, guarded, underPath bool) {
+	w.walkReach(routes, reach{unguarded: !guarded, guarded: guarded, underPath: underPath})
+}
+
+// walkReach walks routes in order: a handler in a route wraps the routes
+// after it (Caddy chains a route list into one middleware chain), but only
+// for the requests that route's matchers take.
+func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
+	if w.guardedUnderPath == nil {
+		w.guardedUnderPath, w.unguarded = map[string]bool{}, map[string]bool{}
+	}
+	for _, route := range routes {
+		in := st
+		pathMatched := hasPathMatcher(route)
+		in.underPath = in.underPath || pathMatched
+		guardedHere := false
+		for _, h := range route.Handlers {
+			switch h := h.(type) {
+			case *Handler:
+				in, guardedHere = in.guard(), true
+			case *reverseproxy.Handler:
+				if !answers(h) {
+					continue
+				}
+				for _, up := range h.Upstreams {
+					if up == nil {
+						continue
+					}
+					if in.unguarded {
+						w.unguarded[up.Dial] = true
+					}
+					if in.guardedUnderPath {
+						w.guardedUnderPath[up.Dial] = true
+					}
+				}
+			case *caddyhttp.Subroute:
+				w.walkReach(h.Routes, in)
+			}
+		}
+		if !guardedHere {
+			continue
+		}
+		switch {
+		case pathMatched:
+			// The requests the matcher takes go on guarded; those it
+			// misses, unguarded.
+			if st.unguarded {
+				st.guardedUnderPath = true
+			}
+		case !hasMatchers(route):
+			st = st.guard()
+		}
+	}
+}
+
+// hasPathMatcher reports whether route has a path or path_regexp matcher,
+// provisioned or not.
+func hasPathMatcher(route caddyhttp.Route) bool {
+	for _, set := range route.MatcherSetsRaw {
+		if set["path"] != nil || set["path_regexp"] != nil {
+			return true
+		}
+	}
+	for _, set := range route.MatcherSets {
+		for _, m := range set {
+			switch m.(type) {
+			case caddyhttp.MatchPath, *caddyhttp.MatchPath, *caddyhttp.MatchPathRE:
+				return true
 			}
 		}
 	}

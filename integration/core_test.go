@@ -1076,6 +1076,40 @@ func TestCoreReverseProxyBeforeTheDirectiveIsWarnedOf(t *testing.T) {
 	}
 }
 
+// The directive under a path matcher, and a reverse_proxy to the same
+// catalog that it does not guard (a catch-all handle): Caddy's path
+// matcher does not cut path parameters, so "/v1;x/…", "/.;/v1/…" and
+// "/x/..;/v1/…" miss "/v1/*", reach the catalog unguarded, and a servlet
+// or Spring catalog routes them as "/v1/…": a keyed retry executes again.
+// The module never sees them; since the build after 051e419 it warns of
+// such a layout at start.
+func TestCoreGuardUnderAPathMatcherIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	const warning = "a reverse_proxy to the same upstream takes the requests its matcher misses"
+	b := caddyproc.NewBackend(t)
+	other := caddyproc.NewBackend(t)
+	for _, tt := range []struct {
+		name, site string
+		warned     bool
+	}{
+		{"handle /v1/* and a catch-all to the catalog", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"handle /api/catalog/* and a catch-all (Polaris's management API)", "handle /api/catalog/* {\niceberg_idempotency {\nbase_path /api/catalog\n}\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"the directive with a matcher", "iceberg_idempotency /v1/*\nreverse_proxy " + b.Addr(), true},
+		{"a catch-all to another upstream", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
+		{"site level", "iceberg_idempotency\nhandle /v1/* {\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", false},
+		{"handle_path inside, a catch-all to another upstream", "handle_path /api/catalog/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := caddyproc.Start(t, caddyproc.Caddyfile("", tt.site))
+			waitForLog(t, c, "serving initial configuration")
+			if warned := strings.Contains(c.Logs(), warning); warned != tt.warned {
+				t.Fatalf("warned %v, want %v; logs:\n%s", warned, tt.warned, c.Logs())
+			}
+		})
+	}
+}
+
 // The directive inside handle_path, with base_path set as for a
 // site-level one: handle_path strips the prefix first, so every request
 // looks outside base_path. Catalog paths are guarded (and the config
