@@ -143,7 +143,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		h: h, w: w, r: r, next: next, key: key,
 		parts: requestParts{
 			principal: principal,
-			method:    r.Method,
+			method:    boundMethod(r),
 			path:      path,
 			query:     r.URL.RawQuery,
 			body:      body,

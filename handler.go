@@ -641,7 +641,7 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if !mutationMethod(r.Method) {
+	if !mutationMethod(r.Method) && !mutationMethod(methodOverride(r)) {
 		// Reads are most of a catalog's traffic, and only one of them
 		// concerns the handler.
 		if r.Method == http.MethodGet && h.isConfigRequest(r) {
@@ -649,7 +649,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		return next.ServeHTTP(w, r)
 	}
-	op, path := h.classifyRequest(r.Method, r.URL.EscapedPath())
+	op, path := h.classifyHTTP(r, r.URL.EscapedPath())
 	if op == "" {
 		if len(r.Header[IdempotencyKeyHeader]) > 0 && atomic.LoadInt32(&h.keyBelowPrefixWarned) == 0 {
 			h.warnKeyBelowPrefix(r)
@@ -689,6 +689,47 @@ func (h *Handler) warnBelowPrefix(flag *int32, r *http.Request, what string) {
 			"if the catalog is mounted under that prefix here, set base_path to it",
 			zap.String("method", r.Method), zap.String("path", r.URL.EscapedPath()), zap.String("base_path", h.BasePath))
 	}
+}
+
+// classifyHTTP is ServeHTTP's classification of r, whose escaped path is
+// escaped: the mutation it is guarded as ("" to pass it through) and the
+// path its key is bound to. The method is read as sent and as its
+// X-HTTP-Method-Override header names it, a commit reading first (see
+// readingPick).
+func (h *Handler) classifyHTTP(r *http.Request, escaped string) (op, bound string) {
+	var pick readingPick
+	for _, method := range [...]string{r.Method, methodOverride(r)} {
+		if mutationMethod(method) && pick.offer(h.classifyRequest(method, escaped)) {
+			break
+		}
+	}
+	return pick.op, pick.bound
+}
+
+// methodOverrideHeader names the method a catalog on Javalin (Apache
+// Amoro's Iceberg REST catalog) executes a request as, whatever its
+// method: JavalinServletContext reads it before the request line's, so
+// "GET …/tables/t" with "X-HTTP-Method-Override: POST" is a commit there.
+// Until the build after a0c6d90 such a request passed unguarded, and a
+// keyed retry executed again.
+const methodOverrideHeader = "X-Http-Method-Override"
+
+// methodOverride is r's X-HTTP-Method-Override, "" without one.
+func methodOverride(r *http.Request) string {
+	if v := r.Header[methodOverrideHeader]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// boundMethod is the method a key is bound to: the request line's, and
+// the override a catalog may execute instead, so that a retry that names
+// another is told the key was used for a different request.
+func boundMethod(r *http.Request) string {
+	if o := methodOverride(r); o != "" {
+		return r.Method + " " + o
+	}
+	return r.Method
 }
 
 // classifyRequest is classifyPath of the readings a catalog may give a

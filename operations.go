@@ -125,12 +125,16 @@ var byShape = func() (t [2][maxTemplateSegments + 1][]operation) {
 }()
 
 // methodIndex is method's row in byShape, or -1 for a method no mutation
-// uses.
+// uses. Methods match in any case: Javalin, on which Apache Amoro's
+// Iceberg REST catalog runs, upper-cases the method before routing
+// (HandlerType.findByName), so "post …/tables/t" is a commit there, and
+// Caddy forwards the method as sent. Until the build after a0c6d90 such a
+// request passed unguarded, and a keyed retry executed again.
 func methodIndex(method string) int {
-	switch method {
-	case "POST":
+	switch {
+	case strings.EqualFold(method, "POST"):
 		return 0
-	case "DELETE":
+	case strings.EqualFold(method, "DELETE"):
 		return 1
 	}
 	return -1

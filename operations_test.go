@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -200,7 +201,14 @@ func TestMutationMethodCoversMutations(t *testing.T) {
 			t.Errorf("%s uses %s, which mutationMethod does not report", op.id, op.method)
 		}
 	}
-	for _, m := range []string{"GET", "HEAD", "OPTIONS", "PUT", "PATCH", "post", "delete"} {
+	// Any case of POST and DELETE is one: Javalin (Apache Amoro's catalog)
+	// upper-cases the method before routing.
+	for _, m := range []string{"post", "Post", "delete", "dELETE"} {
+		if !mutationMethod(m) {
+			t.Errorf("mutationMethod(%q) = false, but Javalin routes it as %s", m, strings.ToUpper(m))
+		}
+	}
+	for _, m := range []string{"GET", "HEAD", "OPTIONS", "PUT", "PATCH", "POSTS", "DELET"} {
 		if mutationMethod(m) {
 			t.Errorf("mutationMethod(%q) = true, but no operation uses it", m)
 		}

@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -289,7 +290,7 @@ func classifyByList(method, rest string) string {
 	segs := strings.Split(rest, "/")
 	try := func(segs []string) string {
 		for _, op := range mutations {
-			if op.method != method || len(op.template) != len(segs) {
+			if !strings.EqualFold(op.method, method) || len(op.template) != len(segs) {
 				continue
 			}
 			ok := true
@@ -362,5 +363,57 @@ func TestUnrecognisedPrefixIsWarnedOf(t *testing.T) {
 	serve(t, h, answering(http.StatusNoContent, ``), "POST", "/api/catalog/v1/wh/namespaces/ns/tables/t/metrics", storetest.NewKey(t), `{}`)
 	if logs.Len() != 0 {
 		t.Fatalf("log = %v, want nothing", logs.All())
+	}
+}
+
+// Javalin, on which Apache Amoro's Iceberg REST catalog runs, routes the
+// method upper-cased (HandlerType.findByName) and takes an
+// X-HTTP-Method-Override header before the request line's method
+// (JavalinServletContext), and Caddy forwards both as sent. Before, "post
+// …/tables/t", or "GET …/tables/t" with "X-HTTP-Method-Override: POST",
+// passed unguarded, and a keyed retry committed again.
+func TestMethodSpellingsAndOverride(t *testing.T) {
+	h := &Handler{}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	const table = "/api/iceberg/rest/v1/catalogs/c/namespaces/ns/tables/t"
+	wantClassified(t, h, []classified{
+		{"post", "/v1/catalogs/c/namespaces/ns/tables/t", "updateTable", "/v1/catalogs/c/namespaces/ns/tables/t"},
+		{"Post", "/v1/catalogs/c/namespaces", "createNamespace", "/v1/catalogs/c/namespaces"},
+		{"delete", "/v1/catalogs/c/namespaces/ns", "dropNamespace", "/v1/catalogs/c/namespaces/ns"},
+	})
+	for _, c := range []struct{ method, override, path, op string }{
+		{"GET", "POST", "/v1/catalogs/c/namespaces/ns/tables/t", "updateTable"},
+		{"PUT", "post", "/v1/catalogs/c/namespaces", "createNamespace"},
+		{"PATCH", "DELETE", "/v1/catalogs/c/namespaces/ns", "dropNamespace"},
+		{"POST", "DELETE", "/v1/catalogs/c/namespaces/ns", "dropNamespace"},
+		// read as sent, a commit; as overridden, a drop: the commit wins
+		{"POST", "DELETE", "/v1/catalogs/c/namespaces/ns/tables/t", "updateTable"},
+		{"GET", "GET", "/v1/catalogs/c/namespaces/ns/tables/t", ""},
+		{"GET", "", "/v1/catalogs/c/namespaces/ns/tables/t", ""},
+	} {
+		r := httptest.NewRequest(c.method, c.path, nil)
+		if c.override != "" {
+			r.Header.Set("X-HTTP-Method-Override", c.override)
+		}
+		if op, _ := h.classifyHTTP(r, r.URL.EscapedPath()); op != c.op {
+			t.Errorf("%s %s with X-HTTP-Method-Override %q = %q, want %q", c.method, c.path, c.override, op, c.op)
+		}
+	}
+	// End to end: the retry is answered from the record, not executed.
+	for _, c := range []struct{ method, override string }{{"post", ""}, {"GET", "POST"}} {
+		h := &Handler{store: newMemoryStore(t), logger: zap.NewNop(), BasePath: "/api/iceberg/rest"}
+		if err := h.prepare(); err != nil {
+			t.Fatal(err)
+		}
+		up := answering(http.StatusOK, `{}`)
+		key := storetest.NewKey(t)
+		for range 2 {
+			serve(t, h, up, c.method, table, key, commitBody, "X-HTTP-Method-Override", c.override)
+		}
+		if n := up.calls.Load(); n != 1 {
+			t.Errorf("%s %s (override %q) retried with its key: catalog called %d times, want 1", c.method, table, c.override, n)
+		}
 	}
 }
