@@ -1,6 +1,9 @@
 package icebergidempotency
 
-import "strings"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // operation is one Iceberg REST mutation, matched by method and by the path
 // template after "/v1/{prefix}/" ("*" matches one non-empty segment).
@@ -147,7 +150,7 @@ func match(m int, segs []string) string {
 	for _, op := range byShape[m][len(segs)] {
 		ok := true
 		for i, t := range op.template {
-			if segs[i] == "" || (t != "*" && !strings.EqualFold(t, segs[i])) {
+			if segs[i] == "" || (t != "*" && !wordMatches(t, segs[i])) {
 				ok = false
 				break
 			}
@@ -157,4 +160,80 @@ func match(m int, segs []string) string {
 		}
 	}
 	return ""
+}
+
+// wordMatches reports whether the escaped segment seg spells the template
+// word w (lower-case ASCII) as a catalog that compares them with Java's
+// String.equalsIgnoreCase reads it: in any ASCII case, and with the four
+// characters that equalsIgnoreCase takes for an ASCII letter (see
+// javaFolds). Hive's HMS REST catalog decodes the path (getPathInfo)
+// before its Route compares the words so, and Caddy forwards such a
+// character escaped: "POST /v1/namespaces/ns/table%C5%BF/t" is a commit
+// there. Until the build after a0c6d90 it passed unguarded, and a keyed
+// retry committed again.
+func wordMatches(w, seg string) bool {
+	// A folded character is longer than the letter it stands for, escaped
+	// (six or nine bytes) or not (two or three).
+	return strings.EqualFold(w, seg) || len(seg) > len(w) && javaFoldEqual(w, seg)
+}
+
+// javaFolds are the characters other than ASCII letters that Java's
+// String.equalsIgnoreCase, which compares Character.toUpperCase and then
+// Character.toLowerCase of each char, takes for an ASCII letter: long s
+// (to "S"), dotted capital I (lower-cases to "i"), dotless i (to "I"),
+// Kelvin sign (lower-cases to "k"). No other char of the BMP does
+// (TestJavaFoldsAreAll), nor does a surrogate pair, two chars where a
+// letter is one.
+var javaFolds = [...]struct {
+	utf8   string
+	letter byte
+}{{"\u017f", 's'}, {"\u0130", 'i'}, {"\u0131", 'i'}, {"\u212a", 'k'}}
+
+// javaFoldEqual reports whether seg, its escapes decoded, equals the
+// lower-case ASCII word w under String.equalsIgnoreCase.
+func javaFoldEqual(w, seg string) bool {
+	j := 0
+	for i := 0; i < len(seg); j++ {
+		if j == len(w) {
+			return false
+		}
+		c, n := decodedByte(seg[i:])
+		if c < utf8.RuneSelf {
+			if lowerASCII(c) != w[j] {
+				return false
+			}
+			i += n
+			continue
+		}
+		k := 0
+		for _, f := range javaFolds {
+			if f.letter == w[j] {
+				if k = decodedPrefix(seg[i:], f.utf8); k > 0 {
+					break
+				}
+			}
+		}
+		if k == 0 {
+			return false
+		}
+		i += k
+	}
+	return j == len(w)
+}
+
+// decodedPrefix returns how many bytes of s spell want, each byte as
+// itself or as its escape, or 0 if s does not start with it.
+func decodedPrefix(s, want string) int {
+	i := 0
+	for j := 0; j < len(want); j++ {
+		if i >= len(s) {
+			return 0
+		}
+		c, n := decodedByte(s[i:])
+		if c != want[j] {
+			return 0
+		}
+		i += n
+	}
+	return i
 }
