@@ -792,17 +792,44 @@ func (p *readingPick) offer(op, bound string) bool {
 }
 
 // otherReadings offers classifyPath (or another classifier) of the readings
-// of escaped besides its normalized form: as sent, with "%2F" decoded and
-// normalized, and with "%2F" decoded as sent. It reports whether one was a
-// commit. Until the build after e735f9c the first mutation won here: "POST
-// …/a%2ftables/tables" was createTable as sent, its %2F-decoded reading
-// (updateTable of table "tables") never read, and a 502 released its key.
+// of escaped besides its normalized form, normal: each order in which a
+// catalog's server may cut path parameters, decode "%2F" and resolve dot
+// segments (readingOrders), and reports whether one was a commit. Until the
+// build after a0c6d90 only four were read (normalized; as sent; "%2F"
+// decoded, normalized or as sent), and three others let a mutation through
+// unguarded, or guarded as another whose 502 released the key:
+//   - parameters cut, dots kept, as Spring MVC (UrlPathHelper, PathContainer)
+//     and Jersey read a path: "POST /v1;x=1/namespaces/%2E/tables/tables"
+//     is a commit of table "tables" in namespace ".", not createTable;
+//   - parameters cut before "%2F" is decoded, as Spring MVC and Jetty do:
+//     "POST /v1/wh/namespaces/t/tables;x%2Fa/plan" is a commit of table
+//     "plan", not planTableScan of table "a";
+//   - dots resolved with empty segments kept (RFC 3986 section 5.2.4), as
+//     Vert.x's normalizePath (Quarkus: Polaris, Nessie) and Jetty's
+//     canonicalPath do: "POST /v1/wh/namespaces/ns/tables//../t" is a
+//     commit of table "t" there, and was no mutation here.
 func (p *readingPick) otherReadings(method, escaped, normal string, classifyPath func(method, path string) (string, string)) bool {
-	if normal != escaped && p.offer(classifyPath(method, literalPath(escaped))) {
-		return true
+	if escaped != "" && alreadyNormal(escaped) {
+		return false // every reading is the normalized one
 	}
-	if slashes := decodeSlashes(escaped); slashes != escaped {
-		return p.offer(classifyPath(method, normalizePath(slashes))) || p.offer(classifyPath(method, literalPath(slashes)))
+	params := strings.IndexByte(escaped, ';') >= 0
+	slashes := decodeSlashes(escaped) != escaped
+	segs, scratch := readingSegments(escaped)
+	var seen [numReadingOrders]string
+	n := 0
+	for _, steps := range readingOrders {
+		if !params && slices.Contains(steps, cutParams) || !slashes && slices.Contains(steps, decodeSlash) {
+			continue
+		}
+		path := readingOf(segs, steps, scratch)
+		if path == normal || slices.Contains(seen[:n], path) {
+			continue
+		}
+		seen[n] = path
+		n++
+		if p.offer(classifyPath(method, path)) {
+			return true
+		}
 	}
 	return false
 }

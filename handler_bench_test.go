@@ -97,3 +97,22 @@ func BenchmarkPassThrough(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkClassify is the classification of a create's path, spelled
+// plainly (no allocation) and oddly (every reading of it made).
+func BenchmarkClassify(b *testing.B) {
+	h := &Handler{}
+	if err := h.prepare(); err != nil {
+		b.Fatal(err)
+	}
+	for _, path := range []string{"/v1/wh/namespaces/ns/tables", "/v1;x/wh%2Fnamespaces/./ns//../ns/tables;y"} {
+		b.Run(path, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if op, _ := h.classifyRequest("POST", path); op != "createTable" {
+					b.Fatalf("%s = %q", path, op)
+				}
+			}
+		})
+	}
+}

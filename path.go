@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
@@ -222,4 +223,129 @@ func strippedPath(escaped, base string) (string, bool) {
 	// looking for the prefix.
 	rest := r.URL.EscapedPath()
 	return rest, rest != caddyhttp.CleanPath(escaped, !strings.Contains(base, "//"))
+}
+
+// readingStep is one thing a catalog's server may do to a path before it
+// routes it (see readingPick.otherReadings).
+type readingStep uint8
+
+const (
+	// cutParams cuts ";…" from each segment (servlet containers, JAX-RS,
+	// Spring MVC).
+	cutParams readingStep = iota
+	// decodeSlash decodes "%2F" into a separator (Starlette, Spring MVC,
+	// getPathInfo).
+	decodeSlash
+	// dropDots drops empty segments, then resolves "." and ".."
+	// (servlet containers' normalization, as normalizePath does).
+	dropDots
+	// rfcDots resolves "." and ".." with empty segments kept until then
+	// (RFC 3986 section 5.2.4, Vert.x's normalizePath, Jetty's
+	// canonicalPath): "/a//../b" is "/a/b".
+	rfcDots
+)
+
+// numReadingOrders is len(readingOrders), checked by TestReadingOrders.
+const numReadingOrders = 27
+
+// readingOrders are the orders in which a server may take those steps:
+// each of cutParams and decodeSlash taken or not, at most one of the dot
+// steps, in any order. The readings the handler made before the build
+// after a0c6d90 come first, so that a path one of them guards keeps the
+// key binding it had: as sent, and with "%2F" decoded, normalized or as
+// sent (normalizePath's reading, cutParams then dropDots, is the caller's).
+var readingOrders = func() (orders [][]readingStep) {
+	orders = [][]readingStep{nil, {decodeSlash, cutParams, dropDots}, {decodeSlash}}
+	var permute func(prefix, rest []readingStep)
+	permute = func(prefix, rest []readingStep) {
+		if len(rest) == 0 {
+			if !slices.ContainsFunc(orders, func(o []readingStep) bool { return slices.Equal(o, prefix) }) {
+				orders = append(orders, slices.Clone(prefix))
+			}
+			return
+		}
+		for i := range rest {
+			others := append(slices.Clone(rest[:i]), rest[i+1:]...)
+			permute(append(prefix, rest[i]), others)
+		}
+	}
+	for _, dots := range [][]readingStep{nil, {dropDots}, {rfcDots}} {
+		for _, steps := range [][]readingStep{nil, {cutParams}, {decodeSlash}, {cutParams, decodeSlash}} {
+			permute(nil, append(slices.Clone(steps), dots...))
+		}
+	}
+	return orders
+}()
+
+// readingSegments returns escaped's segments, escapes normalized as
+// normalizePath does, and room for readingOf to work in.
+func readingSegments(escaped string) (segs, scratch []string) {
+	segs = strings.Split(escaped, "/")
+	for i, seg := range segs {
+		segs[i] = normalizeEscapes(seg)
+	}
+	// decodeSlash adds a segment for each "%2F"
+	n := len(segs) + strings.Count(escaped, "%2") + 1
+	return segs, make([]string, 0, 2*n)
+}
+
+// readingOf is the path, given as readingSegments' segments, as a server
+// that takes steps, in order, reads it, empty segments dropped at the end.
+// It works in scratch, whose room readingSegments made.
+func readingOf(segs []string, steps []readingStep, scratch []string) string {
+	half := cap(scratch) / 2
+	cur := append(scratch[:0], segs...)
+	other := scratch[half:half]
+	for _, step := range steps {
+		switch step {
+		case cutParams:
+			for i, seg := range cur {
+				cur[i], _, _ = strings.Cut(seg, ";")
+			}
+		case decodeSlash:
+			out := other[:0]
+			for _, seg := range cur {
+				for {
+					i := strings.Index(seg, "%2F")
+					if i < 0 {
+						break
+					}
+					out = append(out, seg[:i])
+					seg = seg[i+3:]
+				}
+				out = append(out, seg)
+			}
+			cur, other = out, cur[:0]
+		case dropDots, rfcDots:
+			out := cur[:0] // in place: it writes no faster than it reads
+			for _, seg := range cur {
+				switch {
+				case seg == "" && step == dropDots, seg == ".":
+				case seg == "..":
+					if len(out) > 0 {
+						out = out[:len(out)-1]
+					}
+				default:
+					out = append(out, seg)
+				}
+			}
+			cur = out
+		}
+	}
+	size := 1
+	for _, seg := range cur {
+		size += len(seg) + 1
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for _, seg := range cur {
+		if seg != "" {
+			b.WriteByte('/')
+			b.WriteString(seg)
+		}
+	}
+	if b.Len() == 0 {
+		return "/"
+	}
+	return b.String()
 }

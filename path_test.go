@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -475,4 +476,41 @@ func TestJavaFoldsAreAll(t *testing.T) {
 	for r := range want {
 		t.Errorf("javaFolds has U+%04X, which equalsIgnoreCase takes for no letter", r)
 	}
+}
+
+// readingOrders holds each order of the reading steps once, and as many
+// as numReadingOrders says.
+func TestReadingOrders(t *testing.T) {
+	seen := map[string]bool{}
+	for _, o := range readingOrders {
+		k := fmt.Sprint(o)
+		if seen[k] {
+			t.Errorf("order %v twice", o)
+		}
+		seen[k] = true
+	}
+	if len(readingOrders) != numReadingOrders {
+		t.Errorf("%d reading orders, numReadingOrders says %d", len(readingOrders), numReadingOrders)
+	}
+}
+
+// Readings of a path the handler missed until the build after a0c6d90,
+// each a mutation (or a commit) to a real router: parameters cut with dot
+// segments kept (Spring MVC's UrlPathHelper and PathContainer, Jersey),
+// parameters cut before "%2F" is decoded (Spring MVC, Jetty), dots
+// resolved with empty segments kept (Vert.x's normalizePath, which Quarkus
+// routes Polaris and Nessie by; Jetty's canonicalPath). Before, the first
+// two were guarded as a create or a scan, whose 502 released the key, and
+// the last two passed unguarded: a keyed retry executed again.
+func TestClassifyMoreReadings(t *testing.T) {
+	h := &Handler{}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	wantClassified(t, h, []classified{
+		{"POST", "/v1;x=1/namespaces/%2E/tables/tables", "updateTable", "/v1/namespaces/./tables/tables"},
+		{"POST", "/v1/wh%2Fnamespaces/t/tables;x%2Fa/plan", "updateTable", "/v1/wh/namespaces/t/tables/plan"},
+		{"POST", "/v1/wh/namespaces/ns/tables//../t", "updateTable", "/v1/wh/namespaces/ns/tables/t"},
+		{"DELETE", "/v1/wh/namespaces//../ns", "dropNamespace", "/v1/wh/namespaces/ns"},
+	})
 }
