@@ -809,6 +809,9 @@ func (p *readingPick) offer(op, bound string) bool {
 //     canonicalPath do: "POST /v1/wh/namespaces/ns/tables//../t" is a
 //     commit of table "t" there, and was no mutation here.
 func (p *readingPick) otherReadings(method, escaped, normal string, classifyPath func(method, path string) (string, string)) bool {
+	if p.offerSuffix(method, normal, classifyPath) {
+		return true
+	}
 	if escaped != "" && alreadyNormal(escaped) {
 		return false // every reading is the normalized one
 	}
@@ -827,9 +830,23 @@ func (p *readingPick) otherReadings(method, escaped, normal string, classifyPath
 		}
 		seen[n] = path
 		n++
-		if p.offer(classifyPath(method, path)) {
+		if p.offer(classifyPath(method, path)) || p.offerSuffix(method, path, classifyPath) {
 			return true
 		}
+	}
+	return false
+}
+
+// offerSuffix offers path read as Spring MVC before 5.3 reads it outside
+// Spring Boot (useSuffixPatternMatch, on by default there): the last
+// segment's "extension" ignored, so that "POST /v1/wh/namespaces.json" is
+// createNamespace and "POST /v1/transactions/commit.x" a commit. Until
+// the build after a0c6d90 these passed unguarded. It reports whether the
+// reading was a commit.
+func (p *readingPick) offerSuffix(method, path string, classifyPath func(method, path string) (string, string)) bool {
+	last := strings.LastIndexByte(path, '/') + 1
+	if dot := strings.IndexByte(path[last:], '.'); dot > 0 {
+		return p.offer(classifyPath(method, path[:last+dot]))
 	}
 	return false
 }

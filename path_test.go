@@ -514,3 +514,22 @@ func TestClassifyMoreReadings(t *testing.T) {
 		{"DELETE", "/v1/wh/namespaces//../ns", "dropNamespace", "/v1/wh/namespaces/ns"},
 	})
 }
+
+// Spring MVC before 5.3, outside Spring Boot, matches "/namespaces" to
+// "/namespaces.json" too (useSuffixPatternMatch). Before, these passed
+// unguarded, and a keyed retry executed again.
+func TestClassifySuffixPattern(t *testing.T) {
+	h := &Handler{}
+	if err := h.prepare(); err != nil {
+		t.Fatal(err)
+	}
+	wantClassified(t, h, []classified{
+		{"POST", "/v1/wh/namespaces.json", "createNamespace", "/v1/wh/namespaces"},
+		{"POST", "/v1/transactions/commit.", "commitTransaction", "/v1/transactions/commit"},
+		{"POST", "/v1/wh/namespaces/ns/tables/t/plan.x.y", "planTableScan", "/v1/wh/namespaces/ns/tables/t/plan"},
+		{"POST", "/v1/wh/namespaces/ns/tables/t.json", "updateTable", "/v1/wh/namespaces/ns/tables/t.json"},
+		{"POST", "/v1;x/wh/namespaces/ns/views%2Ex", "createView", "/v1/wh/namespaces/ns/views"},
+		{"POST", "/v1/wh/namespaces/ns/tables/.json", "updateTable", "/v1/wh/namespaces/ns/tables/.json"},
+		{"POST", "/v1/wh/namespaces/ns/.json", "", ""},
+	})
+}
