@@ -710,7 +710,7 @@ func (h *Handler) classifyHTTP(r *http.Request, escaped string) (op, bound strin
 // Amoro's Iceberg REST catalog) executes a request as, whatever its
 // method: JavalinServletContext reads it before the request line's, so
 // "GET …/tables/t" with "X-HTTP-Method-Override: POST" is a commit there.
-// Until the build after a0c6d90 such a request passed unguarded, and a
+// Until the build after 051e419 such a request passed unguarded, and a
 // keyed retry executed again.
 const methodOverrideHeader = "X-Http-Method-Override"
 
@@ -795,7 +795,7 @@ func (p *readingPick) offer(op, bound string) bool {
 // of escaped besides its normalized form, normal: each order in which a
 // catalog's server may cut path parameters, decode "%2F" and resolve dot
 // segments (readingOrders), and reports whether one was a commit. Until the
-// build after a0c6d90 only four were read (normalized; as sent; "%2F"
+// build after 051e419 only four were read (normalized; as sent; "%2F"
 // decoded, normalized or as sent), and three others let a mutation through
 // unguarded, or guarded as another whose 502 released the key:
 //   - parameters cut, dots kept, as Spring MVC (UrlPathHelper, PathContainer)
@@ -841,7 +841,7 @@ func (p *readingPick) otherReadings(method, escaped, normal string, classifyPath
 // Spring Boot (useSuffixPatternMatch, on by default there): the last
 // segment's "extension" ignored, so that "POST /v1/wh/namespaces.json" is
 // createNamespace and "POST /v1/transactions/commit.x" a commit. Until
-// the build after a0c6d90 these passed unguarded. It reports whether the
+// the build after 051e419 these passed unguarded. It reports whether the
 // reading was a commit.
 func (p *readingPick) offerSuffix(method, path string, classifyPath func(method, path string) (string, string)) bool {
 	last := strings.LastIndexByte(path, '/') + 1

@@ -131,7 +131,7 @@ var byShape = func() (t [2][maxTemplateSegments + 1][]operation) {
 // uses. Methods match in any case: Javalin, on which Apache Amoro's
 // Iceberg REST catalog runs, upper-cases the method before routing
 // (HandlerType.findByName), so "post …/tables/t" is a commit there, and
-// Caddy forwards the method as sent. Until the build after a0c6d90 such a
+// Caddy forwards the method as sent. Until the build after 051e419 such a
 // request passed unguarded, and a keyed retry executed again.
 func methodIndex(method string) int {
 	switch {
@@ -169,7 +169,7 @@ func match(m int, segs []string) string {
 // javaFolds). Hive's HMS REST catalog decodes the path (getPathInfo)
 // before its Route compares the words so, and Caddy forwards such a
 // character escaped: "POST /v1/namespaces/ns/table%C5%BF/t" is a commit
-// there. Until the build after a0c6d90 it passed unguarded, and a keyed
+// there. Until the build after 051e419 it passed unguarded, and a keyed
 // retry committed again.
 func wordMatches(w, seg string) bool {
 	// A folded character is longer than the letter it stands for, escaped

@@ -251,7 +251,7 @@ const numReadingOrders = 27
 // readingOrders are the orders in which a server may take those steps:
 // each of cutParams and decodeSlash taken or not, at most one of the dot
 // steps, in any order. The readings the handler made before the build
-// after a0c6d90 come first, so that a path one of them guards keeps the
+// after 051e419 come first, so that a path one of them guards keeps the
 // key binding it had: as sent, and with "%2F" decoded, normalized or as
 // sent (normalizePath's reading, cutParams then dropDots, is the caller's).
 var readingOrders = func() (orders [][]readingStep) {

@@ -494,7 +494,7 @@ func TestReadingOrders(t *testing.T) {
 	}
 }
 
-// Readings of a path the handler missed until the build after a0c6d90,
+// Readings of a path the handler missed until the build after 051e419,
 // each a mutation (or a commit) to a real router: parameters cut with dot
 // segments kept (Spring MVC's UrlPathHelper and PathContainer, Jersey),
 // parameters cut before "%2F" is decoded (Spring MVC, Jetty), dots
