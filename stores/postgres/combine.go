@@ -23,7 +23,7 @@ func (s *Store) newCombiner(maxFlushes int) *sqlstore.Combiner[string] {
 }
 
 func (s *Store) execAlone(ctx context.Context, st sqlstore.Statement[string]) (int64, error) {
-	tag, err := s.pool.Exec(ctx, st.Stmt, st.Args...)
+	tag, err := s.poolExec(ctx, st.Stmt, st.Args...)
 	if err != nil {
 		return 0, err
 	}
@@ -44,9 +44,15 @@ func (s *Store) execTogether(sts []sqlstore.Statement[string]) ([]int64, bool, e
 	for _, st := range sts {
 		b.Queue(st.Stmt, st.Args...)
 	}
-	br := s.pool.SendBatch(ctx, b)
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		// Nothing was sent: each write runs again alone, or, its caller's
+		// time spent, ends as not sent.
+		return nil, true, acquireError{err}
+	}
+	defer c.Release()
+	br := c.SendBatch(ctx, b)
 	rows := make([]int64, len(sts))
-	var err error
 	for i := range sts {
 		tag, e := br.Exec()
 		if e != nil {

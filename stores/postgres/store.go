@@ -238,7 +238,7 @@ func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.R
 		// since the INSERT met it: clear the former (a no-op otherwise)
 		// and let the caller retry. Keys are UUIDv7, so reuse after
 		// expiry is rare and this path is cold.
-		if _, err := s.pool.Exec(ctx, s.q.deleteExpired, r.Key); err != nil {
+		if _, err := s.poolExec(ctx, s.q.deleteExpired, r.Key); err != nil {
 			return stores.ReserveResult{}, s.wrap("reserve", err)
 		}
 		return stores.ReserveResult{}, nil
@@ -320,7 +320,7 @@ func (s *Store) exec(ctx context.Context, op, sql string, args ...any) (int64, e
 	}
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, sql, args...)
+	tag, err := s.poolExec(ctx, sql, args...)
 	if err != nil {
 		return 0, s.wrap(op, err)
 	}

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -45,5 +46,27 @@ func transient(err error) bool {
 func notSent(err error) bool {
 	var ce *pgconn.ConnectError
 	var pe *pgconn.PgError
-	return errors.As(err, &ce) || pgconn.SafeToRetry(err) || errors.As(err, &pe) && severity(pe) == "ERROR"
+	var ae acquireError
+	return errors.As(err, &ae) || errors.As(err, &ce) || pgconn.SafeToRetry(err) || errors.As(err, &pe) && severity(pe) == "ERROR"
+}
+
+// acquireError is the failure to get a connection from the pool: the
+// statement was never handed to one, so nothing was sent. pgxpool returns
+// the bare context error when the call's deadline passes while it waits
+// for a busy pool or for a connect that hangs (a partitioned server),
+// which alone proves nothing.
+type acquireError struct{ err error }
+
+func (e acquireError) Error() string { return e.err.Error() }
+func (e acquireError) Unwrap() error { return e.err }
+
+// poolExec runs sql on a connection of its own from the pool, and tells a
+// failure to get one (acquireError) from a failure of the statement.
+func (s *Store) poolExec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, acquireError{err}
+	}
+	defer c.Release()
+	return c.Exec(ctx, sql, args...)
 }
