@@ -185,6 +185,7 @@ type Handler struct {
 	finalizeWindow   time.Duration // how long a failing Finalize is retried; tests shorten it
 	settleWindow     time.Duration // how long a lost write may still commit (undoLostReply); tests shorten it
 	repairWindow     time.Duration // how long undoLostReply retries a failing undo (lostReplyWindow); tests shorten it
+	repairs          *repairQueue  // runs undoLostReply's undos, at most maxRepairs at once
 	finalizeSet      statusSet
 	releaseSet       statusSet
 	replayHdrs       []string
@@ -323,6 +324,7 @@ func (h *Handler) prepare() error {
 	h.finalizeWindow = defaultFinalizeWindow
 	h.settleWindow = defaultSettleWindow
 	h.repairWindow = lostReplyWindow
+	h.repairs = new(repairQueue)
 	h.basePath = ""
 	if h.BasePath != "" {
 		h.basePath = normalizePath(h.BasePath)

@@ -980,23 +980,8 @@ func (g *guarded) undoLostReply(undo func(ctx context.Context, s stores.Store, k
 	if g.h.pooled != nil {
 		leave = g.h.pooled.enter()
 	}
-	go func() {
-		defer leave()
-		failed := time.Now()
-		for wait := 100 * time.Millisecond; ; wait = min(2*wait, undoRetryGap) {
-			ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
-			err := undo(ctx, store, key, owner)
-			cancel()
-			since := time.Since(failed)
-			switch {
-			case err == nil, since > max(repair, settle):
-				return
-			case errors.Is(err, stores.ErrNotOwner) && since >= settle:
-				return
-			}
-			time.Sleep(wait)
-		}
-	}()
+	g.h.repairs.add(&repairJob{undo: undo, store: store, key: key, owner: owner,
+		failed: time.Now(), settle: settle, repair: repair, wait: 100 * time.Millisecond, leave: leave})
 }
 
 func releaseReservation(ctx context.Context, s stores.Store, key, owner string) error {

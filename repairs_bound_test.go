@@ -1,0 +1,70 @@
+package icebergidempotency
+
+import (
+	"context"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// lostReserves is a store that went away behind something that accepts
+// connections and then drops them (a proxy or load balancer in front of
+// it, a server restarting): every Reserve's reply is lost (not provably
+// unsent), and every call after that hangs until its deadline.
+type lostReserves struct {
+	stores.Store
+	releasing, peak atomic.Int64
+}
+
+func (*lostReserves) Reserve(context.Context, stores.Reservation) (stores.ReserveResult, error) {
+	return stores.ReserveResult{}, errInjected
+}
+
+func (s *lostReserves) Release(ctx context.Context, _, _ string) error {
+	n := s.releasing.Add(1)
+	defer s.releasing.Add(-1)
+	for {
+		p := s.peak.Load()
+		if n <= p || s.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// The background repairs of lost replies are bounded while the store is
+// down: each failed request used to start a goroutine of its own that
+// retried its Release for two minutes, so that their number (and the calls
+// they hold open at the store, all of them at once when it comes back)
+// grew with the request rate times two minutes. Live, a Redis cut for 3 s
+// under 16 clients left 1700 of them; 2000 failing requests a second would
+// keep 240,000.
+// wantRepairsAtMost bounds the repairs running at once in the test.
+const wantRepairsAtMost = 64
+
+func TestLostReplyRepairsAreBounded(t *testing.T) {
+	s := &lostReserves{Store: newMemoryStore(t)}
+	h := newTestHandler(t, s)
+	up := answering(200, "{}")
+	before := runtime.NumGoroutine()
+	const requests = 300
+	for range requests {
+		if res := serve(t, h, up, "POST", "/v1/namespaces", storetest.NewKey(t), nsBody); res.code() != 503 {
+			t.Fatalf("keyed request with the store failing = %d %s, want 503", res.code(), res.body)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the repairs start their first tries
+	grown := runtime.NumGoroutine() - before
+	if p := s.peak.Load(); p > wantRepairsAtMost || grown > wantRepairsAtMost+20 {
+		t.Fatalf("after %d requests whose Reserve reply was lost: %d Releases at once at the store, %d more goroutines; want at most %d of either",
+			requests, p, grown, wantRepairsAtMost)
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("the catalog was called %d times", up.calls.Load())
+	}
+}
