@@ -37,6 +37,9 @@ func (s *lostReserves) Release(ctx context.Context, _, _ string) error {
 	return ctx.Err()
 }
 
+// wantRepairsAtMost bounds the repairs running at once in the test.
+const wantRepairsAtMost = 64
+
 // The background repairs of lost replies are bounded while the store is
 // down: each failed request used to start a goroutine of its own that
 // retried its Release for two minutes, so that their number (and the calls
@@ -44,9 +47,6 @@ func (s *lostReserves) Release(ctx context.Context, _, _ string) error {
 // grew with the request rate times two minutes. Live, a Redis cut for 3 s
 // under 16 clients left 1700 of them; 2000 failing requests a second would
 // keep 240,000.
-// wantRepairsAtMost bounds the repairs running at once in the test.
-const wantRepairsAtMost = 64
-
 func TestLostReplyRepairsAreBounded(t *testing.T) {
 	s := &lostReserves{Store: newMemoryStore(t)}
 	h := newTestHandler(t, s)
