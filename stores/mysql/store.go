@@ -315,11 +315,17 @@ func (s *Store) retry(ctx context.Context, op string, once func(context.Context)
 	}
 }
 
+// execOnce runs stmt once. A failure before a connection took the
+// statement comes back as an unhandedError (see handOff).
 func (s *Store) execOnce(ctx context.Context, stmt *sql.Stmt, args ...any) (int64, error) {
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
+	args, handed := withHandOff(args)
 	res, err := stmt.ExecContext(ctx, args...)
 	if err != nil {
+		if !handed() {
+			return 0, &unhandedError{err}
+		}
 		return 0, err
 	}
 	return res.RowsAffected()

@@ -33,8 +33,9 @@ func transient(err error) bool {
 }
 
 // notSent reports whether a driver error proves that the statement did not
-// commit: it never reached the server (no connection could be opened for
-// it, or the driver said ErrBadConn, which database/sql's contract allows
+// commit: it never reached the server (it got no connection in time, see
+// unhandedError; no connection could be opened for it; or the driver said
+// ErrBadConn, which database/sql's contract allows
 // only when nothing was sent; go-sql-driver answers ErrInvalidConn once it
 // has written), or the server answered with an error, which rolls an
 // autocommit statement back (InnoDB's statements are atomic; a combined
@@ -42,7 +43,8 @@ func transient(err error) bool {
 // being killed or the server shutting down are left out: they may come
 // when the statement's commit is already through.
 func notSent(err error) bool {
-	if sqlstore.DialFailed(err) || errors.Is(err, driver.ErrBadConn) {
+	var unhanded *unhandedError
+	if errors.As(err, &unhanded) || sqlstore.DialFailed(err) || errors.Is(err, driver.ErrBadConn) {
 		return true
 	}
 	var me *mysql.MySQLError
