@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"maps"
 	"slices"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -127,21 +128,31 @@ func proxiesIn(routes caddyhttp.RouteList) bool {
 // routes them as "/v1/…": a keyed retry executes again.
 func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	for name, srv := range app.Servers {
-		var w bypassWalk
-		w.walk(srv.Routes, false, false) // unguarded, no matcher
-		for _, r := range srv.NamedRoutes {
-			if r != nil {
-				w.walk(caddyhttp.RouteList{*r}, false, false)
+		found := map[string]bool{}
+		walk := func(routes caddyhttp.RouteList) {
+			w := bypassWalk{named: srv.NamedRoutes}
+			w.walkReach(routes, reach{unguarded: true})
+			for dial := range w.guardedUnderPath {
+				if w.unguarded[dial] {
+					found[dial] = true
+				}
 			}
 		}
-		var shared []string
-		for dial := range w.guardedUnderPath {
-			if w.unguarded[dial] {
-				shared = append(shared, dial)
+		// A terminal route (a Caddyfile site) ends the requests it
+		// matches: one site's requests never reach another's handlers
+		// (two sites apart by host share no request). Each is walked on
+		// its own, after the routes before it that let requests through.
+		var through caddyhttp.RouteList
+		for _, r := range srv.Routes {
+			if r.Terminal {
+				walk(append(slices.Clip(through), r))
+			} else {
+				through = append(through, r)
 			}
 		}
-		if len(shared) > 0 {
-			slices.Sort(shared)
+		walk(through)
+		if len(found) > 0 {
+			shared := slices.Sorted(maps.Keys(found))
 			logger.Warn("iceberg_idempotency guards an upstream only for the requests a path matcher gives it, and "+
 				"a reverse_proxy to the same upstream takes the requests its matcher misses, unguarded: Caddy's path matcher "+
 				"does not cut path parameters (/v1;x/..., /.;/v1/...), which Java catalogs route as /v1/..., so a keyed retry "+
@@ -156,7 +167,12 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 type bypassWalk struct {
 	guardedUnderPath map[string]bool
 	unguarded        map[string]bool
+	named            map[string]*caddyhttp.Route // the server's, for invoke
+	invokes          int                         // invokes being walked: a named route may invoke itself
 }
+
+// maxInvokeDepth bounds how deep the walk follows invoke.
+const maxInvokeDepth = 8
 
 // reach is which requests can arrive at a point of a route list: with no
 // guard before them, after a guard under a path matcher, after one under
@@ -175,10 +191,6 @@ func (st reach) guard() reach {
 		}
 	}
 	return st
-}
-
-func (w *bypassWalk) walk(routes caddyhttp.RouteList, guarded, underPath bool) {
-	w.walkReach(routes, reach{unguarded: !guarded, guarded: guarded, underPath: underPath})
 }
 
 // walkReach walks routes in order: a handler in a route wraps the routes
@@ -214,6 +226,12 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 				}
 			case *caddyhttp.Subroute:
 				w.walkReach(h.Routes, in)
+			case *caddyhttp.Invoke:
+				if r := w.named[h.Name]; r != nil && w.invokes < maxInvokeDepth {
+					w.invokes++
+					w.walkReach(caddyhttp.RouteList{*r}, in)
+					w.invokes--
+				}
 			}
 		}
 		if !guardedHere {

@@ -1,0 +1,50 @@
+package icebergidempotency
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+func TestBypassableHandlersWalk(t *testing.T) {
+	for _, tt := range []struct {
+		name, caddyfile string
+		warned          bool
+	}{
+		{"readme site level", ":8089 {\n\ticeberg_idempotency\n\thandle /v1/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		{"handle + catch-all", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"matcher on directive", ":8089 {\n\ticeberg_idempotency /v1/*\n\treverse_proxy 127.0.0.1:2\n}\n", true},
+		{"handle_path alone + other upstream", ":8089 {\n\thandle_path /api/catalog/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:3\n\t}\n}\n", false},
+		{"two sites, host apart", "http://a.localhost:8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\nhttp://b.localhost:8089 {\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"named route", "&(cat) {\n\treverse_proxy 127.0.0.1:2\n}\n:8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\tinvoke cat\n\t}\n\thandle {\n\t\tinvoke cat\n\t}\n}\n", true},
+		{"named route guarded", "&(cat) {\n\treverse_proxy 127.0.0.1:2\n}\n:8089 {\n\ticeberg_idempotency\n\thandle /v1/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\tinvoke cat\n\t}\n}\n", false},
+		{"handle_path + site guard", ":8089 {\n\thandle_path /api/catalog/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle /api/catalog/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"dynamic/no upstreams", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy {\n\t\t\tdynamic a example.com\n\t\t}\n\t}\n\thandle {\n\t\treverse_proxy\n\t}\n}\n", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			adapted, err := adapt(t, tt.caddyfile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cfg struct {
+				Apps map[string]json.RawMessage `json:"apps"`
+			}
+			if err := json.Unmarshal(adapted, &cfg); err != nil {
+				t.Fatal(err)
+			}
+			mod, err := runningCaddyContext(t).LoadModuleByID("http", cfg.Apps["http"])
+			if err != nil {
+				t.Fatal(err)
+			}
+			core, logs := observer.New(zapcore.WarnLevel)
+			warnBypassableHandlers(mod.(*caddyhttp.App), zap.New(core))
+			if warned := logs.Len() > 0; warned != tt.warned {
+				t.Errorf("warned %v, want %v: %v", warned, tt.warned, logs.All())
+			}
+		})
+	}
+}
