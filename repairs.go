@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,7 +23,7 @@ const maxRepairs = 64
 // zero value is ready to use.
 type repairQueue struct {
 	mu      sync.Mutex
-	queue   []*repairJob // FIFO; a job retried goes to the back
+	queue   []*repairJob // by when each is due (push)
 	workers int
 }
 
@@ -42,7 +43,7 @@ func (q *repairQueue) add(j *repairJob) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	j.due = time.Now()
-	q.queue = append(q.queue, j)
+	q.push(j)
 	if q.workers < maxRepairs {
 		q.workers++
 		go q.work()
@@ -71,9 +72,22 @@ func (q *repairQueue) work() {
 		j.due = time.Now().Add(j.wait)
 		j.wait = min(2*j.wait, undoRetryGap)
 		q.mu.Lock()
-		q.queue = append(q.queue, j)
+		q.push(j)
 		q.mu.Unlock()
 	}
+}
+
+// push puts j in the queue by when it is due, after the jobs due as soon,
+// so that a worker never sleeps on a job while one due sooner waits
+// behind it. q.mu is held.
+func (q *repairQueue) push(j *repairJob) {
+	i, _ := slices.BinarySearchFunc(q.queue, j.due, func(k *repairJob, due time.Time) int {
+		if k.due.After(due) {
+			return 1
+		}
+		return -1
+	})
+	q.queue = slices.Insert(q.queue, i, j)
 }
 
 // try makes one undo try; it reports whether the job is over (see

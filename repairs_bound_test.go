@@ -18,6 +18,7 @@ import (
 type lostReserves struct {
 	stores.Store
 	releasing, peak atomic.Int64
+	unblock         chan struct{} // closed: the store answers again
 }
 
 func (*lostReserves) Reserve(context.Context, stores.Reservation) (stores.ReserveResult, error) {
@@ -33,8 +34,12 @@ func (s *lostReserves) Release(ctx context.Context, _, _ string) error {
 			break
 		}
 	}
-	<-ctx.Done()
-	return ctx.Err()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.unblock:
+		return errInjected
+	}
 }
 
 // wantRepairsAtMost bounds the repairs running at once in the test.
@@ -48,8 +53,22 @@ const wantRepairsAtMost = 64
 // under 16 clients left 1700 of them; 2000 failing requests a second would
 // keep 240,000.
 func TestLostReplyRepairsAreBounded(t *testing.T) {
-	s := &lostReserves{Store: newMemoryStore(t)}
+	s := &lostReserves{Store: newMemoryStore(t), unblock: make(chan struct{})}
 	h := newTestHandler(t, s)
+	// One try each, then the repairs end: the test waits for them.
+	h.repairWindow, h.settleWindow = time.Millisecond, time.Millisecond
+	t.Cleanup(func() {
+		close(s.unblock)
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			h.repairs.mu.Lock()
+			idle := h.repairs.workers == 0
+			h.repairs.mu.Unlock()
+			if idle {
+				return
+			}
+		}
+		t.Error("the repairs did not end once the store answered")
+	})
 	up := answering(200, "{}")
 	before := runtime.NumGoroutine()
 	const requests = 300
