@@ -1,15 +1,18 @@
 package icebergidempotency
 
 import (
-	"encoding/json"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 )
 
+// The bypass warning (warnBypassableHandlers) on provisioned configs: the
+// directive under a path matcher beside an unguarded reverse_proxy to the
+// same upstream is warned of, the README's layouts are not. Until the
+// build after 051e419's review, two sites apart by host were warned of,
+// and a catch-all that invokes a named route was missed.
 func TestBypassableHandlersWalk(t *testing.T) {
 	for _, tt := range []struct {
 		name, caddyfile string
@@ -26,22 +29,8 @@ func TestBypassableHandlersWalk(t *testing.T) {
 		{"dynamic/no upstreams", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy {\n\t\t\tdynamic a example.com\n\t\t}\n\t}\n\thandle {\n\t\treverse_proxy\n\t}\n}\n", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			adapted, err := adapt(t, tt.caddyfile)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var cfg struct {
-				Apps map[string]json.RawMessage `json:"apps"`
-			}
-			if err := json.Unmarshal(adapted, &cfg); err != nil {
-				t.Fatal(err)
-			}
-			mod, err := runningCaddyContext(t).LoadModuleByID("http", cfg.Apps["http"])
-			if err != nil {
-				t.Fatal(err)
-			}
 			core, logs := observer.New(zapcore.WarnLevel)
-			warnBypassableHandlers(mod.(*caddyhttp.App), zap.New(core))
+			warnBypassableHandlers(provisionedHTTPApp(t, tt.caddyfile), zap.New(core))
 			if warned := logs.Len() > 0; warned != tt.warned {
 				t.Errorf("warned %v, want %v: %v", warned, tt.warned, logs.All())
 			}

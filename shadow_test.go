@@ -69,25 +69,32 @@ func TestShadowedHandlersOnAProvisionedApp(t *testing.T) {
 			":8089 {\n\ticeberg_idempotency\n\thandle /v1/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			adapted, err := adapt(t, tt.caddyfile)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var cfg struct {
-				Apps map[string]json.RawMessage `json:"apps"`
-			}
-			if err := json.Unmarshal(adapted, &cfg); err != nil {
-				t.Fatal(err)
-			}
-			mod, err := runningCaddyContext(t).LoadModuleByID("http", cfg.Apps["http"])
-			if err != nil {
-				t.Fatal(err)
-			}
 			core, logs := observer.New(zapcore.WarnLevel)
-			warnShadowedHandlers(mod.(*caddyhttp.App), zap.New(core))
+			warnShadowedHandlers(provisionedHTTPApp(t, tt.caddyfile), zap.New(core))
 			if warned := logs.Len() > 0; warned != tt.warned {
 				t.Fatalf("warned %v, want %v: %v", warned, tt.warned, logs.All())
 			}
 		})
 	}
+}
+
+// provisionedHTTPApp is the http app of caddyfile, adapted and provisioned
+// as App.Start sees it.
+func provisionedHTTPApp(t *testing.T, caddyfile string) *caddyhttp.App {
+	t.Helper()
+	adapted, err := adapt(t, caddyfile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		Apps map[string]json.RawMessage `json:"apps"`
+	}
+	if err := json.Unmarshal(adapted, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	mod, err := runningCaddyContext(t).LoadModuleByID("http", cfg.Apps["http"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mod.(*caddyhttp.App)
 }
