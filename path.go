@@ -44,21 +44,6 @@ func normalizePath(escaped string) string {
 	return rebuildPath(escaped)
 }
 
-// literalPath reads escaped as a catalog that routes the path as sent
-// would: escapes normalized and empty segments dropped as normalizePath
-// does, but "." and ".." kept as segments and path parameters kept in
-// theirs.
-func literalPath(escaped string) string {
-	segs := strings.Split(escaped, "/")
-	out := make([]string, 0, len(segs))
-	for _, seg := range segs {
-		if seg = normalizeEscapes(seg); seg != "" {
-			out = append(out, seg)
-		}
-	}
-	return "/" + strings.Join(out, "/")
-}
-
 // decodeSlashes returns escaped with every "%2F" (any case) decoded.
 func decodeSlashes(escaped string) string {
 	if !strings.Contains(escaped, "%2") {
