@@ -818,7 +818,7 @@ func (p *readingPick) otherReadings(method, escaped, normal string, classifyPath
 		return false // every reading is the normalized one
 	}
 	params := strings.IndexByte(escaped, ';') >= 0
-	slashes := decodeSlashes(escaped) != escaped
+	slashes := strings.Contains(escaped, "%2F") || strings.Contains(escaped, "%2f")
 	segs, scratch := readingSegments(escaped)
 	var seen [numReadingOrders]string
 	n := 0

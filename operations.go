@@ -207,10 +207,14 @@ func javaFoldEqual(w, seg string) bool {
 		}
 		k := 0
 		for _, f := range javaFolds {
-			if f.letter == w[j] {
-				if k = decodedPrefix(seg[i:], f.utf8); k > 0 {
-					break
-				}
+			// The fold's bytes are all non-ASCII, which cutPrefixFold
+			// compares as they are, escaped or not.
+			if f.letter != w[j] {
+				continue
+			}
+			if rest, ok := cutPrefixFold(seg[i:], f.utf8); ok {
+				k = len(seg) - i - len(rest)
+				break
 			}
 		}
 		if k == 0 {
@@ -219,21 +223,4 @@ func javaFoldEqual(w, seg string) bool {
 		i += k
 	}
 	return j == len(w)
-}
-
-// decodedPrefix returns how many bytes of s spell want, each byte as
-// itself or as its escape, or 0 if s does not start with it.
-func decodedPrefix(s, want string) int {
-	i := 0
-	for j := 0; j < len(want); j++ {
-		if i >= len(s) {
-			return 0
-		}
-		c, n := decodedByte(s[i:])
-		if c != want[j] {
-			return 0
-		}
-		i += n
-	}
-	return i
 }

@@ -44,17 +44,6 @@ func normalizePath(escaped string) string {
 	return rebuildPath(escaped)
 }
 
-// decodeSlashes returns escaped with every "%2F" (any case) decoded.
-func decodeSlashes(escaped string) string {
-	if !strings.Contains(escaped, "%2") {
-		return escaped
-	}
-	for _, esc := range [...]string{"%2F", "%2f"} {
-		escaped = strings.ReplaceAll(escaped, esc, "/")
-	}
-	return escaped
-}
-
 // rebuildPath is normalizePath by splitting and joining every segment.
 func rebuildPath(escaped string) string {
 	segs := strings.Split(escaped, "/")
