@@ -7,7 +7,6 @@ import (
 	"database/sql/driver"
 	"encoding/hex"
 	"fmt"
-	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -46,7 +45,7 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 		if err != nil {
 			return s.wrap("check schema", err)
 		}
-		return s.checkVersion(table, have, ms)
+		return sqlstore.CheckSchema("mysql", "mysql DATABASE < FILE", table, have, ms, s.log)
 	}
 
 	conn, err := s.db.Conn(ctx)
@@ -130,27 +129,6 @@ func schemaVersion(ctx context.Context, q querier, table string) (int, error) {
 	var v int
 	err = q.QueryRowContext(ctx, fmt.Sprintf("SELECT COALESCE(MAX(version), 0) FROM %s_schema", table)).Scan(&v)
 	return v, err
-}
-
-func (s *Store) checkVersion(table string, have int, ms []schema.Migration) error {
-	var missing []string
-	for _, m := range ms {
-		if m.Version > have {
-			missing = append(missing, m.File)
-		}
-	}
-	if len(missing) == 0 {
-		if latest := schema.Latest(ms); have > latest {
-			s.log.Warn("schema is newer than this build knows", zap.Int("version", have), zap.Int("known", latest))
-		}
-		return nil
-	}
-	hint := ""
-	if table != schema.Placeholder {
-		hint = fmt.Sprintf(" with %s replaced by %s", schema.Placeholder, table)
-	}
-	return &sqlstore.SchemaError{Msg: fmt.Sprintf("mysql: table %s is at schema version %d, this build needs %d: apply %s%s (mysql DATABASE < FILE), or enable auto_migrate",
-		table, have, schema.Latest(ms), strings.Join(missing, ", then "), hint)}
 }
 
 // lockName is the GET_LOCK name for migrating table. Lock names are

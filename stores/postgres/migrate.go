@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,7 +33,7 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 		if err != nil {
 			return s.wrap("check schema", err)
 		}
-		return checkVersion(table, have, ms, s)
+		return sqlstore.CheckSchema("postgres", "psql --single-transaction -f FILE", table, have, ms, s.log)
 	}
 
 	tx, err := s.pool.Begin(ctx)
@@ -95,27 +94,6 @@ func schemaVersion(ctx context.Context, q querier, table string) (int, error) {
 	var v int
 	err = q.QueryRow(ctx, fmt.Sprintf("SELECT coalesce(max(version), 0) FROM %s_schema", table)).Scan(&v)
 	return v, err
-}
-
-func checkVersion(table string, have int, ms []schema.Migration, s *Store) error {
-	var missing []string
-	for _, m := range ms {
-		if m.Version > have {
-			missing = append(missing, m.File)
-		}
-	}
-	if len(missing) == 0 {
-		if latest := schema.Latest(ms); have > latest {
-			s.log.Warn("schema is newer than this build knows", zap.Int("version", have), zap.Int("known", latest))
-		}
-		return nil
-	}
-	hint := ""
-	if table != schema.Placeholder {
-		hint = fmt.Sprintf(" with %s replaced by %s", schema.Placeholder, table)
-	}
-	return &sqlstore.SchemaError{Msg: fmt.Sprintf("postgres: table %s is at schema version %d, this build needs %d: apply %s%s (psql --single-transaction -f FILE), or enable auto_migrate",
-		table, have, schema.Latest(ms), strings.Join(missing, ", then "), hint)}
 }
 
 // lockKey maps a table name to an advisory lock key. Other applications'
