@@ -9,10 +9,11 @@ import (
 )
 
 // The bypass warning (warnBypassableHandlers) on provisioned configs: the
-// directive under a path matcher beside an unguarded reverse_proxy to the
-// same upstream is warned of, the README's layouts are not. Until the
-// build after 051e419's review, two sites apart by host were warned of,
-// and a catch-all that invokes a named route was missed.
+// directive under a path or method matcher beside an unguarded
+// reverse_proxy to the same upstream is warned of, the README's layouts
+// are not. Until the build after 051e419's review, two sites apart by host
+// were warned of, and a catch-all that invokes a named route was missed;
+// until the build after 0e5a7a1, a method matcher was missed.
 func TestBypassableHandlersWalk(t *testing.T) {
 	for _, tt := range []struct {
 		name, caddyfile string
@@ -26,6 +27,9 @@ func TestBypassableHandlersWalk(t *testing.T) {
 		{"named route", "&(cat) {\n\treverse_proxy 127.0.0.1:2\n}\n:8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\tinvoke cat\n\t}\n\thandle {\n\t\tinvoke cat\n\t}\n}\n", true},
 		{"named route guarded", "&(cat) {\n\treverse_proxy 127.0.0.1:2\n}\n:8089 {\n\ticeberg_idempotency\n\thandle /v1/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\tinvoke cat\n\t}\n}\n", false},
 		{"handle_path + site guard", ":8089 {\n\thandle_path /api/catalog/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle /api/catalog/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"method matcher on directive", ":8089 {\n\t@mut method POST DELETE\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", true},
+		{"handle by method + catch-all", ":8089 {\n\t@mut method POST DELETE\n\thandle @mut {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"not method", ":8089 {\n\t@mut not method GET HEAD\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", false},
 		{"dynamic/no upstreams", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy {\n\t\t\tdynamic a example.com\n\t\t}\n\t}\n\thandle {\n\t\treverse_proxy\n\t}\n}\n", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -119,20 +119,23 @@ func proxiesIn(routes caddyhttp.RouteList) bool {
 }
 
 // warnBypassableHandlers logs, once per config, each server where an
-// iceberg_idempotency handler sits under a path matcher (a handle, route
-// or handle_path block, or a matcher on the directive) while a reverse_proxy
-// to one of the upstreams it guards is reachable without it (a catch-all
-// handle, a site-level reverse_proxy). Caddy's path matcher does not cut
-// path parameters: "/v1;x/…", "/.;/v1/…" and "/x/..;/v1/…" miss "/v1/*"
-// and reach that reverse_proxy unguarded, and a servlet or JAX-RS catalog
-// routes them as "/v1/…": a keyed retry executes again.
+// iceberg_idempotency handler sits under a path or method matcher (a
+// handle, route or handle_path block, or a matcher on the directive) while
+// a reverse_proxy to one of the upstreams it guards is reachable without it
+// (a catch-all handle, a site-level reverse_proxy). Caddy's path matcher
+// does not cut path parameters: "/v1;x/…", "/.;/v1/…" and "/x/..;/v1/…"
+// miss "/v1/*" and reach that reverse_proxy unguarded, and a servlet or
+// JAX-RS catalog routes them as "/v1/…". Its method matcher compares the
+// method as sent: "post", or "GET" with "X-HTTP-Method-Override: POST",
+// misses "method POST", and a catalog on Javalin executes either as a
+// POST. Either way a keyed retry executes again.
 func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	for name, srv := range app.Servers {
 		found := map[string]bool{}
 		walk := func(routes caddyhttp.RouteList) {
 			w := bypassWalk{named: srv.NamedRoutes}
 			w.walkReach(routes, reach{unguarded: true})
-			for dial := range w.guardedUnderPath {
+			for dial := range w.guardedUnderMatcher {
 				if w.unguarded[dial] {
 					found[dial] = true
 				}
@@ -153,39 +156,42 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 		walk(through)
 		if len(found) > 0 {
 			shared := slices.Sorted(maps.Keys(found))
-			logger.Warn("iceberg_idempotency guards an upstream only for the requests a path matcher gives it, and "+
+			logger.Warn("iceberg_idempotency guards an upstream only for the requests a path or method matcher gives it, and "+
 				"a reverse_proxy to the same upstream takes the requests its matcher misses, unguarded: Caddy's path matcher "+
-				"does not cut path parameters (/v1;x/..., /.;/v1/...), which Java catalogs route as /v1/..., so a keyed retry "+
-				"of such a path executes again. Put the directive at the site level (with base_path for a prefix)",
+				"does not cut path parameters (/v1;x/..., /.;/v1/...), which Java catalogs route as /v1/..., and its method "+
+				"matcher misses a method in lower case or named by X-HTTP-Method-Override, which Javalin catalogs execute, "+
+				"so a keyed retry of such a request executes again. Put the directive at the site level, with no matcher "+
+				"(with base_path for a prefix; it passes reads by itself)",
 				zap.String("server", name), zap.Strings("upstreams", shared))
 		}
 	}
 }
 
 // bypassWalk gathers, for one server, the upstreams that a guard under a
-// path matcher proxies to, and those that requests reach with no guard.
+// path or method matcher proxies to, and those that requests reach with
+// no guard.
 type bypassWalk struct {
-	guardedUnderPath map[string]bool
-	unguarded        map[string]bool
-	named            map[string]*caddyhttp.Route // the server's, for invoke
-	invokes          int                         // invokes being walked: a named route may invoke itself
+	guardedUnderMatcher map[string]bool
+	unguarded           map[string]bool
+	named               map[string]*caddyhttp.Route // the server's, for invoke
+	invokes             int                         // invokes being walked: a named route may invoke itself
 }
 
 // maxInvokeDepth bounds how deep the walk follows invoke.
 const maxInvokeDepth = 8
 
 // reach is which requests can arrive at a point of a route list: with no
-// guard before them, after a guard under a path matcher, after one under
-// none; underPath says a path matcher is around the point.
-type reach struct{ unguarded, guardedUnderPath, guarded, underPath bool }
+// guard before them, after a guard under a path or method matcher, after
+// one under neither; underMatcher says such a matcher is around the point.
+type reach struct{ unguarded, guardedUnderMatcher, guarded, underMatcher bool }
 
 // guard is st after a guard: the requests that reached it unguarded are
-// guarded now, under a path matcher or not.
+// guarded now, under a path or method matcher or not.
 func (st reach) guard() reach {
 	if st.unguarded {
 		st.unguarded = false
-		if st.underPath {
-			st.guardedUnderPath = true
+		if st.underMatcher {
+			st.guardedUnderMatcher = true
 		} else {
 			st.guarded = true
 		}
@@ -197,13 +203,13 @@ func (st reach) guard() reach {
 // after it (Caddy chains a route list into one middleware chain), but only
 // for the requests that route's matchers take.
 func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
-	if w.guardedUnderPath == nil {
-		w.guardedUnderPath, w.unguarded = map[string]bool{}, map[string]bool{}
+	if w.guardedUnderMatcher == nil {
+		w.guardedUnderMatcher, w.unguarded = map[string]bool{}, map[string]bool{}
 	}
 	for _, route := range routes {
 		in := st
-		pathMatched := hasPathMatcher(route)
-		in.underPath = in.underPath || pathMatched
+		missable := hasMissableMatcher(route)
+		in.underMatcher = in.underMatcher || missable
 		guardedHere := false
 		for _, h := range route.Handlers {
 			switch h := h.(type) {
@@ -220,8 +226,8 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 					if in.unguarded {
 						w.unguarded[up.Dial] = true
 					}
-					if in.guardedUnderPath {
-						w.guardedUnderPath[up.Dial] = true
+					if in.guardedUnderMatcher {
+						w.guardedUnderMatcher[up.Dial] = true
 					}
 				}
 			case *caddyhttp.Subroute:
@@ -238,11 +244,11 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 			continue
 		}
 		switch {
-		case pathMatched:
+		case missable:
 			// The requests the matcher takes go on guarded; those it
 			// misses, unguarded.
 			if st.unguarded {
-				st.guardedUnderPath = true
+				st.guardedUnderMatcher = true
 			}
 		case !hasMatchers(route):
 			st = st.guard()
@@ -250,18 +256,20 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 	}
 }
 
-// hasPathMatcher reports whether route has a path or path_regexp matcher,
-// provisioned or not.
-func hasPathMatcher(route caddyhttp.Route) bool {
+// hasMissableMatcher reports whether route has a matcher that misses
+// requests a catalog may execute as the mutations it takes (see
+// warnBypassableHandlers): path, path_regexp or method, provisioned or not.
+// Under "not" they miss the other way, and such requests are guarded.
+func hasMissableMatcher(route caddyhttp.Route) bool {
 	for _, set := range route.MatcherSetsRaw {
-		if set["path"] != nil || set["path_regexp"] != nil {
+		if set["path"] != nil || set["path_regexp"] != nil || set["method"] != nil {
 			return true
 		}
 	}
 	for _, set := range route.MatcherSets {
 		for _, m := range set {
 			switch m.(type) {
-			case caddyhttp.MatchPath, *caddyhttp.MatchPath, *caddyhttp.MatchPathRE:
+			case caddyhttp.MatchPath, *caddyhttp.MatchPath, *caddyhttp.MatchPathRE, caddyhttp.MatchMethod, *caddyhttp.MatchMethod:
 				return true
 			}
 		}

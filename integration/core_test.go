@@ -1098,6 +1098,8 @@ func TestCoreGuardUnderAPathMatcherIsWarnedOf(t *testing.T) {
 		{"a catch-all to another upstream", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
 		{"site level", "iceberg_idempotency\nhandle /v1/* {\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", false},
 		{"handle_path inside, a catch-all to another upstream", "handle_path /api/catalog/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
+		{"the directive under a method matcher", "@mutations method POST DELETE\niceberg_idempotency @mutations\nreverse_proxy " + b.Addr(), true},
+		{"the directive under not method GET", "@mutations not method GET HEAD\niceberg_idempotency @mutations\nreverse_proxy " + b.Addr(), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -1106,6 +1108,36 @@ func TestCoreGuardUnderAPathMatcherIsWarnedOf(t *testing.T) {
 			if warned := strings.Contains(c.Logs(), warning); warned != tt.warned {
 				t.Fatalf("warned %v, want %v; logs:\n%s", warned, tt.warned, c.Logs())
 			}
+		})
+	}
+}
+
+// A method as a Javalin catalog (Apache Amoro) reads it: upper-cased, or
+// taken from X-HTTP-Method-Override. A site-level directive guards both
+// spellings of a commit, where a "method POST" matcher around it misses
+// them (TestCoreGuardUnderAPathMatcherIsWarnedOf). The counting backend
+// stands in for the catalog: it counts whatever reaches it, which is what
+// Javalin would execute.
+func TestCoreMethodSpellingsAreGuarded(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	c := caddyproc.Start(t, caddyproc.Caddyfile("", "iceberg_idempotency\nreverse_proxy "+b.Addr()))
+	for _, tt := range []struct {
+		name, method, path string
+		headers            []string
+	}{
+		{"lower case", "post", "/v1/spelled/namespaces/ns/tables/lower", nil},
+		{"override", "GET", "/v1/spelled/namespaces/ns/tables/override", []string{"X-HTTP-Method-Override", "POST"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			const body = `{"updates":[]}`
+			headers := append([]string{keyHeader, newKey(t)}, tt.headers...)
+			first := send(t, tt.method, c.URL()+tt.path, body, headers...)
+			wantStatus(t, "first", first, 200)
+			wantExecuted(t, "first", first)
+			retry := send(t, tt.method, c.URL()+tt.path, body, headers...)
+			wantReplayOf(t, "retry", retry, first)
+			wantCount(t, b, tt.path, 1)
 		})
 	}
 }
