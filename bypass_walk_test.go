@@ -13,7 +13,8 @@ import (
 // reverse_proxy to the same upstream is warned of, the README's layouts
 // are not. Until the build after 051e419's review, two sites apart by host
 // were warned of, and a catch-all that invokes a named route was missed;
-// until the build after 0e5a7a1, a method matcher was missed.
+// until the build after 0e5a7a1, a method matcher (or an expression on
+// the method or path) was missed.
 func TestBypassableHandlersWalk(t *testing.T) {
 	for _, tt := range []struct {
 		name, caddyfile string
@@ -30,6 +31,9 @@ func TestBypassableHandlersWalk(t *testing.T) {
 		{"method matcher on directive", ":8089 {\n\t@mut method POST DELETE\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", true},
 		{"handle by method + catch-all", ":8089 {\n\t@mut method POST DELETE\n\thandle @mut {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
 		{"not method", ":8089 {\n\t@mut not method GET HEAD\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"expression on the method", ":8089 {\n\t@mut expression {method} == 'POST'\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", true},
+		{"expression path()", ":8089 {\n\t@api expression path('/v1/*')\n\thandle @api {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"expression on the host", ":8089 {\n\t@a expression {host} == 'a.localhost'\n\ticeberg_idempotency @a\n\treverse_proxy 127.0.0.1:2\n}\n", false},
 		{"dynamic/no upstreams", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy {\n\t\t\tdynamic a example.com\n\t\t}\n\t}\n\thandle {\n\t\treverse_proxy\n\t}\n}\n", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

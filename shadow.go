@@ -1,8 +1,10 @@
 package icebergidempotency
 
 import (
+	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
@@ -258,21 +260,40 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 
 // hasMissableMatcher reports whether route has a matcher that misses
 // requests a catalog may execute as the mutations it takes (see
-// warnBypassableHandlers): path, path_regexp or method, provisioned or not.
+// warnBypassableHandlers): path, path_regexp or method, or a CEL
+// expression that reads the method, path or URI, provisioned or not.
 // Under "not" they miss the other way, and such requests are guarded.
 func hasMissableMatcher(route caddyhttp.Route) bool {
 	for _, set := range route.MatcherSetsRaw {
 		if set["path"] != nil || set["path_regexp"] != nil || set["method"] != nil {
 			return true
 		}
-	}
-	for _, set := range route.MatcherSets {
-		for _, m := range set {
-			switch m.(type) {
-			case caddyhttp.MatchPath, *caddyhttp.MatchPath, *caddyhttp.MatchPathRE, caddyhttp.MatchMethod, *caddyhttp.MatchMethod:
+		if raw := set["expression"]; raw != nil {
+			var m caddyhttp.MatchExpression
+			if json.Unmarshal(raw, &m) != nil || readsMethodOrPath(m.Expr) {
 				return true
 			}
 		}
 	}
+	for _, set := range route.MatcherSets {
+		for _, m := range set {
+			switch m := m.(type) {
+			case caddyhttp.MatchPath, *caddyhttp.MatchPath, *caddyhttp.MatchPathRE, caddyhttp.MatchMethod, *caddyhttp.MatchMethod:
+				return true
+			case *caddyhttp.MatchExpression:
+				if readsMethodOrPath(m.Expr) {
+					return true
+				}
+			}
+		}
+	}
 	return false
+}
+
+// readsMethodOrPath reports whether a CEL expression may read the method
+// or the path: a placeholder ({method}, {path}, {http.request.uri…}) or a
+// matcher function (method(), path(), path_regexp()).
+func readsMethodOrPath(expr string) bool {
+	expr = strings.ToLower(expr)
+	return strings.Contains(expr, "method") || strings.Contains(expr, "path") || strings.Contains(expr, "uri")
 }
