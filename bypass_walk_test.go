@@ -1,8 +1,11 @@
 package icebergidempotency
 
 import (
+	"encoding/json"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -43,5 +46,32 @@ func TestBypassableHandlersWalk(t *testing.T) {
 				t.Errorf("warned %v, want %v: %v", warned, tt.warned, logs.All())
 			}
 		})
+	}
+}
+
+// Matchers as a config not yet provisioned holds them (MatcherSetsRaw), an
+// expression in either of its JSON forms: only what the expression reads
+// counts, not the matcher's name.
+func TestMissableMatcherRaw(t *testing.T) {
+	for _, tt := range []struct {
+		raw  string
+		want bool
+	}{
+		{`{"path": ["/v1/*"]}`, true},
+		{`{"method": ["POST"]}`, true},
+		{`{"not": [{"method": ["GET"]}]}`, false},
+		{`{"expression": "{http.request.method} == 'POST'"}`, true},
+		{`{"expression": {"expr": "path('/v1/*')", "name": "api"}}`, true},
+		{`{"expression": {"expr": "{http.request.host} == 'a'", "name": "path_a"}}`, false},
+		{`{"host": ["a.localhost"]}`, false},
+	} {
+		var set caddy.ModuleMap
+		if err := json.Unmarshal([]byte(tt.raw), &set); err != nil {
+			t.Fatal(err)
+		}
+		route := caddyhttp.Route{MatcherSetsRaw: caddyhttp.RawMatcherSets{set}}
+		if got := hasMissableMatcher(route); got != tt.want {
+			t.Errorf("hasMissableMatcher(%s) = %v, want %v", tt.raw, got, tt.want)
+		}
 	}
 }

@@ -121,8 +121,9 @@ func proxiesIn(routes caddyhttp.RouteList) bool {
 }
 
 // warnBypassableHandlers logs, once per config, each server where an
-// iceberg_idempotency handler sits under a path or method matcher (a
-// handle, route or handle_path block, or a matcher on the directive) while
+// iceberg_idempotency handler sits under a path or method matcher, or an
+// expression that reads either (a handle, route or handle_path block, or a
+// matcher on the directive) while
 // a reverse_proxy to one of the upstreams it guards is reachable without it
 // (a catch-all handle, a site-level reverse_proxy). Caddy's path matcher
 // does not cut path parameters: "/v1;x/…", "/.;/v1/…" and "/x/..;/v1/…"
@@ -268,11 +269,8 @@ func hasMissableMatcher(route caddyhttp.Route) bool {
 		if set["path"] != nil || set["path_regexp"] != nil || set["method"] != nil {
 			return true
 		}
-		if raw := set["expression"]; raw != nil {
-			var m caddyhttp.MatchExpression
-			if json.Unmarshal(raw, &m) != nil || readsMethodOrPath(m.Expr) {
-				return true
-			}
+		if raw := set["expression"]; raw != nil && readsMethodOrPath(rawExpression(raw)) {
+			return true
 		}
 	}
 	for _, set := range route.MatcherSets {
@@ -296,4 +294,18 @@ func hasMissableMatcher(route caddyhttp.Route) bool {
 func readsMethodOrPath(expr string) bool {
 	expr = strings.ToLower(expr)
 	return strings.Contains(expr, "method") || strings.Contains(expr, "path") || strings.Contains(expr, "uri")
+}
+
+// rawExpression is the CEL expression of an expression matcher's JSON: a
+// string, or an object with expr and name.
+func rawExpression(raw json.RawMessage) string {
+	var expr string
+	if json.Unmarshal(raw, &expr) == nil {
+		return expr
+	}
+	var m struct {
+		Expr string `json:"expr"`
+	}
+	_ = json.Unmarshal(raw, &m)
+	return m.Expr
 }
