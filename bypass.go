@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
@@ -34,17 +35,38 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 					found[dial] = true
 				}
 			}
+			// The other way round: a route under such a matcher takes
+			// requests to the upstream unguarded, and the guard is
+			// elsewhere ("method GET HEAD" takes "GET" with
+			// "X-HTTP-Method-Override: POST" past a catch-all guard).
+			for dial := range w.unguardedUnderMatcher {
+				if w.guardedAny[dial] {
+					found[dial] = true
+				}
+			}
 		}
 		// A terminal route (a Caddyfile site) ends the requests it
 		// matches: one site's requests never reach another's handlers
 		// (two sites apart by host share no request). Each is walked on
-		// its own, after the routes before it that let requests through.
-		var through caddyhttp.RouteList
+		// its own, after the routes before it that let requests through,
+		// and after the sites before it with a path (":8080/v1/*") that
+		// may share its host: those are handle blocks by another name,
+		// and what their path misses goes on to the next site.
+		var through, pathSites caddyhttp.RouteList
 		for _, r := range srv.Routes {
-			if r.Terminal {
-				walk(append(slices.Clip(through), r))
-			} else {
+			if !r.Terminal {
 				through = append(through, r)
+				continue
+			}
+			routes := slices.Clip(through)
+			for _, p := range pathSites {
+				if mayShareHost(p, r) {
+					routes = append(routes, p)
+				}
+			}
+			walk(append(routes, r))
+			if hasMissableMatcher(r) {
+				pathSites = append(pathSites, r)
 			}
 		}
 		walk(through)
@@ -61,14 +83,60 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	}
 }
 
+// mayShareHost reports whether a request may match both a's and b's host
+// matchers: one of them takes any host (a matcher set without a host
+// matcher), or they name a host in common.
+func mayShareHost(a, b caddyhttp.Route) bool {
+	ha, anyA := routeHosts(a)
+	hb, anyB := routeHosts(b)
+	return anyA || anyB || slices.ContainsFunc(ha, func(h string) bool { return slices.Contains(hb, h) })
+}
+
+// routeHosts is the hosts route's host matchers name (lower case), and
+// whether it takes any host: it has no matchers, or a matcher set without
+// a host matcher.
+func routeHosts(route caddyhttp.Route) (hosts []string, anyHost bool) {
+	if !hasMatchers(route) {
+		return nil, true
+	}
+	for _, set := range route.MatcherSetsRaw {
+		var hs []string
+		if set["host"] == nil || json.Unmarshal(set["host"], &hs) != nil {
+			return nil, true
+		}
+		hosts = append(hosts, hs...)
+	}
+	for _, set := range route.MatcherSets {
+		var hs []string
+		for _, m := range set {
+			switch m := m.(type) {
+			case caddyhttp.MatchHost:
+				hs = append(hs, m...)
+			case *caddyhttp.MatchHost:
+				hs = append(hs, *m...)
+			}
+		}
+		if hs == nil {
+			return nil, true
+		}
+		hosts = append(hosts, hs...)
+	}
+	for i, h := range hosts {
+		hosts[i] = strings.ToLower(h)
+	}
+	return hosts, false
+}
+
 // bypassWalk gathers, for one server, the upstreams that a guard under a
 // path or method matcher proxies to, and those that requests reach with
 // no guard.
 type bypassWalk struct {
-	guardedUnderMatcher map[string]bool
-	unguarded           map[string]bool
-	named               map[string]*caddyhttp.Route // the server's, for invoke
-	invokes             int                         // invokes being walked: a named route may invoke itself
+	guardedUnderMatcher   map[string]bool
+	unguarded             map[string]bool
+	unguardedUnderMatcher map[string]bool             // reached unguarded under such a matcher
+	guardedAny            map[string]bool             // reached guarded, under a matcher or not
+	named                 map[string]*caddyhttp.Route // the server's, for invoke
+	invokes               int                         // invokes being walked: a named route may invoke itself
 }
 
 // maxInvokeDepth bounds how deep the walk follows invoke.
@@ -77,7 +145,10 @@ const maxInvokeDepth = 8
 // reach is which requests can arrive at a point of a route list: with no
 // guard before them, after a guard under a path or method matcher, after
 // one under neither; underMatcher says such a matcher is around the point.
-type reach struct{ unguarded, guardedUnderMatcher, guarded, underMatcher bool }
+// underTaker says one around it may take such requests to a route of its
+// own (any of them but a path matcher with exact paths only: no spelling
+// of a mutation matches "/healthz").
+type reach struct{ unguarded, guardedUnderMatcher, guarded, underMatcher, underTaker bool }
 
 // guard is st after a guard: the requests that reached it unguarded are
 // guarded now, under a path or method matcher or not.
@@ -99,18 +170,20 @@ func (st reach) guard() reach {
 func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 	if w.guardedUnderMatcher == nil {
 		w.guardedUnderMatcher, w.unguarded = map[string]bool{}, map[string]bool{}
+		w.unguardedUnderMatcher, w.guardedAny = map[string]bool{}, map[string]bool{}
 	}
 	for _, route := range routes {
 		in := st
 		missable := hasMissableMatcher(route)
 		in.underMatcher = in.underMatcher || missable
+		in.underTaker = in.underTaker || missable && !exactPathsOnly(route)
 		guardedHere := false
 		for _, h := range route.Handlers {
 			switch h := h.(type) {
 			case *Handler:
 				in, guardedHere = in.guard(), true
 			case *reverseproxy.Handler:
-				if !answers(h) {
+				if !sendsRequestOn(h) {
 					continue
 				}
 				for _, up := range h.Upstreams {
@@ -119,6 +192,12 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 					}
 					if in.unguarded {
 						w.unguarded[up.Dial] = true
+						if in.underTaker {
+							w.unguardedUnderMatcher[up.Dial] = true
+						}
+					}
+					if in.guarded || in.guardedUnderMatcher {
+						w.guardedAny[up.Dial] = true
 					}
 					if in.guardedUnderMatcher {
 						w.guardedUnderMatcher[up.Dial] = true
@@ -150,21 +229,80 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 	}
 }
 
+// sendsRequestOn reports whether rp sends the requests it gets to its
+// upstreams with their own method: every reverse_proxy but forward_auth,
+// which sends a GET of its own. One with handle_response routes (a page of
+// its own for the catalog's 5xx) sends them on all the same, whatever it
+// does with the response: until the build after 521c3b1 the walk skipped
+// it as it skips forward_auth (see answers), and a catch-all written so
+// took "/v1;x/…" to the catalog unguarded without a warning.
+func sendsRequestOn(rp *reverseproxy.Handler) bool {
+	return rp.Rewrite == nil || rp.Rewrite.Method == ""
+}
+
 // hasMissableMatcher reports whether route has a matcher that misses
 // requests a catalog may execute as the mutations it takes (see
 // warnBypassableHandlers): path, path_regexp or method, or a CEL
 // expression that reads the method, path or URI, provisioned or not.
-// Under "not" they miss the other way, and such requests are guarded.
+// Under "not" they miss the other way, which is as bad: "not method GET
+// HEAD" misses "GET" with "X-HTTP-Method-Override: POST", a commit on
+// Javalin.
 func hasMissableMatcher(route caddyhttp.Route) bool {
+	return rawMissable(route.MatcherSetsRaw) || setsMissable(route.MatcherSets)
+}
+
+// exactPathsOnly reports whether route's matcher sets are all path
+// matchers of exact paths (no "*"), the one way a matcher cannot take a
+// mutation spelled otherwise to a route of its own.
+func exactPathsOnly(route caddyhttp.Route) bool {
+	exact := func(paths []string) bool {
+		return len(paths) > 0 && !slices.ContainsFunc(paths, func(p string) bool { return strings.Contains(p, "*") })
+	}
 	for _, set := range route.MatcherSetsRaw {
+		var paths []string
+		if len(set) != 1 || set["path"] == nil || json.Unmarshal(set["path"], &paths) != nil || !exact(paths) {
+			return false
+		}
+	}
+	for _, set := range route.MatcherSets {
+		if len(set) != 1 {
+			return false
+		}
+		switch m := set[0].(type) {
+		case caddyhttp.MatchPath:
+			if !exact(m) {
+				return false
+			}
+		case *caddyhttp.MatchPath:
+			if !exact(*m) {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return len(route.MatcherSetsRaw)+len(route.MatcherSets) > 0
+}
+
+// rawMissable is hasMissableMatcher of matcher sets not yet provisioned.
+func rawMissable(sets []caddy.ModuleMap) bool {
+	for _, set := range sets {
 		if set["path"] != nil || set["path_regexp"] != nil || set["method"] != nil {
 			return true
 		}
 		if raw := set["expression"]; raw != nil && readsMethodOrPath(rawExpression(raw)) {
 			return true
 		}
+		if raw := set["not"]; raw != nil && rawMissable(rawNot(raw)) {
+			return true
+		}
 	}
-	for _, set := range route.MatcherSets {
+	return false
+}
+
+// setsMissable is hasMissableMatcher of provisioned matcher sets.
+func setsMissable(sets []caddyhttp.MatcherSet) bool {
+	for _, set := range sets {
 		for _, m := range set {
 			switch m := m.(type) {
 			case caddyhttp.MatchPath, *caddyhttp.MatchPath, *caddyhttp.MatchPathRE, caddyhttp.MatchMethod, *caddyhttp.MatchMethod:
@@ -173,18 +311,46 @@ func hasMissableMatcher(route caddyhttp.Route) bool {
 				if readsMethodOrPath(m.Expr) {
 					return true
 				}
+			case *caddyhttp.MatchNot:
+				if setsMissable(m.MatcherSets) || rawMissable(m.MatcherSetsRaw) {
+					return true
+				}
 			}
 		}
 	}
 	return false
 }
 
+// rawNot is the matcher sets of a not matcher's JSON: an array of them,
+// or one.
+func rawNot(raw json.RawMessage) []caddy.ModuleMap {
+	var sets []caddy.ModuleMap
+	if json.Unmarshal(raw, &sets) == nil {
+		return sets
+	}
+	var one caddy.ModuleMap
+	if json.Unmarshal(raw, &one) == nil {
+		return []caddy.ModuleMap{one}
+	}
+	return nil
+}
+
 // readsMethodOrPath reports whether a CEL expression may read the method
-// or the path: a placeholder ({method}, {path}, {http.request.uri…}) or a
-// matcher function (method(), path(), path_regexp()).
+// or the path: a placeholder of either ({method}, {path}, {path.0},
+// {http.request.uri…}, also as caddyPlaceholder names it) or a matcher
+// function (method(), path(), path_regexp()). A word alone is no read: a
+// host name may hold "uri" or "path" ({host} == 'security.example.com').
 func readsMethodOrPath(expr string) bool {
 	expr = strings.ToLower(expr)
-	return strings.Contains(expr, "method") || strings.Contains(expr, "path") || strings.Contains(expr, "uri")
+	return slices.ContainsFunc(methodOrPathReads, func(r string) bool { return strings.Contains(expr, r) })
+}
+
+// methodOrPathReads are the texts by which an expression reads the method
+// or the path.
+var methodOrPathReads = []string{
+	"{method}", "{path}", "{path.", "{uri}", "{dir}", "{file}", "{file.base}", "{file.ext}",
+	"http.request.method", "http.request.orig_method", "http.request.uri", "http.request.orig_uri",
+	"method(", "path(", "path_regexp(",
 }
 
 // rawExpression is the CEL expression of an expression matcher's JSON: a

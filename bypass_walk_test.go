@@ -6,6 +6,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy/forwardauth" // forward_auth in a layout
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -13,11 +14,17 @@ import (
 
 // The bypass warning (warnBypassableHandlers) on provisioned configs: the
 // directive under a path or method matcher beside an unguarded
-// reverse_proxy to the same upstream is warned of, the README's layouts
-// are not. Until the build after 051e419's review, two sites apart by host
-// were warned of, and a catch-all that invokes a named route was missed;
-// until the build after 0e5a7a1, a method matcher (or an expression on
-// the method or path) was missed.
+// reverse_proxy to the same upstream is warned of, and so is the other way
+// round (such a route to the upstream beside a guarded catch-all); the
+// README's layouts, CORS preflights, a read replica and an exact health
+// path are not. Until the build after 051e419's review, two sites apart by
+// host were warned of, and a catch-all that invokes a named route was
+// missed; until the build after 0e5a7a1, a method matcher (or an
+// expression on the method or path) was missed; until the one after
+// 521c3b1, "not method GET HEAD" (which misses GET with
+// X-HTTP-Method-Override: POST), a route under a matcher beside a guarded
+// catch-all, a reverse_proxy with handle_response, and a site with a path
+// (":8089/v1/*") beside a site without.
 func TestBypassableHandlersWalk(t *testing.T) {
 	for _, tt := range []struct {
 		name, caddyfile string
@@ -33,10 +40,28 @@ func TestBypassableHandlersWalk(t *testing.T) {
 		{"handle_path + site guard", ":8089 {\n\thandle_path /api/catalog/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle /api/catalog/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
 		{"method matcher on directive", ":8089 {\n\t@mut method POST DELETE\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", true},
 		{"handle by method + catch-all", ":8089 {\n\t@mut method POST DELETE\n\thandle @mut {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
-		{"not method", ":8089 {\n\t@mut not method GET HEAD\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"not method", ":8089 {\n\t@mut not method GET HEAD\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", true},
 		{"expression on the method", ":8089 {\n\t@mut expression {method} == 'POST'\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", true},
 		{"expression path()", ":8089 {\n\t@api expression path('/v1/*')\n\thandle @api {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
 		{"expression on the host", ":8089 {\n\t@a expression {host} == 'a.localhost'\n\ticeberg_idempotency @a\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"handle not method GET HEAD + catch-all", ":8089 {\n\t@mut not method GET HEAD\n\thandle @mut {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"reads by method to the same upstream, guard in the catch-all", ":8089 {\n\t@reads method GET HEAD\n\thandle @reads {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"path route to the same upstream, guard in the catch-all", ":8089 {\n\thandle /api/management/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"catch-all reverse_proxy with handle_response", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2 {\n\t\t\t@err status 5xx\n\t\t\thandle_response @err {\n\t\t\t\trespond \"catalog error\" 502\n\t\t\t}\n\t\t}\n\t}\n}\n", true},
+		{"guarded reverse_proxy with handle_response", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2 {\n\t\t\t@err status 5xx\n\t\t\thandle_response @err {\n\t\t\t\trespond \"catalog error\" 502\n\t\t\t}\n\t\t}\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"site with a path beside a site without", ":8089/v1/* {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n:8089 {\n\treverse_proxy 127.0.0.1:2\n}\n", true},
+		{"host site with a path beside the same host's site", "http://a.localhost:8089/v1/* {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\nhttp://a.localhost:8089 {\n\treverse_proxy 127.0.0.1:2\n}\n", true},
+		{"unguarded site with a path beside a guarded site", ":8089/api/management/* {\n\treverse_proxy 127.0.0.1:2\n}\n:8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", true},
+		{"host site with a path beside another host's site", "http://a.localhost:8089/v1/* {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\nhttp://b.localhost:8089 {\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"site with a path beside a site to another upstream", ":8089/v1/* {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n:8089 {\n\treverse_proxy 127.0.0.1:3\n}\n", false},
+		{"exact-path health route to the same upstream, guard in the catch-all", ":8089 {\n\thandle /healthz {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		{"forward_auth to the catalog's upstream, guard under a path matcher", ":8089 {\n\tforward_auth 127.0.0.1:2 {\n\t\turi /auth\n\t}\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		{"path route to another upstream, guard in the catch-all", ":8089 {\n\thandle /api/management/* {\n\t\treverse_proxy 127.0.0.1:3\n\t}\n\thandle {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		{"cors preflight + site level", ":8089 {\n\t@options method OPTIONS\n\thandle @options {\n\t\trespond 204\n\t}\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"cors preflight + guard in catch-all", ":8089 {\n\t@options method OPTIONS\n\thandle @options {\n\t\trespond 204\n\t}\n\thandle {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		{"read replica + site level", ":8089 {\n\ticeberg_idempotency\n\t@reads method GET HEAD\n\thandle @reads {\n\t\treverse_proxy 127.0.0.1:3\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		{"read replica + guard in catch-all", ":8089 {\n\t@reads method GET HEAD\n\thandle @reads {\n\t\treverse_proxy 127.0.0.1:3\n\t}\n\thandle {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		{"health respond + site level", ":8089 {\n\thandle /healthz {\n\t\trespond 200\n\t}\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", false},
 		{"dynamic/no upstreams", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy {\n\t\t\tdynamic a example.com\n\t\t}\n\t}\n\thandle {\n\t\treverse_proxy\n\t}\n}\n", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,7 +84,9 @@ func TestMissableMatcherRaw(t *testing.T) {
 	}{
 		{`{"path": ["/v1/*"]}`, true},
 		{`{"method": ["POST"]}`, true},
-		{`{"not": [{"method": ["GET"]}]}`, false},
+		{`{"not": [{"method": ["GET"]}]}`, true},
+		{`{"not": {"path": ["/health"]}}`, true},
+		{`{"not": [{"host": ["a.localhost"]}]}`, false},
 		{`{"expression": "{http.request.method} == 'POST'"}`, true},
 		{`{"expression": {"expr": "path('/v1/*')", "name": "api"}}`, true},
 		{`{"expression": {"expr": "{http.request.host} == 'a'", "name": "path_a"}}`, false},
@@ -72,6 +99,33 @@ func TestMissableMatcherRaw(t *testing.T) {
 		route := caddyhttp.Route{MatcherSetsRaw: caddyhttp.RawMatcherSets{set}}
 		if got := hasMissableMatcher(route); got != tt.want {
 			t.Errorf("hasMissableMatcher(%s) = %v, want %v", tt.raw, got, tt.want)
+		}
+	}
+}
+
+// readsMethodOrPath reads placeholders and function names, not the text
+// of string literals, unless caddyPlaceholder names one in a literal.
+func TestReadsMethodOrPath(t *testing.T) {
+	for _, tt := range []struct {
+		expr string
+		want bool
+	}{
+		{"{http.request.method} == 'POST'", true},
+		{"{method} in ['POST', 'DELETE']", true},
+		{"path('/v1/*')", true},
+		{"path_regexp('^/v1/')", true},
+		{"method('POST')", true},
+		{"{http.request.uri.path}.startsWith('/v1')", true},
+		{`caddyPlaceholder(request, "http.request.method") == "POST"`, true},
+		{"{host} == 'security.example.com'", false},
+		{`{host} == "datapath.example.com" && {remote_host} != 'uri'`, false},
+		{`{host} == 'a\'path'`, false},
+		{`{host} == '''path'''`, false},
+		{"{http.request.host} == 'a' || method('POST')", true},
+		{"{host} == 'unterminated path", false},
+	} {
+		if got := readsMethodOrPath(tt.expr); got != tt.want {
+			t.Errorf("readsMethodOrPath(%s) = %v, want %v", tt.expr, got, tt.want)
 		}
 	}
 }

@@ -1099,7 +1099,11 @@ func TestCoreGuardUnderAPathMatcherIsWarnedOf(t *testing.T) {
 		{"site level", "iceberg_idempotency\nhandle /v1/* {\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", false},
 		{"handle_path inside, a catch-all to another upstream", "handle_path /api/catalog/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
 		{"the directive under a method matcher", "@mutations method POST DELETE\niceberg_idempotency @mutations\nreverse_proxy " + b.Addr(), true},
-		{"the directive under not method GET", "@mutations not method GET HEAD\niceberg_idempotency @mutations\nreverse_proxy " + b.Addr(), false},
+		// GET with X-HTTP-Method-Override: POST is a GET to Caddy.
+		{"the directive under not method GET", "@mutations not method GET HEAD\niceberg_idempotency @mutations\nreverse_proxy " + b.Addr(), true},
+		{"reads to the catalog beside a guarded catch-all", "@reads method GET HEAD\nhandle @reads {\nreverse_proxy " + b.Addr() + "\n}\nhandle {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"a catch-all reverse_proxy with handle_response", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + " {\n@err status 5xx\nhandle_response @err {\nrespond \"catalog error\" 502\n}\n}\n}", true},
+		{"a read replica beside a guarded catch-all", "@reads method GET HEAD\nhandle @reads {\nreverse_proxy " + other.Addr() + "\n}\nhandle {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
