@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"encoding/json"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -243,7 +244,8 @@ func sendsRequestOn(rp *reverseproxy.Handler) bool {
 // hasMissableMatcher reports whether route has a matcher that misses
 // requests a catalog may execute as the mutations it takes (see
 // warnBypassableHandlers): path, path_regexp or method, or a CEL
-// expression that reads the method, path or URI, provisioned or not.
+// expression, vars or vars_regexp matcher that reads the method, path or
+// URI, provisioned or not.
 // Under "not" they miss the other way, which is as bad: "not method GET
 // HEAD" misses "GET" with "X-HTTP-Method-Override: POST", a commit on
 // Javalin.
@@ -293,6 +295,9 @@ func rawMissable(sets []caddy.ModuleMap) bool {
 		if raw := set["expression"]; raw != nil && readsMethodOrPath(rawExpression(raw)) {
 			return true
 		}
+		if rawVarsReadMethodOrPath(set["vars"]) || rawVarsReadMethodOrPath(set["vars_regexp"]) {
+			return true
+		}
 		if raw := set["not"]; raw != nil && rawMissable(rawNot(raw)) {
 			return true
 		}
@@ -309,6 +314,22 @@ func setsMissable(sets []caddyhttp.MatcherSet) bool {
 				return true
 			case *caddyhttp.MatchExpression:
 				if readsMethodOrPath(m.Expr) {
+					return true
+				}
+			case caddyhttp.VarsMatcher:
+				if keysReadMethodOrPath(maps.Keys(m)) {
+					return true
+				}
+			case *caddyhttp.VarsMatcher:
+				if keysReadMethodOrPath(maps.Keys(*m)) {
+					return true
+				}
+			case caddyhttp.MatchVarsRE:
+				if keysReadMethodOrPath(maps.Keys(m)) {
+					return true
+				}
+			case *caddyhttp.MatchVarsRE:
+				if keysReadMethodOrPath(maps.Keys(*m)) {
 					return true
 				}
 			case *caddyhttp.MatchNot:
@@ -351,6 +372,25 @@ var methodOrPathReads = []string{
 	"{method}", "{path}", "{path.", "{uri}", "{dir}", "{file}", "{file.base}", "{file.ext}",
 	"http.request.method", "http.request.orig_method", "http.request.uri", "http.request.orig_uri",
 	"method(", "path(", "path_regexp(",
+}
+
+// rawVarsReadMethodOrPath reports whether a vars or vars_regexp
+// matcher's JSON, an object keyed by variable names and placeholders,
+// compares a placeholder of the method or the path ("vars {method} POST").
+func rawVarsReadMethodOrPath(raw json.RawMessage) bool {
+	var m map[string]json.RawMessage
+	return raw != nil && json.Unmarshal(raw, &m) == nil && keysReadMethodOrPath(maps.Keys(m))
+}
+
+// keysReadMethodOrPath reports whether any of a vars matcher's keys is a
+// placeholder of the method or the path.
+func keysReadMethodOrPath(keys iter.Seq[string]) bool {
+	for k := range keys {
+		if readsMethodOrPath(k) {
+			return true
+		}
+	}
+	return false
 }
 
 // rawExpression is the CEL expression of an expression matcher's JSON: a

@@ -24,7 +24,8 @@ import (
 // 521c3b1, "not method GET HEAD" (which misses GET with
 // X-HTTP-Method-Override: POST), a route under a matcher beside a guarded
 // catch-all, a reverse_proxy with handle_response, and a site with a path
-// (":8089/v1/*") beside a site without.
+// (":8089/v1/*") beside a site without; until the build after 4990b37, a
+// vars or vars_regexp matcher on the method or path ("vars {method} POST").
 func TestBypassableHandlersWalk(t *testing.T) {
 	for _, tt := range []struct {
 		name, caddyfile string
@@ -43,6 +44,9 @@ func TestBypassableHandlersWalk(t *testing.T) {
 		{"not method", ":8089 {\n\t@mut not method GET HEAD\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", true},
 		{"expression on the method", ":8089 {\n\t@mut expression {method} == 'POST'\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", true},
 		{"expression path()", ":8089 {\n\t@api expression path('/v1/*')\n\thandle @api {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"vars on the method", ":8089 {\n\t@mut vars {method} POST DELETE\n\ticeberg_idempotency @mut\n\treverse_proxy 127.0.0.1:2\n}\n", true},
+		{"vars_regexp on the path + catch-all", ":8089 {\n\t@api vars_regexp {path} ^/v1/\n\thandle @api {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"vars on a tenant variable", ":8089 {\n\tvars tenant a\n\t@a vars tenant a\n\ticeberg_idempotency @a\n\treverse_proxy 127.0.0.1:2\n}\n", false},
 		{"expression on the host", ":8089 {\n\t@a expression {host} == 'a.localhost'\n\ticeberg_idempotency @a\n\treverse_proxy 127.0.0.1:2\n}\n", false},
 		{"handle not method GET HEAD + catch-all", ":8089 {\n\t@mut not method GET HEAD\n\thandle @mut {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
 		{"reads by method to the same upstream, guard in the catch-all", ":8089 {\n\t@reads method GET HEAD\n\thandle @reads {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
@@ -91,6 +95,10 @@ func TestMissableMatcherRaw(t *testing.T) {
 		{`{"expression": {"expr": "path('/v1/*')", "name": "api"}}`, true},
 		{`{"expression": {"expr": "{http.request.host} == 'a'", "name": "path_a"}}`, false},
 		{`{"host": ["a.localhost"]}`, false},
+		{`{"vars": {"{http.request.method}": ["POST"]}}`, true},
+		{`{"vars_regexp": {"{http.request.uri.path}": {"pattern": "^/v1/"}}}`, true},
+		{`{"not": {"vars": {"{http.request.method}": ["GET"]}}}`, true},
+		{`{"vars": {"tenant": ["a"]}}`, false},
 	} {
 		var set caddy.ModuleMap
 		if err := json.Unmarshal([]byte(tt.raw), &set); err != nil {
