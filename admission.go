@@ -58,18 +58,19 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		decisionCounters.inc(op, outcomeNoKey)
 		return next.ServeHTTP(w, r)
 	}
+	value := fieldValue(values[0])
 	for _, v := range values[1:] {
-		if v != values[0] {
+		if fieldValue(v) != value {
 			decisionCounters.inc(op, outcomeInvalidKey)
 			closeUnreadBody(w, r)
 			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header must have a single value", 0)
 			return nil
 		}
 	}
-	key, keyErr := parseKey(values[0], h.keyVersions)
+	key, keyErr := parseKey(value, h.keyVersions)
 	otherVersion := false
 	if keyErr != nil {
-		if key, otherVersion = h.keyOfOtherVersion(values[0]); !otherVersion {
+		if key, otherVersion = h.keyOfOtherVersion(value); !otherVersion {
 			decisionCounters.inc(op, outcomeInvalidKey)
 			closeUnreadBody(w, r)
 			writeError(w, http.StatusBadRequest, typeBadRequest, "Invalid Idempotency-Key: "+keyErr.Error(), 0)
@@ -456,6 +457,15 @@ const presizedBody = 64 << 10
 // maxSize bounds max_request_size and max_response_size, as the Caddyfile
 // does: a limit one byte beyond which is read must stay an int64.
 const maxSize = 1 << 40
+
+// fieldValue is a header field's value without the spaces and tabs around
+// it, which are no part of it (RFC 9110, 5.5). Go's HTTP/1 server takes
+// them off as it reads the header; its HTTP/2 server and quic-go's HTTP/3
+// server leave them on. Read as sent, " <key>" over HTTP/2 was refused
+// (400) where plain reverse_proxy executes it and the same header over
+// HTTP/1 was guarded, and a retry that came over the other protocol was
+// refused instead of replayed.
+func fieldValue(v string) string { return strings.Trim(v, " \t") }
 
 // parseKey checks that s is a UUID in the 36-character hyphenated form the
 // spec requires, of a version in allowed, with the RFC 9562 variant, and

@@ -200,6 +200,40 @@ func TestKeyCaseInsensitive(t *testing.T) {
 	}
 }
 
+// A key with whitespace around it is that key, over every protocol: Go's
+// HTTP/1 server takes the spaces and tabs around a field value off (RFC
+// 9110, 5.5: they are no part of it), its HTTP/2 and quic-go's HTTP/3
+// server leave them on. Over HTTP/2 " <key> " got 400, where plain
+// reverse_proxy executes it, and where the same header over HTTP/1 was
+// guarded: a retry that came over the other protocol was refused (400, a
+// failed commit to the client) instead of replayed.
+func TestKeyWithSurroundingWhitespace(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	up := answering(200, "{}")
+	key := storetest.NewKey(t)
+	if first := serve(t, h, up, "POST", "/v1/namespaces", " "+key+"\t", nsBody); first.code() != 200 || up.calls.Load() != 1 {
+		t.Fatalf("key with whitespace around it: %d %s, catalog called %d times; want 200, executed once", first.code(), first.body, up.calls.Load())
+	}
+	for _, spelling := range []string{key, "\t" + strings.ToUpper(key) + " "} {
+		retry := serve(t, h, up, "POST", "/v1/namespaces", spelling, nsBody)
+		if retry.code() != 200 || retry.header.Get(ReplayedHeader) != "true" || up.calls.Load() != 1 {
+			t.Fatalf("retry with %q: %d %s replayed=%q, catalog called %d times; want the replay, executed once",
+				spelling, retry.code(), retry.body, retry.header.Get(ReplayedHeader), up.calls.Load())
+		}
+	}
+
+	// Two fields that differ only in the whitespace around them carry one key.
+	other := storetest.NewKey(t)
+	req := httptest.NewRequest("POST", "/v1/namespaces", strings.NewReader(nsBody))
+	req.Header[IdempotencyKeyHeader] = []string{other, " " + other}
+	rec := httptest.NewRecorder()
+	req = caddyhttp.PrepareRequest(req, caddy.NewReplacer(), rec, &caddyhttp.Server{})
+	if err := h.ServeHTTP(rec, req, up); err != nil || rec.Code != 200 || up.calls.Load() != 2 {
+		t.Fatalf("two fields of one key, one with a space before it: %d %s %v, catalog called %d times; want 200, executed",
+			rec.Code, rec.Body.String(), err, up.calls.Load())
+	}
+}
+
 // "Binding": a key reused for another body, path, operation or principal
 // is refused with 422, and never executes or replays.
 func TestBindingMismatch(t *testing.T) {
