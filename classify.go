@@ -68,7 +68,8 @@ const methodOverrideHeader = "X-Http-Method-Override"
 // the spaces and tabs around it (fieldValue): Go's HTTP/2 server leaves
 // them on, Caddy forwards the header to the catalog over HTTP/1.1, and the
 // catalog's HTTP/1 parser takes them off. Read as sent, "GET …/tables/t"
-// with " POST" over HTTP/2 passed unguarded, and was a commit to Javalin.
+// with " POST" over HTTP/2 passed unguarded, and was a commit to a catalog
+// that routes by the override as Javalin does.
 func methodOverride(r *http.Request) string {
 	if v := r.Header[methodOverrideHeader]; len(v) > 0 {
 		return fieldValue(v[0])
