@@ -548,6 +548,7 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 	executing.Inc()
 	defer executing.Dec()
 	defer hideKeyFromTransport(r).restore()
+	defer unrewindableBody(r).restore()
 	defer narrowAcceptEncoding(r)()
 	defer hideUpgrade(r)()
 	// The body is read already; a catalog's 100 Continue would only be
@@ -678,6 +679,56 @@ func hideKeyFromTransport(r *http.Request) (hidden hiddenKey) {
 	}
 	return hidden
 }
+
+// unrewindableBody gives a guarded GET, HEAD, OPTIONS or TRACE without a
+// body, for the upstream call, an empty body that Go's HTTP transport
+// cannot rewind; restore takes it off again. The transport takes a
+// body-less request of these methods as safe to replay, key or not
+// (net/http.Request.isReplayable), and resends it by itself on a new
+// connection when a reused one breaks before the answer. Guarded, such a
+// request is a commit that X-HTTP-Method-Override names (a Javalin
+// catalog executes "GET …/tables/t" with "POST" as one), and the resend
+// executed it twice until the build after a467ca3. reverse_proxy sends a
+// request whose length is 0 with a nil body, which is why the length is
+// made unknown (-1); the transport then finds the body empty before it
+// writes the request, which goes out as before, without a body. The
+// transport's resends of requests it never wrote go too: such a request's
+// error is one the handler releases the key for (nothing was sent), and
+// the client's retry executes it. reverse_proxy's request_buffers reads
+// the body and sets the length back to 0 first: behind it, the resend
+// stays.
+func unrewindableBody(r *http.Request) (swapped swappedBody) {
+	if r.ContentLength != 0 {
+		return swappedBody{}
+	}
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+	default:
+		return swappedBody{}
+	}
+	swapped = swappedBody{r: r, body: r.Body}
+	r.Body, r.ContentLength = emptyUnrewindable{}, -1
+	return swapped
+}
+
+// swappedBody is what unrewindableBody took off a request.
+type swappedBody struct {
+	r    *http.Request
+	body io.ReadCloser
+}
+
+func (s swappedBody) restore() {
+	if s.r != nil {
+		s.r.Body, s.r.ContentLength = s.body, 0
+	}
+}
+
+// emptyUnrewindable is an empty request body without GetBody, so that
+// the transport may not resend the request (see unrewindableBody).
+type emptyUnrewindable struct{}
+
+func (emptyUnrewindable) Read([]byte) (int, error) { return 0, io.EOF }
+func (emptyUnrewindable) Close() error             { return nil }
 
 // keyHeaderValues are r's Idempotency-Key values: from its header or,
 // while a handler before this one hid them from the transport (a request
@@ -1428,6 +1479,7 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		g.active = activeGuard{parent: g.outer}
 		r := g.r.WithContext(context.WithValue(g.r.Context(), guardCtxKey{}, &g.active))
 		defer hideKeyFromTransport(r).restore()
+		defer unrewindableBody(r).restore()
 		defer hideUpgrade(r)()
 		return g.next.ServeHTTP(g.w, r)
 	}

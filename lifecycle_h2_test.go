@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -379,5 +380,51 @@ func TestRefusalOnAnIdleHTTP2ConnectionIsNamed(t *testing.T) {
 	}
 	if got, _ := named[0].ContextMap()["idle_for"].(time.Duration); got < idle-100*time.Millisecond {
 		t.Fatalf("idle_for = %v, want about %v", got, idle)
+	}
+}
+
+// A GET that X-HTTP-Method-Override makes a commit, over HTTP/2: reset
+// after the catalog executed it, the outcome is unknown and it ran once;
+// refused unprocessed, it is released and the retry executes it once. Its
+// body is one the transport cannot rewind (unrewindableBody), so the
+// transport resends neither itself: a refusal reaches the client as a
+// 502 where a body-less request would have been resent unseen, the price
+// of the HTTP/1 transport not resending the executed one
+// (TestOverriddenReadIsNotResentByTheTransport).
+func TestOverriddenReadOverHTTP2(t *testing.T) {
+	get := func(t *testing.T, h *Handler, proxy caddyhttp.Handler, key string) result {
+		return serve(t, h, proxy, http.MethodGet, commitPath, key, "", methodOverrideHeader, http.MethodPost)
+	}
+	runOverH2cAndTLS(t, "reset after executing", func(t *testing.T, tlsOn bool) {
+		catalog := newH2Catalog(t, tlsOn, http.MethodGet, h2ExecuteThenResetProtocol)
+		h := newTestHandler(t, newMemoryStore(t))
+		proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
+		key := storetest.NewKey(t)
+		if first := get(t, h, proxy, key); first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
+			t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
+		}
+		if retry := get(t, h, proxy, key); retry.code() != http.StatusInternalServerError || retry.errorType() != typeCommitStateUnknown {
+			t.Fatalf("retry = %d %q, want 500 %s", retry.code(), retry.body, typeCommitStateUnknown)
+		}
+		if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 1 {
+			t.Fatalf("the catalog got the overridden GET %d times and executed it %d times, want 1 and 1", s, n)
+		}
+	})
+	for _, c := range h2Refusals {
+		runOverH2cAndTLS(t, c.name, func(t *testing.T, tlsOn bool) {
+			catalog := newH2Catalog(t, tlsOn, http.MethodGet, c.first)
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, catalog.addr, overHTTP2(tlsOn))
+			key := storetest.NewKey(t)
+			if first := get(t, h, proxy, key); first.code() != http.StatusBadGateway || first.errorType() == typeCommitStateUnknown {
+				t.Fatalf("first answer = %d %q %v, want 502 saying the catalog did not process it", first.code(), first.body, first.err)
+			}
+			if retry := get(t, h, proxy, key); retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "" {
+				t.Fatalf("retry = %d %v %q, want 200 executed", retry.code(), retry.header, retry.body)
+			}
+			if n, s := catalog.executed.Load(), catalog.streams.Load(); n != 1 || s != 2 {
+				t.Fatalf("the catalog got the overridden GET %d times and executed it %d times, want 2 and 1", s, n)
+			}
+		})
 	}
 }

@@ -103,6 +103,109 @@ func TestKeyedDeleteIsNotResentByTheTransport(t *testing.T) {
 	}
 }
 
+// A GET, HEAD or OPTIONS that X-HTTP-Method-Override makes a commit (a
+// catalog on Javalin executes it as one), executed on a reused connection
+// that then broke before the answer. Go's HTTP transport takes any
+// body-less request of these methods as safe to replay, key or not, and
+// resent it on a new connection by itself: the commit ran twice until the
+// build after a467ca3, and the second answer was stored for every retry.
+// Now the call's body is one the transport cannot rewind: the outcome is
+// unknown, and the commit ran once.
+func TestOverriddenReadIsNotResentByTheTransport(t *testing.T) {
+	for _, c := range []struct{ method, override string }{
+		{http.MethodGet, http.MethodPost},
+		{http.MethodHead, http.MethodDelete},
+		{http.MethodOptions, http.MethodDelete},
+	} {
+		t.Run(c.method+" as "+c.override, func(t *testing.T) {
+			var executed atomic.Int32
+			catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+				switch {
+				case r.Header.Get(methodOverrideHeader) == "":
+					answerOK(w, r)
+				case executed.Add(1) == 1:
+					answerNothing(w, r)
+				default:
+					w.WriteHeader(http.StatusConflict)
+				}
+			})
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, catalog.addr())
+			// An unkeyed read first, so that the commit goes on a reused
+			// keep-alive connection: the transport replays only on those.
+			if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
+				t.Fatalf("warm-up read = %d %v", r.code(), r.err)
+			}
+			key := storetest.NewKey(t)
+			first := serve(t, h, proxy, c.method, commitPath, key, "", methodOverrideHeader, c.override)
+			if first.code() != http.StatusBadGateway {
+				t.Fatalf("first answer = %d %q %v, want 502", first.code(), first.body, first.err)
+			}
+			if n := executed.Load(); n != 1 {
+				t.Fatalf("the catalog executed the overridden %s %d times, want 1", c.method, n)
+			}
+			retry := serve(t, h, proxy, c.method, commitPath, key, "", methodOverrideHeader, c.override)
+			if retry.code() != http.StatusInternalServerError {
+				t.Fatalf("retry = %d %q, want 500 %s", retry.code(), retry.body, typeCommitStateUnknown)
+			}
+			if n := executed.Load(); n != 1 {
+				t.Fatalf("the catalog executed the overridden %s %d times, want 1", c.method, n)
+			}
+		})
+	}
+}
+
+// The body unrewindableBody gives such a request is not sent: the catalog
+// gets a GET, HEAD or OPTIONS without a body and without framing for one,
+// as plain reverse_proxy sends it (TRACE, for which the transport does not
+// look whether the body is empty, goes with an empty chunked body), and
+// while the call runs its length is unknown (-1), not 0, which would make
+// reverse_proxy send it with a nil body.
+func TestOverriddenReadGoesOutWithoutABody(t *testing.T) {
+	for _, c := range []struct {
+		method  string
+		chunked bool
+	}{
+		{http.MethodGet, false},
+		{http.MethodHead, false},
+		{http.MethodOptions, false},
+		{http.MethodTrace, true},
+	} {
+		t.Run(c.method, func(t *testing.T) {
+			type seen struct {
+				length  int64
+				framing []string
+				body    int
+			}
+			var got atomic.Pointer[seen]
+			catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				got.Store(&seen{r.ContentLength, r.TransferEncoding, len(b)})
+				w.WriteHeader(http.StatusNoContent)
+			})
+			h := newTestHandler(t, newMemoryStore(t))
+			proxy := newReverseProxy(t, catalog.addr())
+			var after int64 = -2
+			next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+				err := proxy.ServeHTTP(w, r)
+				after = r.ContentLength
+				return err
+			})
+			key := storetest.NewKey(t)
+			if r := serve(t, h, next, c.method, commitPath, key, "", methodOverrideHeader, http.MethodDelete); r.code() != http.StatusNoContent {
+				t.Fatalf("answer = %d %q %v", r.code(), r.body, r.err)
+			}
+			s := got.Load()
+			if s == nil || s.body != 0 || (len(s.framing) > 0) != c.chunked || !c.chunked && s.length != 0 {
+				t.Fatalf("the catalog saw %+v, want no body, chunked %v", s, c.chunked)
+			}
+			if after != -1 {
+				t.Fatalf("the call's length = %d, want -1 (unknown) while it ran", after)
+			}
+		})
+	}
+}
+
 // withHeaderUp gives reverse_proxy a header_up rule, as a catalog under a
 // path prefix needs (X-Forwarded-Prefix).
 func withHeaderUp(rp *reverseproxy.Handler) {
