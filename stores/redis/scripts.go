@@ -37,10 +37,14 @@ end
 `
 
 // reserveScript creates the in-flight record unless the key holds one,
-// and returns {1, now} when it did, else {0, now, field, value, ...}.
-// ARGV: op, path, principal, fp, owner, lease ms, ttl ms.
+// and returns {1, now} when it did, else {0, now, field, value, ...}; and
+// {2, now}, writing nothing, when it runs after not-after (its caller gave
+// up long ago: see deadline.go). ARGV: op, path, principal, fp, owner,
+// lease ms, ttl ms, not-after ms (0: none).
 var reserveScript = goredis.NewScript(prelude + `
 local t = now()
+local limit = tonumber(ARGV[8])
+if limit > 0 and t > limit then return {2, t} end
 local rec = redis.call('HGETALL', KEYS[1])
 if #rec > 0 then
 	local out = {0, t}

@@ -39,6 +39,9 @@ type Store struct {
 	// a thousand, which emptied the pool and answered many of them 503.
 	awaits sqlstore.AwaitGroup
 
+	// clock bounds a Reserve on the server's clock (deadline.go).
+	clock serverClock
+
 	closeOnce sync.Once
 	closed    chan struct{}
 }
@@ -286,8 +289,17 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if err := sqlstore.CheckKey(r.Key); err != nil {
 		return stores.ReserveResult{}, fmt.Errorf("redis reserve: %w", err)
 	}
+	// One deadline for the clock's reading and the script: the call is
+	// bounded by the store's timeout, as any.
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.syncClock(ctx); err != nil {
+		return stores.ReserveResult{}, err
+	}
+	sent := time.Now()
 	v, err := s.run(ctx, "reserve", reserveScript, r.Key,
-		r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, durMS(r.Lease), durMS(r.RecordTTL()))
+		r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, durMS(r.Lease), durMS(r.RecordTTL()),
+		s.clock.notAfter(ctx.Deadline()))
 	if err != nil {
 		return stores.ReserveResult{}, err
 	}
@@ -295,8 +307,17 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if !ok || len(out) < 2 {
 		return stores.ReserveResult{}, fmt.Errorf("redis reserve %s: unexpected reply %T", r.Key, v)
 	}
-	if flag, _ := out[0].(int64); flag == 1 {
+	if t, ok := out[1].(int64); ok && !s.resends() {
+		s.clock.learn(t, sent)
+	}
+	switch flag, _ := out[0].(int64); flag {
+	case 1:
 		return stores.ReserveResult{Reserved: true}, nil
+	case 2:
+		// Only a clock stepped back by more than clockMargin since the
+		// last reply makes a live call read as late: nothing was written.
+		return stores.ReserveResult{}, sqlstore.MarkTransient(stores.MarkNotSent(
+			fmt.Errorf("redis reserve %s: the server ran it after its deadline (clock stepped?)", r.Key)))
 	}
 	rec, _, err := decode(r.Key, out[1:])
 	if err != nil {

@@ -1,0 +1,152 @@
+package redis
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// TestLateReserveWritesNothing: a Reserve held up on its way to the server
+// (a partition that drops packets, after which the kernel delivers what it
+// had accepted, even from a socket its caller closed) must not create a
+// record once its caller has given up. It did: the handler's undo of the
+// lost Reserve had ended by then (ErrNotOwner after the settle window), so
+// the record stayed in flight and then abandoned, and every retry of a key
+// whose request never reached the catalog heard "unknown" for the record's
+// TTL (36 minutes by default).
+func TestLateReserveWritesNothing(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	late := newLateProxy(t, redistest.Addr(t))
+	s, cfg := openStore(t, func(c *Config) {
+		c.Addrs = []string{late.addr}
+		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = timeout, timeout, timeout
+	})
+	direct, _ := openStore(t, func(c *Config) { c.KeyPrefix = cfg.KeyPrefix })
+	ctx := context.Background()
+	if _, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
+		t.Fatal(err)
+	}
+
+	key := storetest.NewKey(t)
+	delivered := late.holdNext([]byte(reserveScript.Hash()), timeout+clockMargin+time.Second)
+	if _, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err == nil {
+		t.Fatal("a Reserve held up on its way succeeded")
+	}
+	select {
+	case <-delivered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held Reserve was never delivered")
+	}
+	time.Sleep(200 * time.Millisecond) // for the server to run it
+	rec, err := direct.Load(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec != nil {
+		t.Fatalf("a Reserve that reached the server after its caller gave up left a record: %s, owner %q", rec.State, rec.Owner)
+	}
+
+	// One on time still reserves.
+	if res, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err != nil || !res.Reserved {
+		t.Fatalf("Reserve on time: %+v, %v", res, err)
+	}
+}
+
+// lateProxy forwards to a server, and can hold the next client write that
+// contains a pattern for a while before delivering it, whether or not the
+// client is still there: what a network that held the packets does.
+type lateProxy struct {
+	addr string
+
+	mu      sync.Mutex
+	pattern []byte
+	hold    time.Duration
+	done    chan struct{}
+}
+
+func newLateProxy(t *testing.T, target string) *lateProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &lateProxy{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() { p.pipe(c, target) })
+		}
+	})
+	return p
+}
+
+// holdNext arms the proxy; the channel closes once the held write is
+// delivered.
+func (p *lateProxy) holdNext(pattern []byte, hold time.Duration) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.pattern, p.hold, p.done = pattern, hold, make(chan struct{})
+	return p.done
+}
+
+// take reports whether b is the write to hold, disarming the proxy.
+func (p *lateProxy) take(b []byte) (time.Duration, chan struct{}, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pattern == nil || !bytes.Contains(b, p.pattern) {
+		return 0, nil, false
+	}
+	p.pattern = nil
+	return p.hold, p.done, true
+}
+
+func (p *lateProxy) pipe(c net.Conn, target string) {
+	defer c.Close()
+	s, err := net.Dial("tcp", target)
+	if err != nil {
+		return
+	}
+	defer s.Close()
+	go func() {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := s.Read(buf)
+			if n > 0 {
+				_, _ = c.Write(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := c.Read(buf)
+		if n > 0 {
+			if hold, done, ok := p.take(buf[:n]); ok {
+				time.Sleep(hold)
+				_, _ = s.Write(buf[:n])
+				time.Sleep(100 * time.Millisecond) // the server reads it before the close
+				close(done)
+				return
+			}
+			if _, err := s.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
