@@ -76,10 +76,23 @@ func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyht
 		return nil
 	}
 	hdr.Del("Content-Encoding")
-	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	hdr.Del("ETag") // the body changed
+	// Trailers the catalog sent after the document go after it here too,
+	// as plain reverse_proxy sends them (see captureWriter.deliver): left
+	// in the header, they went out as headers. An answer with trailers
+	// is chunked, as the catalog's was; a length would leave no room for
+	// them over HTTP/1.
+	trailers := takeTrailers(hdr)
+	if trailers == nil {
+		hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	} else {
+		hdr.Del("Content-Length")
+	}
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(body)
+	for name, vals := range trailers {
+		hdr[name] = vals // net/http sends them after the body
+	}
 	return nil
 }
 

@@ -1,0 +1,64 @@
+package icebergidempotency
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+)
+
+// configFront serves h and then reverse_proxy to catalog through Go's own
+// HTTP server, whose framing (chunked or not, trailers or none) is what a
+// client of Caddy sees.
+func configFront(t *testing.T, catalog *countingCatalog) *httptest.Server {
+	t.Helper()
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, catalog.addr())
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		if err := h.ServeHTTP(w, r, proxy); err != nil {
+			t.Errorf("handler: %v", err)
+		}
+	}))
+	t.Cleanup(front.Close)
+	return front
+}
+
+// Trailers the catalog sends after a config document whose lifetime the
+// handler advertises reach the client as trailers, as through plain
+// reverse_proxy and as the captured answer to a keyed request does
+// (TestTrailersStayTrailers). Before, the rewritten answer went out with
+// a Content-Length and the trailers still in its header: over HTTP/1 the
+// client read "Trailer: X-Checksum" announced and no trailer, over HTTP/2
+// the trailer arrived as a header.
+func TestConfigAnswerTrailersStayTrailers(t *testing.T) {
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Checksum")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, `{"defaults":{},"overrides":{}}`)
+		w.Header().Set("X-Checksum", "42")
+	})
+	front := configFront(t, catalog)
+	res, err := http.Get(front.URL + "/v1/config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body) // trailers are read with the body's end
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(body, &cfg); err != nil || cfg[LifetimeField] != "PT30M" {
+		t.Fatalf("config %q (%v), want the lifetime advertised", body, err)
+	}
+	if res.Header.Get("X-Checksum") != "" || res.Trailer.Get("X-Checksum") != "42" {
+		t.Fatalf("header X-Checksum %q, trailer X-Checksum %q; want none, 42",
+			res.Header.Get("X-Checksum"), res.Trailer.Get("X-Checksum"))
+	}
+}
