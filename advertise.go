@@ -31,15 +31,15 @@ const maxConfigSize = 1 << 20
 // others). Caddy's transport then asks for gzip itself and decodes it. Caddy's encode handler,
 // when configured, runs before this one and still compresses the answer for
 // the client: it chose its encoding from the client's request already.
+//
+// The headers come off the request itself for the call, and go back after
+// it, as callUpstream hides them, not off a copy: Go's server writes a
+// request's trailers into the request it read once the body ends, and a
+// copy sent the catalog their names without their values.
 func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if r.Header.Get("Accept-Encoding") != "" || r.Header.Get("Upgrade") != "" {
-		// Nor a switch of protocols, whose answer could not be rewritten
-		// (see hideUpgrade).
-		r = r.Clone(r.Context())
-		r.Header.Del("Accept-Encoding")
-		r.Header.Del("Upgrade")
-		r.Header.Del("Http2-Settings")
-	}
+	// Nor a switch of protocols, whose answer could not be rewritten (see
+	// hideUpgrade).
+	defer hideHeaders(r, "Accept-Encoding", "Upgrade", "Http2-Settings")()
 	cw := newCaptureWriter(w, maxConfigSize)
 	if err := next.ServeHTTP(cw, r); err != nil {
 		return err

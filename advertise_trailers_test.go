@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
@@ -60,5 +61,35 @@ func TestConfigAnswerTrailersStayTrailers(t *testing.T) {
 	if res.Header.Get("X-Checksum") != "" || res.Trailer.Get("X-Checksum") != "42" {
 		t.Fatalf("header X-Checksum %q, trailer X-Checksum %q; want none, 42",
 			res.Header.Get("X-Checksum"), res.Trailer.Get("X-Checksum"))
+	}
+}
+
+// A GET /v1/config that sends trailers after a chunked body (a client's
+// checksum, say) reaches the catalog with their values, as through plain
+// reverse_proxy. Before, the handler sent the catalog a copy of the
+// request to drop its Accept-Encoding: Go's server writes the trailers
+// into the original request once its body is read, and the catalog got
+// the trailer's name announced, with no value.
+func TestConfigRequestTrailersReachTheCatalog(t *testing.T) {
+	got := make(chan http.Header, 1)
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		got <- r.Trailer.Clone()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"defaults":{},"overrides":{}}`)
+	})
+	front := configFront(t, catalog)
+	req, _ := http.NewRequest("GET", front.URL+"/v1/config", io.NopCloser(strings.NewReader(`{}`)))
+	req.ContentLength = -1 // chunked, which trailers need over HTTP/1
+	req.Header.Set("Accept-Encoding", "gzip")
+	req.Trailer = http.Header{"X-Checksum": {"42"}}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	if trailer := <-got; trailer.Get("X-Checksum") != "42" {
+		t.Fatalf("the catalog got the trailers %v, want X-Checksum: 42", trailer)
 	}
 }
