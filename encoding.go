@@ -86,7 +86,10 @@ func acceptsEncoding(h http.Header, coding string) bool {
 // this one, compresses the response as the first request allows, and that
 // body is stored: in zstd or br, a retry that does not take them could not
 // be given a body it can read. A header left with nothing is dropped, and
-// reverse_proxy's transport then asks for gzip itself and decodes it.
+// reverse_proxy's transport then asks for gzip itself and decodes it; so
+// is one left with codings the client refuses only ("identity;q=0" of
+// "identity;q=0, br"), which would ask the catalog for nothing it may
+// send: a strict one answers 406, where plain reverse_proxy gets br.
 func narrowAcceptEncoding(r *http.Request) (restore func()) {
 	orig, ok := r.Header["Accept-Encoding"]
 	if !ok {
@@ -109,10 +112,28 @@ func narrowAcceptEncoding(r *http.Request) (restore func()) {
 	if !changed {
 		return func() {}
 	}
-	if len(kept) == 0 {
+	if len(kept) == 0 || refusesAll(kept) {
 		delete(r.Header, "Accept-Encoding")
 	} else {
 		r.Header["Accept-Encoding"] = []string{strings.Join(kept, ", ")}
 	}
 	return func() { r.Header["Accept-Encoding"] = orig }
+}
+
+// refusesAll reports whether every Accept-Encoding item in items has a
+// weight of 0 (RFC 9110, 12.4.2: "not acceptable").
+func refusesAll(items []string) bool {
+	for _, item := range items {
+		_, params, _ := strings.Cut(item, ";")
+		weight := "1"
+		for p := range strings.SplitSeq(params, ";") {
+			if k, v, ok := strings.Cut(strings.TrimSpace(p), "="); ok && strings.EqualFold(strings.TrimSpace(k), "q") {
+				weight = strings.TrimSpace(v)
+			}
+		}
+		if strings.Trim(weight, "0.") != "" {
+			return false
+		}
+	}
+	return true
 }

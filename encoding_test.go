@@ -144,6 +144,13 @@ func TestNarrowAcceptEncoding(t *testing.T) {
 		"*":                         "",
 		"identity, br":              "identity",
 		"GZIP;q=1.0, Zstd;q=0.9, *": "GZIP;q=1.0",
+		// Nothing left that the client takes: dropped, as if empty (a
+		// strict catalog would answer "identity;q=0" with 406, where
+		// plain reverse_proxy gets br).
+		"identity;q=0, br":               "",
+		"gzip;q=0, identity; Q=0.000, *": "",
+		"gzip;q=0, br":                   "", // Caddy's transport decodes the gzip it asks for
+		"identity;q=0.001, br":           "identity;q=0.001",
 	} {
 		r, _ := http.NewRequest("POST", "/", nil)
 		r.Header.Set("Accept-Encoding", in)
