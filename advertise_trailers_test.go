@@ -12,10 +12,10 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
-// configFront serves h and then reverse_proxy to catalog through Go's own
-// HTTP server, whose framing (chunked or not, trailers or none) is what a
-// client of Caddy sees.
-func configFront(t *testing.T, catalog *countingCatalog) *httptest.Server {
+// handlerFront serves a handler on the memory store and then reverse_proxy
+// to catalog through Go's own HTTP server, whose framing (chunked or not,
+// trailers or none, a switch of protocols) is what a client of Caddy sees.
+func handlerFront(t *testing.T, catalog *countingCatalog) *httptest.Server {
 	t.Helper()
 	h := newTestHandler(t, newMemoryStore(t))
 	proxy := newReverseProxy(t, catalog.addr())
@@ -44,7 +44,7 @@ func TestConfigAnswerTrailersStayTrailers(t *testing.T) {
 		_, _ = io.WriteString(w, `{"defaults":{},"overrides":{}}`)
 		w.Header().Set("X-Checksum", "42")
 	})
-	front := configFront(t, catalog)
+	front := handlerFront(t, catalog)
 	res, err := http.Get(front.URL + "/v1/config")
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +78,7 @@ func TestConfigRequestTrailersReachTheCatalog(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"defaults":{},"overrides":{}}`)
 	})
-	front := configFront(t, catalog)
+	front := handlerFront(t, catalog)
 	req, _ := http.NewRequest("GET", front.URL+"/v1/config", io.NopCloser(strings.NewReader(`{}`)))
 	req.ContentLength = -1 // chunked, which trailers need over HTTP/1
 	req.Header.Set("Accept-Encoding", "gzip")

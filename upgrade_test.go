@@ -11,9 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -66,15 +63,7 @@ func sendRaw(t *testing.T, front *httptest.Server, request string) string {
 // executed the drop a second time.
 func TestUpgradeAskIsNotPassedOn(t *testing.T) {
 	catalog := switchingCatalog(t)
-	h := newTestHandler(t, newMemoryStore(t))
-	proxy := newReverseProxy(t, catalog.addr())
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
-		if err := h.ServeHTTP(w, r, proxy); err != nil {
-			t.Errorf("handler: %v", err)
-		}
-	}))
-	defer front.Close()
+	front := handlerFront(t, catalog)
 
 	key := storetest.NewKey(t)
 	const path = "/v1/wh/namespaces/ns/tables/t"
