@@ -79,9 +79,10 @@ type Handler struct {
 	// every quarter of it while the upstream call runs (a failed renewal
 	// again a thirtieth of it later); a record whose lease
 	// lapsed was abandoned (its node died). On the PostgreSQL and MySQL
-	// stores it must be at least 3 times statement_timeout, on Redis 3
+	// stores it must be at least 4 times statement_timeout, on Redis 4
 	// times the largest of its timeouts, so that a renewal taking its whole
-	// timeout still lands in time. Default: 30s.
+	// timeout still lands in time; on every store at least 3ms.
+	// Default: 30s.
 	Lease caddy.Duration `json:"lease,omitempty"`
 
 	// What to do with a duplicate of an abandoned request: "unknown" answers
@@ -159,17 +160,19 @@ type Handler struct {
 	// "{file./run/secrets/idem}": it is expanded at provision, so the
 	// configuration (the admin API, `caddy adapt`) holds only the
 	// placeholder. Nodes sharing a store need the same secret. Default:
-	// none (records stored in clear; a SQL store logs a warning).
+	// none (records stored in clear; a store outside the process logs a
+	// warning).
 	Secret string `json:"secret,omitempty"`
 
 	// Secrets that were Secret before a rotation, as placeholders too:
 	// records sealed under them still replay and their retries still match,
-	// while new records use Secret. Drop one once lifetime + grace has
-	// passed since it was replaced. Default: none.
+	// while new records use Secret. Drop one once lifetime + grace +
+	// execution_timeout + lease has passed since it was replaced.
+	// Default: none.
 	PreviousSecrets []string `json:"previous_secrets,omitempty"`
 
-	// Refuse to start with a store outside the process (PostgreSQL, MySQL)
-	// when no Secret is set, instead of warning that records are stored in
+	// Refuse to start with a store outside the process (PostgreSQL, MySQL,
+	// Redis) when no Secret is set, instead of warning that records are stored in
 	// clear. Default: false.
 	RequireSecret bool `json:"require_secret,omitempty"`
 
