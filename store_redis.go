@@ -63,6 +63,12 @@ type RedisStore struct {
 	PoolSize int `json:"pool_size,omitempty"`
 
 	cfg redis.Config // placeholders expanded, defaults applied
+
+	// byTimeout is set when a Caddyfile block gave none of the three
+	// timeouts on its own, so that its timeout option (or the default)
+	// sets them all: only then does lowering timeout change them. JSON
+	// has no timeout option.
+	byTimeout bool
 }
 
 var (
@@ -121,7 +127,7 @@ func (r *RedisStore) callTimeouts() []namedTimeout {
 		return time.Duration(t)
 	}
 	dial, read, write := or(r.DialTimeout), or(r.ReadTimeout), or(r.WriteTimeout)
-	if dial == read && read == write {
+	if r.byTimeout && dial == read && read == write {
 		return []namedTimeout{{"timeout", dial}} // as timeout sets them
 	}
 	return []namedTimeout{
@@ -273,6 +279,7 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	// timeout fills the three it stands for, whichever line comes first:
 	// one given on its own wins.
+	r.byTimeout = r.DialTimeout == 0 && r.ReadTimeout == 0 && r.WriteTimeout == 0
 	for _, t := range []*caddy.Duration{&r.DialTimeout, &r.ReadTimeout, &r.WriteTimeout} {
 		if *t == 0 {
 			*t = timeout

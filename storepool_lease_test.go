@@ -36,6 +36,10 @@ func TestLeaseShorterThanFourCallsIsRefused(t *testing.T) {
 		// long as well: lowering read_timeout alone would not do.
 		{"redis defaults too", `{"backend": "redis", "addresses": ["127.0.0.1:1"], "read_timeout": "4s"}`, 10 * time.Second,
 			"or lower dial_timeout (5s), read_timeout (4s) and write_timeout (5s) to at most 2.5s"},
+		// JSON has no timeout option: the error names the three it has,
+		// also when they are equal (the defaults here).
+		{"redis json equal timeouts", `{"backend": "redis", "addresses": ["127.0.0.1:1"]}`, 10 * time.Second,
+			"or lower dial_timeout (5s), read_timeout (5s) and write_timeout (5s) to at most 2.5s"},
 		{"memory any lease", `{"backend": "memory"}`, 3 * time.Millisecond, ""},
 		// Three times a timeout over 97 years wrapped negative, and the
 		// check passed; raising the lease past ten years is no advice.
@@ -77,6 +81,12 @@ func TestLeaseCheckedInTheCaddyfile(t *testing.T) {
 			"lease 30s is shorter than 4 times the store's call timeout 15s: a renewal that takes the whole timeout would let the lease lapse; raise lease to at least 1m0s, or lower statement_timeout (15s) to at most 7.5s (30s is the default lease)", "at Caddyfile:3"},
 		{"redis", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1\n\t\t\ttimeout 20s\n\t\t}\n\t\tlease 40s\n\t}",
 			"or lower timeout (20s) to at most 10s", "at Caddyfile:7"},
+		{"redis default timeout", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1\n\t\t}\n\t\tlease 10s\n\t}",
+			"or lower timeout (5s) to at most 2.5s", "at Caddyfile:6"},
+		// Given on their own, the three win over timeout: lowering timeout
+		// would change nothing, so the error names them.
+		{"redis three timeouts", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1\n\t\t\tdial_timeout 20s\n\t\t\tread_timeout 20s\n\t\t\twrite_timeout 20s\n\t\t}\n\t\tlease 40s\n\t}",
+			"or lower dial_timeout (20s), read_timeout (20s) and write_timeout (20s) to at most 10s", "at Caddyfile:9"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := adapt(t, ":8080 {\n\t"+tt.block+"\n\treverse_proxy 127.0.0.1:1\n}\n")
