@@ -54,7 +54,7 @@ func (s *Store) readPacketLimit(ctx context.Context) error {
 	}
 	s.maxRow.Store(maxRow)
 	if maxRow < TypicalMaxResponseSize {
-		s.log.Warn("mysql max_allowed_packet is below the default max_response_size: larger responses are delivered but not stored, and their keys answer every retry with 500 outcome unknown; raise max_allowed_packet on the server",
+		s.log.Warn("mysql max_allowed_packet is below the default max_response_size: larger responses are delivered but not stored, and their keys' outcome is unknown (a retry gets the abandoned policy's answer); raise max_allowed_packet on the server",
 			zap.Int64("max_allowed_packet", limit), zap.Int64("largest_stored_response", max(maxRow, 0)),
 			zap.Int("default_max_response_size", TypicalMaxResponseSize),
 			zap.Int64("suggested_max_allowed_packet", TypicalMaxResponseSize+2*rowHeadroom))

@@ -76,7 +76,7 @@ func openObserved(t *testing.T, mutate func(*Config)) (*Store, *observer.Observe
 	return s, logs
 }
 
-const packetWarning = "mysql max_allowed_packet is below the default max_response_size: larger responses are delivered but not stored, and their keys answer every retry with 500 outcome unknown; raise max_allowed_packet on the server"
+const packetWarning = "mysql max_allowed_packet is below the default max_response_size: larger responses are delivered but not stored, and their keys' outcome is unknown (a retry gets the abandoned policy's answer); raise max_allowed_packet on the server"
 
 // A response that cannot fit the packet limit is refused with
 // ErrResponseTooLarge before it is sent, and the first contact warns that
