@@ -98,7 +98,8 @@ type Handler struct {
 	// Largest response stored, in bytes. A larger final response is
 	// delivered untouched and not stored; the catalog executed, so the
 	// key's outcome is unknown (logged as a warning), and a retry gets the
-	// abandoned policy's answer instead of executing again. Default: 16 MiB.
+	// abandoned policy's answer: 500 under "unknown", a second execution
+	// under "reexecute". Default: 16 MiB.
 	MaxResponseSize int64 `json:"max_response_size,omitempty"`
 
 	// UUID versions an Idempotency-Key may have, each 1 to 8 (RFC 9562).

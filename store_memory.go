@@ -51,7 +51,8 @@ type MemoryStore struct {
 	// its key executes again; "refuse" evicts only expired records, and
 	// otherwise refuses new keyed requests (503 + Retry-After, nothing
 	// reserved) and leaves an answer that finds no room unknown (its retry
-	// hears 500 CommitStateUnknownException, and is not executed again).
+	// gets the abandoned policy's answer: 500 CommitStateUnknownException
+	// by default, a second execution under abandoned reexecute).
 	// Handlers of one config that differ get "refuse".
 	WhenFull string `json:"when_full,omitempty"`
 }
