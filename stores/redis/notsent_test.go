@@ -108,10 +108,11 @@ func TestClusterErrorsNeverNotSent(t *testing.T) {
 // A reply that refuses the script instead of running it proves it did not
 // run: the handler has nothing to undo, where before every keyed request
 // while Redis loaded its data set after a restart left a release retried
-// every 2 s for 2 minutes. A script that ran and failed, or OOM (which may
-// come from a write inside a script after others succeeded), proves
-// nothing. A stand-in server answers every command with the reply: a real
-// Redis cannot be held loading or busy on demand.
+// every 2 s for 2 minutes. So do OOM, MISCONF and NOREPLICAS, which Redis
+// answers only before a script's first write (see refusedUnrun and
+// TestRefusedWritesAreNotSent, on a real server). A script that ran and
+// failed proves nothing. A stand-in server answers every command with the
+// reply: a real Redis cannot be held loading or busy on demand.
 func TestServerRefusalsAreNotSent(t *testing.T) {
 	for _, c := range []struct {
 		reply    string
@@ -127,7 +128,9 @@ func TestServerRefusalsAreNotSent(t *testing.T) {
 		{"READONLY You can't write against a read only replica.", true, ""},
 		{"MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.", true, ""},
 		{"BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.", true, ""},
-		{"OOM command not allowed when used memory > 'maxmemory'.", false, ""},
+		{"OOM command not allowed when used memory > 'maxmemory'.", true, ""},
+		{"MISCONF Errors writing to the AOF file: No space left on device", true, ""},
+		{"NOREPLICAS Not enough good replicas to write.", true, ""},
 		{"ERR user_script:1: Script attempted to access nonexistent global variable 'x'", false, ""},
 		{"BUSYKEY Target key name already exists.", false, ""},
 	} {

@@ -214,8 +214,10 @@ func (s *Store) wrap(op string, err error) error {
 
 // notNow are the prefixes of the server's "not now" replies (loading its
 // data set after a restart, a replica or a cluster in failover, a script
-// still running): calling again later may succeed.
-var notNow = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTERDOWN ", "BUSY "}
+// still running, a server at maxmemory, one that cannot persist, one short
+// of the replicas min-replicas-to-write asks for): calling again later may
+// succeed.
+var notNow = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTERDOWN ", "BUSY ", "OOM ", "MISCONF ", "NOREPLICAS "}
 
 // refusedUnrun reports a reply of the server that refuses the command
 // instead of running it: while it loads its data set (LOADING), on a
@@ -224,11 +226,21 @@ var notNow = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUS
 // connection that is not logged in (NOAUTH; WRONGPASS, which the login at
 // connect answers, before any command is sent on it), or by a cluster node
 // that does not serve the key's slot (MOVED, ASK: only the cluster client
-// follows them). A script that ran
-// and failed answers an ERR reply, and OOM or NOPERM may come from a
-// command inside a script after others wrote: neither counts.
+// follows them). And the refusals of a script's first write: at maxmemory
+// under noeviction (OOM), after a failed save or AOF write (MISCONF), short
+// of min-replicas-to-write (NOREPLICAS). For a script that declares no
+// flags, as none of these does, Redis checks these (and READONLY) at each
+// write command only until the script's first write has run, since it
+// cannot stop a script half-way: a script refused so wrote nothing. Until
+// the build after 4c8bdbf they counted as lost replies, and each Reserve
+// refused at maxmemory sent 25 releases in the next 10 s, and one
+// refused with NOREPLICAS or MISCONF, which refuse the releases too, two a
+// second for 2 minutes. A script that ran and failed answers an ERR
+// reply, and NOPERM may come from a command after others wrote: neither
+// counts.
 func refusedUnrun(err error) bool {
-	return replyStarts(err, "LOADING ", "READONLY ", "MASTERDOWN ", "BUSY ", "NOAUTH ", "WRONGPASS ", "MOVED ", "ASK ")
+	return replyStarts(err, "LOADING ", "READONLY ", "MASTERDOWN ", "BUSY ", "NOAUTH ", "WRONGPASS ", "MOVED ", "ASK ",
+		"OOM ", "MISCONF ", "NOREPLICAS ")
 }
 
 // replyStarts reports whether err is an error reply of the server that
