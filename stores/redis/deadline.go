@@ -26,7 +26,8 @@ import (
 
 // clockMargin is added to a call's end on the server's clock, for a clock
 // stepped back (NTP) since the offset was last measured: a live call must
-// never be refused as late.
+// never be refused as late. A larger step makes the server refuse one all
+// the same, and Reserve sends it again with the offset the refusal read.
 const clockMargin = time.Second
 
 // serverClock tracks how far the server's clock is ahead of this node's.

@@ -150,3 +150,30 @@ func (p *lateProxy) pipe(c net.Conn, target string) {
 		}
 	}
 }
+
+// TestReserveAfterClockStep: a live Reserve is never refused as late. The
+// server's clock stepped forward (or this node's back) since the offset
+// was learned, by more than clockMargin plus the call's timeout, made the
+// server judge a Reserve on time as late: it wrote nothing and the handler
+// answered 503 (an audit stepping a Redis's clock 10 s forward saw it on
+// the first keyed request after each step). Now the Reserve is sent again
+// with the offset its reply taught, and reserves.
+func TestReserveAfterClockStep(t *testing.T) {
+	s, _ := openStore(t, func(c *Config) {
+		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = time.Second, time.Second, time.Second
+	})
+	ctx := context.Background()
+	if _, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
+		t.Fatal(err)
+	}
+	learned := s.clock.ahead.Load()
+	// As if the server's clock had stepped 10 s forward since.
+	s.clock.ahead.Add(-(10 * time.Second).Milliseconds())
+	res, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
+	if err != nil || !res.Reserved {
+		t.Fatalf("Reserve on time after the server's clock stepped forward: %+v, %v; want it reserved", res, err)
+	}
+	if got := s.clock.ahead.Load(); got < learned-1000 {
+		t.Fatalf("offset after the step: %d ms, want about %d (learned again)", got, learned)
+	}
+}

@@ -308,28 +308,38 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if err := s.syncClock(ctx); err != nil {
 		return stores.ReserveResult{}, err
 	}
-	sent := time.Now()
-	v, err := s.run(ctx, "reserve", reserveScript, r.Key,
-		r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, durMS(r.Lease), durMS(r.RecordTTL()),
-		s.clock.notAfter(ctx.Deadline()))
-	if err != nil {
-		return stores.ReserveResult{}, err
+	var out []any
+	for try := 1; ; try++ {
+		sent := time.Now()
+		v, err := s.run(ctx, "reserve", reserveScript, r.Key,
+			r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, durMS(r.Lease), durMS(r.RecordTTL()),
+			s.clock.notAfter(ctx.Deadline()))
+		if err != nil {
+			return stores.ReserveResult{}, err
+		}
+		var ok bool
+		if out, ok = v.([]any); !ok || len(out) < 2 {
+			return stores.ReserveResult{}, fmt.Errorf("redis reserve %s: unexpected reply %T", r.Key, v)
+		}
+		if t, ok := out[1].(int64); ok && !s.resends() {
+			s.clock.learn(t, sent)
+		}
+		if flag, _ := out[0].(int64); flag != 2 {
+			break
+		}
+		// Run after its deadline, it wrote nothing. A call whose deadline
+		// has not passed here was judged late only because a clock
+		// stepped (the server's forward, or this node's back) since the
+		// offset was learned, by more than clockMargin plus the time the
+		// call had left: sent again, it carries the offset the reply just
+		// taught. Until the build after 4c8bdbf it was answered 503.
+		if try > 1 || ctx.Err() != nil {
+			return stores.ReserveResult{}, sqlstore.MarkTransient(stores.MarkNotSent(
+				fmt.Errorf("redis reserve %s: the server ran it after its deadline (clock stepped?)", r.Key)))
+		}
 	}
-	out, ok := v.([]any)
-	if !ok || len(out) < 2 {
-		return stores.ReserveResult{}, fmt.Errorf("redis reserve %s: unexpected reply %T", r.Key, v)
-	}
-	if t, ok := out[1].(int64); ok && !s.resends() {
-		s.clock.learn(t, sent)
-	}
-	switch flag, _ := out[0].(int64); flag {
-	case 1:
+	if flag, _ := out[0].(int64); flag == 1 {
 		return stores.ReserveResult{Reserved: true}, nil
-	case 2:
-		// Only a clock stepped back by more than clockMargin since the
-		// last reply makes a live call read as late: nothing was written.
-		return stores.ReserveResult{}, sqlstore.MarkTransient(stores.MarkNotSent(
-			fmt.Errorf("redis reserve %s: the server ran it after its deadline (clock stepped?)", r.Key)))
 	}
 	rec, _, err := decode(r.Key, out[1:])
 	if err != nil {
