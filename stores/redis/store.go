@@ -232,7 +232,7 @@ var notNow = []string{"LOADING ", "READONLY ", "MASTERDOWN ", "TRYAGAIN ", "CLUS
 // flags, as none of these does, Redis checks these (and READONLY) at each
 // write command only until the script's first write has run, since it
 // cannot stop a script half-way: a script refused so wrote nothing. Until
-// the build after 4c8bdbf they counted as lost replies, and each Reserve
+// the build after 333d799 they counted as lost replies, and each Reserve
 // refused at maxmemory sent 25 releases in the next 10 s, and one
 // refused with NOREPLICAS or MISCONF, which refuse the releases too, two a
 // second for 2 minutes. A script that ran and failed answers an ERR
@@ -332,7 +332,7 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 		// stepped (the server's forward, or this node's back) since the
 		// offset was learned, by more than clockMargin plus the time the
 		// call had left: sent again, it carries the offset the reply just
-		// taught. Until the build after 4c8bdbf it was answered 503.
+		// taught. Until the build after d8c00a9 it was answered 503.
 		if try > 1 || ctx.Err() != nil {
 			return stores.ReserveResult{}, sqlstore.MarkTransient(stores.MarkNotSent(
 				fmt.Errorf("redis reserve %s: the server ran it after its deadline (clock stepped?)", r.Key)))
