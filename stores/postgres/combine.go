@@ -42,7 +42,9 @@ func (s *Store) execTogether(sts []sqlstore.Statement[string]) ([]int64, bool, e
 	defer cancel()
 	b := &pgx.Batch{QueuedQueries: make([]*pgx.QueuedQuery, 0, len(sts))}
 	for _, st := range sts {
-		b.Queue(st.Stmt, st.Args...)
+		// A reservation's bound is the batch's end: its caller waits for
+		// the batch (see sqlstore.Combiner.Exec).
+		b.Queue(st.Stmt, s.clock.Fill(ctx, st.Args)...)
 	}
 	c, err := s.pool.Acquire(ctx)
 	if err != nil {

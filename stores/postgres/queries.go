@@ -19,6 +19,19 @@ const recordCols = `key, operation, path, principal, fingerprint, state,
 	coalesce((extract(epoch FROM lease_until - now()) * 1000000)::bigint, 0) AS lease_left_us,
 	coalesce(key_id, '') AS key_id`
 
+// lateGuard is NULL while the statement runs no later than its parameter
+// n, a moment on the database's clock (NULL: no bound), and fails the
+// statement after it, with "more than one row returned by a subquery used
+// as an expression" (21000, which lateRefusal recognises): a scalar
+// subquery may return one row at most, and the two-row table is filtered
+// down to none in time. A refused statement writes nothing and, in a
+// combined batch, rolls the batch back like any other ERROR. now() is the
+// start of the statement's transaction (of a combined batch: of the
+// batch), which the server reads when the statement arrives.
+func lateGuard(n int) string {
+	return fmt.Sprintf("(SELECT NULL::text FROM (VALUES (1), (2)) AS two (n) WHERE now() > $%d::timestamptz)", n)
+}
+
 func newQueries(table, channel string) queries {
 	q := queries{
 		// The INSERT creates the row unless the key exists; DO NOTHING
@@ -31,11 +44,15 @@ func newQueries(table, channel string) queries {
 		// INSERT without being live: then no live row comes back, and
 		// Reserve deletes it (deleteExpired) and runs the INSERT again; so
 		// it does when the row was released or purged in between.
+		//
+		// $9 is the end of the call that sends it, on this clock (see
+		// sqlstore.SendDeadline): run after it, the INSERT fails (see
+		// lateGuard) and writes nothing, existing key or not.
 		reserve: fmt.Sprintf(`INSERT INTO %s (key, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)
-VALUES ($1, $2, $3, $4, $5, 'in_flight', $6,
+VALUES ($1, $2, $3, $4, $5, COALESCE(%s, 'in_flight'), $6,
 	now() + $7::bigint * interval '1 microsecond', now(),
 	now() + $8::bigint * interval '1 microsecond')
-ON CONFLICT (key) DO NOTHING`, table),
+ON CONFLICT (key) DO NOTHING`, table, lateGuard(9)),
 
 		deleteExpired: fmt.Sprintf(`DELETE FROM %s WHERE key = $1 AND expires_at <= now()`, table),
 
@@ -63,10 +80,12 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, t
 
 		// Compare and swap on the owner and on the lapsed lease. Of
 		// concurrent takeovers the first locks the row; the others then
-		// re-check the WHERE on the row it wrote and match nothing.
-		takeOver: fmt.Sprintf(`UPDATE %s SET owner = $3, lease_until = now() + $4::bigint * interval '1 microsecond',
+		// re-check the WHERE on the row it wrote and match nothing. $6 is
+		// the end of its call, as for reserve: a takeover run after it
+		// fails instead of writing a lease nobody renews.
+		takeOver: fmt.Sprintf(`UPDATE %s SET owner = COALESCE(%s, $3), lease_until = now() + $4::bigint * interval '1 microsecond',
 	expires_at = GREATEST(expires_at, now() + $5::bigint * interval '1 microsecond')
-WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND lease_until <= now()`, table),
+WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now() AND lease_until <= now()`, table, lateGuard(6)),
 
 		// SKIP LOCKED: purgers on several nodes take disjoint batches, and
 		// a row a reserver is overwriting right now is left alone (FOR

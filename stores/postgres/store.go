@@ -34,6 +34,9 @@ type Store struct {
 	// those of concurrent requests; nil when Config.CombinedWrites is 0.
 	combined *sqlstore.Combiner[string]
 	awaits   sqlstore.AwaitGroup
+	// clock bounds Reserve's and TakeOver's statements on the server's
+	// clock (see sqlstore.SendDeadline and syncClock).
+	clock sqlstore.ServerClock
 
 	closeOnce sync.Once
 	// lostRaces counts Reserve statements re-run after seeing neither a
@@ -148,6 +151,9 @@ func (s *Store) firstContact(ctx context.Context) error {
 		}
 		s.migrated = true
 	}
+	if err := s.syncClock(ctx); err != nil {
+		return err
+	}
 	if s.cfg.ListenNotify && s.listener == nil {
 		l, err := startListener(ctx, s.pool.Config().ConnConfig.Copy(), s.cfg.Table+"_changed", s.log)
 		if err != nil {
@@ -206,6 +212,9 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if err := s.lazy.Ready(ctx); err != nil {
 		return stores.ReserveResult{}, err
 	}
+	if err := s.syncClock(ctx); err != nil {
+		return stores.ReserveResult{}, err
+	}
 	for range maxReserveAttempts {
 		res, err := s.reserveOnce(ctx, r)
 		if err != nil || res.Reserved || res.Existing != nil {
@@ -221,10 +230,10 @@ func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.R
 	defer cancel()
 	n, err := s.write(ctx, r.Key, s.q.reserve,
 		r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
-		sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL()),
+		sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL()), sqlstore.SendDeadline,
 	)
 	if err != nil {
-		return stores.ReserveResult{}, s.wrap("reserve", err)
+		return stores.ReserveResult{}, s.wrapLate("reserve", err)
 	}
 	if n == 1 {
 		return stores.ReserveResult{Reserved: true}, nil
@@ -396,11 +405,19 @@ func (s *Store) Abandon(ctx context.Context, key, owner string) error {
 
 // TakeOver implements stores.Store.
 func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
-	n, err := s.exec(ctx, "take over", s.q.takeOver, key, oldOwner, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl))
-	if err != nil {
+	if err := s.lazy.Ready(ctx); err != nil {
 		return false, err
 	}
-	return n == 1, nil
+	if err := s.syncClock(ctx); err != nil {
+		return false, err
+	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	tag, err := s.poolExec(ctx, s.q.takeOver, key, oldOwner, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), sqlstore.SendDeadline)
+	if err != nil {
+		return false, s.wrapLate("take over", err)
+	}
+	return tag.RowsAffected() == 1, nil
 }
 
 // PurgeExpired implements stores.Store.

@@ -61,12 +61,13 @@ func (e acquireError) Error() string { return e.err.Error() }
 func (e acquireError) Unwrap() error { return e.err }
 
 // poolExec runs sql on a connection of its own from the pool, and tells a
-// failure to get one (acquireError) from a failure of the statement.
+// failure to get one (acquireError) from a failure of the statement. A
+// statement bounded by its call's end (sqlstore.SendDeadline) gets ctx's.
 func (s *Store) poolExec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	c, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return pgconn.CommandTag{}, acquireError{err}
 	}
 	defer c.Release()
-	return c.Exec(ctx, sql, args...)
+	return c.Exec(ctx, sql, s.clock.Fill(ctx, args)...)
 }

@@ -1,6 +1,7 @@
 package sqltest
 
 import (
+	"bytes"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy forwards a local TCP port to a database server. Stop cuts every
@@ -25,6 +27,41 @@ type Proxy struct {
 	ln    net.Listener
 	conns map[net.Conn]struct{}
 	wg    sync.WaitGroup
+	late  *lateWrite // under mu: see HoldNext
+}
+
+// lateWrite is a client write to hold back: see HoldNext.
+type lateWrite struct {
+	pattern   []byte
+	hold      time.Duration
+	delivered chan struct{}
+}
+
+// HoldNext holds the next write of a client that contains pattern for
+// hold, then delivers it to the server whether or not the client is still
+// there, as the kernel does with what it had accepted from a socket when a
+// partition that dropped the packets heals. (A partition's test needs a
+// network namespace; the proxy stands in for it.) The channel closes once
+// the write was delivered, and the server had 100 ms to read it before the
+// client's side can end the connection.
+func (p *Proxy) HoldNext(pattern []byte, hold time.Duration) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.late = &lateWrite{pattern: pattern, hold: hold, delivered: make(chan struct{})}
+	return p.late.delivered
+}
+
+// held returns the armed lateWrite if b is the write it waits for, and
+// disarms it.
+func (p *Proxy) held(b []byte) *lateWrite {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.late == nil || !bytes.Contains(b, p.late.pattern) {
+		return nil
+	}
+	l := p.late
+	p.late = nil
+	return l
 }
 
 // NewProxy starts a proxy to target (host:port); it is stopped at cleanup.
@@ -160,11 +197,20 @@ func (p *Proxy) pipe(client net.Conn) {
 		return
 	}
 	done := make(chan struct{}, 2)
-	cp := func(dst, src net.Conn) {
+	cp := func(dst, src net.Conn, up bool) {
 		defer func() { done <- struct{}{} }()
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := src.Read(buf)
+			if n > 0 && up {
+				if l := p.held(buf[:n]); l != nil {
+					time.Sleep(l.hold)
+					_, _ = dst.Write(buf[:n])
+					time.Sleep(100 * time.Millisecond)
+					close(l.delivered)
+					continue
+				}
+			}
 			if n > 0 && !p.frozen.Load() {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
 					return
@@ -175,8 +221,8 @@ func (p *Proxy) pipe(client net.Conn) {
 			}
 		}
 	}
-	go cp(server, client)
-	go cp(client, server)
+	go cp(server, client, true)
+	go cp(client, server, false)
 	<-done
 	client.Close()
 	server.Close()

@@ -1,0 +1,64 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// statement_timeout bounds a statement from when the server receives it,
+// not one held up on its way there: Reserve's INSERT and TakeOver's UPDATE
+// carry the end of their call on the server's clock, and the server
+// refuses them after it (see sqlstore.SendDeadline and lateGuard).
+
+// syncClock reads the server's clock at the first contact, and again
+// before a Reserve or TakeOver once the reading is old or was dropped (see
+// sqlstore.ServerClock.Sync). A reading that could not be had leaves the
+// statement unsent.
+func (s *Store) syncClock(ctx context.Context) error {
+	return s.clock.Sync(ctx, func(ctx context.Context) (time.Time, time.Time, error) {
+		ctx, cancel := s.opCtx(ctx)
+		defer cancel()
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return time.Time{}, time.Time{}, s.wrap("reading the server's clock", acquireError{err})
+		}
+		defer c.Release()
+		sent := time.Now()
+		var now time.Time
+		// One round trip, nothing prepared: the reading is an upper bound
+		// of the server's lead, and a slower call only loosens it.
+		if err := c.QueryRow(ctx, "SELECT now()", pgx.QueryExecModeSimpleProtocol).Scan(&now); err != nil {
+			return time.Time{}, time.Time{}, stores.MarkNotSent(s.wrap("reading the server's clock", err))
+		}
+		return now, sent, nil
+	})
+}
+
+// lateRefusal reports whether err is lateGuard's: the server ran the
+// statement after the end of its call, and wrote nothing.
+func lateRefusal(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "21000"
+}
+
+// wrapLate is wrap for Reserve and TakeOver. A refusal as late was made by
+// a server whose clock is not where the last reading put it (stepped
+// back, or another server after a failover): the reading is dropped, and
+// the error is transient and not sent (nothing was written), as Redis's
+// answer to a late Reserve.
+func (s *Store) wrapLate(op string, err error) error {
+	if !lateRefusal(err) {
+		return s.wrap(op, err)
+	}
+	s.clock.Forget()
+	return sqlstore.MarkTransient(stores.MarkNotSent(s.wrap(op,
+		fmt.Errorf("the server ran it after the end of its call (a clock stepped?), writing nothing: %w", err))))
+}

@@ -1,0 +1,146 @@
+package sqlstore
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// A write that creates a reservation (Reserve's INSERT, TakeOver's UPDATE)
+// must not land long after its caller gave up. The server's
+// statement_timeout (PostgreSQL) or innodb_lock_wait_timeout (MySQL) does
+// not bound that: it counts from when the server receives the statement,
+// and a statement held up in the network (a partition that drops packets,
+// after which the kernel delivers what it had accepted, even from a socket
+// its caller closed) runs whenever it arrives. Landing after the handler's
+// undo of the lost write had ended (its settle window), it left a record
+// in flight that nothing had sent to the catalog, and the key's retries
+// heard "unknown" for the record's whole TTL. So such a statement carries
+// the end of the call that sends it, on the server's clock (SendDeadline,
+// which the store fills in as it sends), and the server refuses it after
+// that, with an error: nothing is written, and a combined batch holding it
+// rolls back as for any refused statement.
+
+// ClockMargin is added to a call's end on the server's clock, for a clock
+// stepped back (NTP) since the offset was last measured: a live call must
+// never be refused as late.
+const ClockMargin = time.Second
+
+// ClockMaxAge is how long a reading of the server's clock is used before
+// the next Reserve reads it again (drift, a stepped clock, a failover to
+// another server).
+const ClockMaxAge = time.Minute
+
+// sendDeadline stands, among a statement's arguments, for the moment after
+// which the server refuses it: see ServerClock.Fill.
+type sendDeadline struct{}
+
+// SendDeadline is the argument a statement bounded by its call's end
+// carries until it is sent; ServerClock.Fill replaces it.
+var SendDeadline any = sendDeadline{}
+
+// ServerClock tracks how far the database server's clock is ahead of this
+// node's. The zero value knows nothing yet.
+type ServerClock struct {
+	mu sync.Mutex // held while the clock is read for lack of a reading
+	// state, under stateMu.
+	stateMu    sync.Mutex
+	ahead      time.Duration // upper bound of the server's clock minus this node's
+	known      bool          // ahead was measured once
+	readAt     time.Time     // when ahead was measured; zero: to be read before the next call
+	refreshing bool
+}
+
+// Learn records the server time server that a call sent at sent read: its
+// difference is an upper bound of how far the server is ahead (the call
+// took some time to get there), so that a bound drawn from it never comes
+// early for a live call.
+func (c *ServerClock) Learn(server, sent time.Time) {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	c.ahead, c.known, c.readAt = server.Sub(sent), true, time.Now()
+}
+
+// Forget asks for a new reading: the server refused a call as late, which
+// only a clock that moved since the reading explains. The next Sync reads
+// it before its call goes; calls already on their way keep the old one
+// (never none: a statement must not go out unbounded).
+func (c *ServerClock) Forget() {
+	c.stateMu.Lock()
+	defer c.stateMu.Unlock()
+	c.readAt = time.Time{}
+}
+
+// Sync reads the server's clock with read when no reading is known, or
+// when the known one is older than ClockMaxAge. Without a reading, the
+// callers wait for one read (each under its own ctx in read) and its error
+// is theirs: a statement must not go out unbounded. An old reading is
+// refreshed by one caller at a time; the others, and that caller if the
+// read fails, go on with it.
+func (c *ServerClock) Sync(ctx context.Context, read func(ctx context.Context) (server, sent time.Time, err error)) error {
+	c.stateMu.Lock()
+	known, fresh := !c.readAt.IsZero(), time.Since(c.readAt) < ClockMaxAge
+	refresh := known && !fresh && !c.refreshing
+	if refresh {
+		c.refreshing = true
+	}
+	c.stateMu.Unlock()
+	switch {
+	case known && fresh:
+		return nil
+	case refresh:
+		server, sent, err := read(ctx)
+		c.stateMu.Lock()
+		c.refreshing = false
+		c.stateMu.Unlock()
+		if err == nil {
+			c.Learn(server, sent)
+		}
+		return nil
+	case known:
+		return nil // another caller refreshes it
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stateMu.Lock()
+	known = !c.readAt.IsZero()
+	c.stateMu.Unlock()
+	if known {
+		return nil
+	}
+	server, sent, err := read(ctx)
+	if err != nil {
+		return err
+	}
+	c.Learn(server, sent)
+	return nil
+}
+
+// NotAfter is the moment, on the server's clock, after which a call that
+// ends at deadline on this node comes too late (in UTC); nil, no bound,
+// when the server's clock is not known or the call has no deadline.
+func (c *ServerClock) NotAfter(deadline time.Time, ok bool) any {
+	c.stateMu.Lock()
+	ahead, known := c.ahead, c.known
+	c.stateMu.Unlock()
+	if !ok || !known {
+		return nil
+	}
+	return deadline.Add(ClockMargin + ahead).UTC()
+}
+
+// Fill returns args with SendDeadline replaced by the end of the call ctx
+// bounds, on the server's clock (NotAfter); args itself is left as it is,
+// since a statement may be sent again. Statements without it come back
+// unchanged.
+func (c *ServerClock) Fill(ctx context.Context, args []any) []any {
+	for i, a := range args {
+		if _, ok := a.(sendDeadline); ok {
+			out := make([]any, len(args))
+			copy(out, args)
+			out[i] = c.NotAfter(ctx.Deadline())
+			return out
+		}
+	}
+	return args
+}

@@ -1,0 +1,152 @@
+package sqltest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// LateReserveWritesNothing checks s, a store reaching its server through
+// proxy with a statement timeout of timeout: a Reserve held up on its way
+// to the server (a partition that drops packets, after which the kernel
+// delivers what it had accepted, even from a socket its caller closed)
+// must not create a record once its caller has given up. The server's
+// statement timeout counts from when the statement arrives, so it did: the
+// handler's undo of the lost Reserve had ended by then (ErrNotOwner after
+// the settle window), the record stayed in flight and then abandoned, and
+// every retry of a key whose request never reached the catalog heard
+// "unknown" for the record's TTL. direct reads the same records without
+// the proxy. The proxy stands in for the partition: a test cannot count on
+// a network namespace (see HoldNext).
+func LateReserveWritesNothing(t *testing.T, s, direct stores.Store, proxy *Proxy, timeout time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	// A connection in the pool with the statement prepared: the held
+	// write is the one that executes it, as on a busy node.
+	if _, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
+		t.Fatal(err)
+	}
+
+	key := storetest.NewKey(t)
+	delivered := proxy.HoldNext([]byte(key), timeout+sqlstore.ClockMargin+time.Second)
+	if _, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err == nil {
+		t.Fatal("a Reserve held up on its way succeeded")
+	}
+	select {
+	case <-delivered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the held Reserve was never delivered")
+	}
+	time.Sleep(200 * time.Millisecond) // for the server to run it
+	rec, err := direct.Load(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec != nil {
+		t.Fatalf("a Reserve that reached the server after its caller gave up left a record: %s, owner %q", rec.State, rec.Owner)
+	}
+
+	// One on time still reserves.
+	if res, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err != nil || !res.Reserved {
+		t.Fatalf("Reserve on time: %+v, %v", res, err)
+	}
+}
+
+// LateRefusal checks err, the answer to a call the server ran after the
+// end of its call: nothing was written, and the handler must neither undo
+// it nor take it for final (not sent, transient), as Redis's answer to a
+// late Reserve.
+func LateRefusal(t *testing.T, what string, err error) {
+	t.Helper()
+	switch {
+	case err == nil:
+		t.Fatalf("%s run after the end of its call succeeded", what)
+	case !stores.NotSent(err) || !sqlstore.IsTransient(err):
+		t.Fatalf("%s run after the end of its call: not marked not sent and transient: %v", what, err)
+	case errors.Is(err, stores.ErrNotOwner):
+		t.Fatalf("%s run after the end of its call: %v", what, err)
+	}
+}
+
+// ClockSteppedBack checks s, whose reading of the server's clock
+// stepBack makes an hour early (as if this node's clock had jumped forward,
+// or the server's back, by that much since it was read): every statement
+// that creates a reservation then reaches the server after the end of its
+// call on the server's clock. Reserve and TakeOver must write nothing and
+// say so (LateRefusal); the store then reads the clock again, and the next
+// call goes through.
+func ClockSteppedBack(t *testing.T, s stores.Store, stepBack func()) {
+	t.Helper()
+	ctx := context.Background()
+
+	key := storetest.NewKey(t)
+	stepBack()
+	_, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
+	LateRefusal(t, "Reserve", err)
+	if rec, err := s.Load(ctx, key); err != nil || rec != nil {
+		t.Fatalf("a Reserve refused as late left %+v, %v", rec, err)
+	}
+	if res, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err != nil || !res.Reserved {
+		t.Fatalf("Reserve after the clock was read again: %+v, %v", res, err)
+	}
+
+	// An abandoned record: its lease lapsed.
+	old := storetest.Reservation(storetest.NewKey(t), 50*time.Millisecond, storetest.Long)
+	if res, err := s.Reserve(ctx, old); err != nil || !res.Reserved {
+		t.Fatalf("Reserve: %+v, %v", res, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	stepBack()
+	_, err = s.TakeOver(ctx, old.Key, old.Owner, "new-owner", storetest.Long, storetest.Long)
+	LateRefusal(t, "TakeOver", err)
+	if rec, err := s.Load(ctx, old.Key); err != nil || rec == nil || rec.Owner != old.Owner || !rec.Abandoned {
+		t.Fatalf("a TakeOver refused as late changed the record: %+v, %v", rec, err)
+	}
+	if ok, err := s.TakeOver(ctx, old.Key, old.Owner, "new-owner", storetest.Long, storetest.Long); err != nil || !ok {
+		t.Fatalf("TakeOver after the clock was read again: %v, %v", ok, err)
+	}
+}
+
+// LateBatchWritesNothing checks a store that combines writes (rig), whose
+// reading of the server's clock stepBack makes an hour early: a combined
+// batch of reservations that reaches the server after the end of its call
+// commits none of them, and each comes back refused (LateRefusal); the
+// next reservations go through.
+func LateBatchWritesNothing(t *testing.T, rig CombineRig, stepBack func()) {
+	t.Helper()
+	ctx := context.Background()
+	rs, keys := reservations(t, 4)
+	release := rig.Block(t)
+	rig.WaitState(t, 0, 1)
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Go(func() { _, errs[i] = rig.Store.Reserve(ctx, r) })
+	}
+	rig.WaitState(t, len(rs), 1)
+	// The batch is built and sent once the slot is given back, after the
+	// clock reading was set back.
+	stepBack()
+	release()
+	wg.Wait()
+	rig.WaitState(t, 0, 0)
+	for i, err := range errs {
+		LateRefusal(t, "a combined Reserve of "+keys[i], err)
+	}
+	for _, key := range keys {
+		if rec, err := rig.Store.Load(ctx, key); err != nil || rec != nil {
+			t.Fatalf("a combined Reserve refused as late left %+v, %v", rec, err)
+		}
+	}
+	for _, r := range rs {
+		if res, err := rig.Store.Reserve(ctx, r); err != nil || !res.Reserved {
+			t.Fatalf("Reserve after the clock was read again: %+v, %v", res, err)
+		}
+	}
+}
