@@ -84,7 +84,16 @@ const (
 
 // runBatch runs sts as one batch, merged or not; see execTogether.
 func (s *Store) runBatch(sts []sqlstore.Statement[write], merge bool) ([]int64, bool, error) {
-	bq, err := newBatchQuery(s.q, sts, merge)
+	ctx, cancel := s.opCtx(context.Background())
+	defer cancel()
+	// A reservation's bound is the batch's end: its caller waits for the
+	// batch (see sqlstore.Combiner.Exec).
+	bounded := make([]sqlstore.Statement[write], len(sts))
+	for i, st := range sts {
+		st.Args = s.clock.Fill(ctx, st.Args)
+		bounded[i] = st
+	}
+	bq, err := newBatchQuery(s.q, bounded, merge)
 	if err != nil {
 		return nil, true, err
 	}
@@ -92,8 +101,6 @@ func (s *Store) runBatch(sts []sqlstore.Statement[write], merge bool) ([]int64, 
 		return nil, true, errBatchTooLarge
 	}
 
-	ctx, cancel := s.opCtx(context.Background())
-	defer cancel()
 	conn, err := s.batchDB.Conn(ctx)
 	if err != nil {
 		return nil, true, err // nothing sent

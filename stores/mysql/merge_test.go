@@ -26,7 +26,7 @@ func batchOf(q queries, fresh, finals, others []string) []sqlstore.Statement[wri
 	var sts []sqlstore.Statement[write]
 	for _, k := range fresh {
 		sts = append(sts, sqlstore.Statement[write]{Key: k, Stmt: write{sql: q.reserveFresh, merge: mergeInsert},
-			Args: []any{k, "op", "/p", "principal", "fingerprint", "owner-" + k, int64(1), int64(2)}})
+			Args: []any{k, "op", "/p", "principal", "fingerprint", nil, "owner-" + k, int64(1), int64(2)}})
 	}
 	for _, k := range finals {
 		sts = append(sts, sqlstore.Statement[write]{Key: k, Stmt: write{sql: q.finalize, merge: mergeFinalize},
@@ -34,7 +34,7 @@ func batchOf(q queries, fresh, finals, others []string) []sqlstore.Statement[wri
 	}
 	for _, k := range others {
 		sts = append(sts, sqlstore.Statement[write]{Key: k, Stmt: write{sql: q.reserve},
-			Args: []any{k, "op", "/p", "principal", "fingerprint", "owner-" + k, int64(1), int64(2)}})
+			Args: []any{k, "op", "/p", "principal", "fingerprint", nil, "owner-" + k, int64(1), int64(2)}})
 	}
 	slices.SortStableFunc(sts, func(a, b sqlstore.Statement[write]) int { return strings.Compare(a.Key, b.Key) })
 	return sts
@@ -58,15 +58,16 @@ func TestBatchQueryMergesEachKind(t *testing.T) {
 	if got, want := strings.Count(text, "?"), len(bq.args); got != want {
 		t.Errorf("%d placeholders for %d arguments", got, want)
 	}
-	// START, INSERT of 3, UPDATE of 3, its guard, the other INSERT, COMMIT.
-	out, err := bq.outcomes([]int64{0, 3, 3, 0, 2, 0})
+	// START, the INSERT's bound, INSERT of 3, UPDATE of 3, its guard, the
+	// other INSERT, COMMIT.
+	out, err := bq.outcomes([]int64{0, 1, 3, 3, 0, 2, 0})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := []int64{1, 1, 1, 1, 1, 1, 2}; !slices.Equal(out, want) {
 		t.Errorf("outcomes %v, want %v", out, want)
 	}
-	for _, rows := range [][]int64{{0, 2, 3, 0, 2, 0}, {0, 3, 2, 0, 2, 0}, {0, 3, 3, 0, 2}} {
+	for _, rows := range [][]int64{{0, 1, 2, 3, 0, 2, 0}, {0, 1, 3, 2, 0, 2, 0}, {0, 1, 3, 3, 0, 2}} {
 		if _, err := bq.outcomes(rows); err == nil {
 			t.Errorf("outcomes(%v) reported no error", rows)
 		}
@@ -234,7 +235,7 @@ func TestBatchWithUpsertOverExpiredRow(t *testing.T) {
 	ctx := context.Background()
 	expired := insertExpired(t, admin(t), cfg.Table)
 	reserveArgs := func(r stores.Reservation) []any {
-		return []any{r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())}
+		return []any{r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, sqlstore.SendDeadline, r.Owner, sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL())}
 	}
 	var sts []sqlstore.Statement[write]
 	var fresh, owned []stores.Reservation

@@ -27,14 +27,38 @@ func ifExpired(col string) string {
 	return fmt.Sprintf("%[1]s = IF(expires_at <= UTC_TIMESTAMP(6), VALUES(%[1]s), %[1]s)", col)
 }
 
+// inTime is true as long as the statement runs no later than its
+// argument, a moment on the database's clock (NULL: no bound); after it,
+// the statement fails with "BIGINT UNSIGNED value is out of range" (1690,
+// which lateRefusal recognises): the largest unsigned BIGINT plus the
+// microseconds past the bound overflows, which the server refuses whatever
+// the sql_mode. A refused statement writes nothing and ends a combined
+// batch before its COMMIT, as any other. UTC_TIMESTAMP(6) is constant
+// within a statement, read as it starts: when it arrives, or when a batch
+// reaches it. A reservation (and a takeover) carries the end of the call
+// that sends it (see sqlstore.SendDeadline). (A scalar subquery on a
+// two-row derived table, refused for its second row, cost a combined
+// batch a fifth of its throughput on MariaDB, once per row.)
+const inTime = "COALESCE(18446744073709551615 + TIMESTAMPDIFF(MICROSECOND, ?, UTC_TIMESTAMP(6)), 1) > 0"
+
+// reserveState is a reservation's state, bounded by inTime.
+const reserveState = "IF(" + inTime + ", 'in_flight', NULL)"
+
 // reserveCols and reserveValues insert a reservation; lease and TTL arrive
-// as microseconds.
+// as microseconds. The arguments: key, operation, path, principal,
+// fingerprint, reserveState's bound (at reserveBoundArg), owner, lease,
+// TTL.
 const (
-	reserveCols = "(`key`, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)"
-	reserveRow  = `(?, ?, ?, ?, ?, 'in_flight', ?,
-	UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6),
-	UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)`
+	reserveCols   = "(`key`, operation, path, principal, fingerprint, state, owner, lease_until, created_at, expires_at)"
+	reserveRow    = `(?, ?, ?, ?, ?, ` + reserveState + `, ?,` + reserveTimes
 	reserveValues = "VALUES " + reserveRow
+	// mergedRow is reserveRow without the bound, for the rows of a
+	// merged INSERT, which its batch bounds once (see batchQuery): in a
+	// batch, sent as text, MariaDB parses and resolves each row's
+	// expressions again, and one guard per row cost throughput.
+	mergedRow       = `(?, ?, ?, ?, ?, 'in_flight', ?,` + reserveTimes
+	reserveTimes    = "\n\tUTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6),\n\tUTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)"
+	reserveBoundArg = 5
 )
 
 // Finalize's statement, alone or merged (batchQuery): what it sets on every
@@ -124,8 +148,10 @@ func newQueries(table string) queries {
 
 		// Compare and swap on the owner and the lapsed lease; the UPDATE
 		// reads the newest committed row under its lock, so of concurrent
-		// takeovers only the first matches.
-		takeOver: fmt.Sprintf("UPDATE %s SET owner = ?, lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,\n"+
+		// takeovers only the first matches. Bounded by the end of its call
+		// as a reservation is (the first argument): a takeover run after
+		// it fails instead of writing a lease nobody renews.
+		takeOver: fmt.Sprintf("UPDATE %s SET owner = IF("+inTime+", ?, NULL), lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,\n"+
 			"expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)\n"+
 			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6) AND lease_until <= UTC_TIMESTAMP(6)", table),
 

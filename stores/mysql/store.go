@@ -61,6 +61,10 @@ type Store struct {
 	kills       sync.WaitGroup
 	q           queries
 
+	// clock bounds Reserve's and TakeOver's statements on the server's
+	// clock (see sqlstore.SendDeadline and syncClock).
+	clock sqlstore.ServerClock
+
 	closeOnce sync.Once
 }
 
@@ -203,6 +207,9 @@ func (s *Store) firstContact(ctx context.Context) error {
 		}
 		s.migrated = true
 	}
+	if err := s.syncClock(ctx); err != nil {
+		return err
+	}
 	q := s.q
 	for _, p := range []struct {
 		dst **sql.Stmt
@@ -320,7 +327,7 @@ func (s *Store) retry(ctx context.Context, op string, once func(context.Context)
 func (s *Store) execOnce(ctx context.Context, stmt *sql.Stmt, args ...any) (int64, error) {
 	ctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	args, handed := withHandOff(args)
+	args, handed := withHandOff(s.clock.Fill(ctx, args))
 	res, err := stmt.ExecContext(ctx, args...)
 	if err != nil {
 		if !handed() {
@@ -343,14 +350,20 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if err := s.ready(ctx); err != nil {
 		return stores.ReserveResult{}, err
 	}
+	if err := s.syncClock(ctx); err != nil {
+		return stores.ReserveResult{}, err
+	}
 	w := write{s.stmts.reserveFresh, s.q.reserveFresh, mergeInsert}
 	for range maxAttempts {
+		var late bool
 		n, err := s.retry(ctx, "reserve", func(ctx context.Context) (int64, error) {
-			return s.writeOnce(ctx, r.Key, w, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
+			n, err := s.writeOnce(ctx, r.Key, w, r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, sqlstore.SendDeadline, r.Owner,
 				sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL()))
+			late = lateRefusal(err)
+			return n, err
 		})
 		if err != nil {
-			return stores.ReserveResult{}, err
+			return stores.ReserveResult{}, s.lateError(late, err)
 		}
 		if n > 0 { // 1: inserted, 2: an expired row overwritten
 			return stores.ReserveResult{Reserved: true}, nil
@@ -515,9 +528,20 @@ func (s *Store) confirmOwned(ctx context.Context, op, key, owner string) error {
 // TakeOver implements stores.Store. The row always changes when it matches
 // (a new owner, or a lease moved from the past into the future).
 func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
-	n, err := s.exec(ctx, "take over", &s.stmts.takeOver, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, oldOwner)
-	if err != nil {
+	if err := s.ready(ctx); err != nil {
 		return false, err
+	}
+	if err := s.syncClock(ctx); err != nil {
+		return false, err
+	}
+	var late bool
+	n, err := s.retry(ctx, "take over", func(ctx context.Context) (int64, error) {
+		n, err := s.execOnce(ctx, s.stmts.takeOver, sqlstore.SendDeadline, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, oldOwner)
+		late = lateRefusal(err)
+		return n, err
+	})
+	if err != nil {
+		return false, s.lateError(late, err)
 	}
 	if n == 1 {
 		s.wakers.Wake(key)
