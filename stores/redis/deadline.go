@@ -12,8 +12,10 @@ import (
 )
 
 // A Reserve whose caller gave up must not create a record long afterwards
-// (stores.Store: a store bounds each call itself). The SQL stores have the
-// server's statement_timeout for that; Redis has no such bound: a script
+// (stores.Store: a store bounds each call itself). Redis has no statement
+// timeout, and a server's timeout would not bound it either (the SQL
+// stores' statement_timeout counts from when the server has the
+// statement; they bound it as here, see sqlstore.SendDeadline): a script
 // held up in the network (a partition that drops packets, after which the
 // kernel delivers the request it had accepted, even from a socket its
 // caller closed) runs whenever it arrives. Landing after the handler's undo
