@@ -41,22 +41,7 @@ CREATE TRIGGER refuse BEFORE INSERT ON %[1]s FOR EACH ROW EXECUTE FUNCTION %[1]s
 		return sqltest.CombineRig{
 			Store: s,
 			State: s.combined.State,
-			Block: func(t *testing.T) func() {
-				tx, key := holdKey(t, cfg.Table)
-				blocked := make(chan error, 1)
-				go func() {
-					_, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
-					blocked <- err
-				}()
-				return func() {
-					if err := tx.Rollback(ctx); err != nil {
-						t.Fatal(err)
-					}
-					if err := <-blocked; err != nil {
-						t.Fatal(err)
-					}
-				}
-			},
+			Block: blockBatch(s, cfg.Table),
 			// xmin is the transaction that wrote a row's current version.
 			Commits: func(t *testing.T, keys []string) (int, bool) {
 				var n int
@@ -80,4 +65,27 @@ func TestBatchGivenUpDoesNotCommitLater(t *testing.T) {
 		tx, key := holdKey(t, cfg.Table)
 		return key, func() { _ = tx.Rollback(context.Background()) }
 	})
+}
+
+// blockBatch is a CombineRig's Block: a Reserve that waits on a key another
+// transaction holds, keeping s's batch slot busy until the returned func
+// rolls that transaction back.
+func blockBatch(s *Store, table string) func(t *testing.T) func() {
+	return func(t *testing.T) func() {
+		ctx := context.Background()
+		tx, key := holdKey(t, table)
+		blocked := make(chan error, 1)
+		go func() {
+			_, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
+			blocked <- err
+		}()
+		return func() {
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-blocked; err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }

@@ -1,13 +1,11 @@
 package postgres
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
 // TestLateReserveWritesNothing: statement_timeout counts from when the
@@ -40,25 +38,9 @@ func TestClockSteppedBack(t *testing.T) {
 
 func TestLateBatchWritesNothing(t *testing.T) {
 	s, cfg := openStore(t, func(c *Config) { c.CombinedWrites = 1 })
-	ctx := context.Background()
 	sqltest.LateBatchWritesNothing(t, sqltest.CombineRig{
 		Store: s,
 		State: s.combined.State,
-		Block: func(t *testing.T) func() {
-			tx, key := holdKey(t, cfg.Table)
-			blocked := make(chan error, 1)
-			go func() {
-				_, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long))
-				blocked <- err
-			}()
-			return func() {
-				if err := tx.Rollback(ctx); err != nil {
-					t.Fatal(err)
-				}
-				if err := <-blocked; err != nil {
-					t.Fatal(err)
-				}
-			}
-		},
+		Block: blockBatch(s, cfg.Table),
 	}, stepBack(s))
 }

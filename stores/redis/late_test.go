@@ -28,34 +28,9 @@ func TestLateReserveWritesNothing(t *testing.T) {
 		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = timeout, timeout, timeout
 	})
 	direct, _ := openStore(t, func(c *Config) { c.KeyPrefix = cfg.KeyPrefix })
-	ctx := context.Background()
-	if _, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
-		t.Fatal(err)
-	}
-
-	key := storetest.NewKey(t)
-	delivered := late.holdNext([]byte(reserveScript.Hash()), timeout+clockMargin+time.Second)
-	if _, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err == nil {
-		t.Fatal("a Reserve held up on its way succeeded")
-	}
-	select {
-	case <-delivered:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the held Reserve was never delivered")
-	}
-	time.Sleep(200 * time.Millisecond) // for the server to run it
-	rec, err := direct.Load(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec != nil {
-		t.Fatalf("a Reserve that reached the server after its caller gave up left a record: %s, owner %q", rec.State, rec.Owner)
-	}
-
-	// One on time still reserves.
-	if res, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err != nil || !res.Reserved {
-		t.Fatalf("Reserve on time: %+v, %v", res, err)
-	}
+	storetest.LateReserveWritesNothing(t, s, direct, func(string) <-chan struct{} {
+		return late.holdNext([]byte(reserveScript.Hash()), timeout+clockMargin+time.Second)
+	}, 10*time.Second)
 }
 
 // lateProxy forwards to a server, and can hold the next client write that

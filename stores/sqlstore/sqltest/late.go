@@ -12,50 +12,15 @@ import (
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
-// LateReserveWritesNothing checks s, a store reaching its server through
-// proxy with a statement timeout of timeout: a Reserve held up on its way
-// to the server (a partition that drops packets, after which the kernel
-// delivers what it had accepted, even from a socket its caller closed)
-// must not create a record once its caller has given up. The server's
-// statement timeout counts from when the statement arrives, so it did: the
-// handler's undo of the lost Reserve had ended by then (ErrNotOwner after
-// the settle window), the record stayed in flight and then abandoned, and
-// every retry of a key whose request never reached the catalog heard
-// "unknown" for the record's TTL. direct reads the same records without
-// the proxy. The proxy stands in for the partition: a test cannot count on
-// a network namespace (see HoldNext).
+// LateReserveWritesNothing runs storetest.LateReserveWritesNothing on s, a
+// store reaching its server through proxy with a statement timeout of
+// timeout. The server's statement timeout counts from when a statement
+// arrives, so it did not bound one held up on its way there.
 func LateReserveWritesNothing(t *testing.T, s, direct stores.Store, proxy *Proxy, timeout time.Duration) {
 	t.Helper()
-	ctx := context.Background()
-	// A connection in the pool with the statement prepared: the held
-	// write is the one that executes it, as on a busy node.
-	if _, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
-		t.Fatal(err)
-	}
-
-	key := storetest.NewKey(t)
-	delivered := proxy.HoldNext([]byte(key), timeout+sqlstore.ClockMargin+time.Second)
-	if _, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err == nil {
-		t.Fatal("a Reserve held up on its way succeeded")
-	}
-	select {
-	case <-delivered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the held Reserve was never delivered")
-	}
-	time.Sleep(200 * time.Millisecond) // for the server to run it
-	rec, err := direct.Load(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rec != nil {
-		t.Fatalf("a Reserve that reached the server after its caller gave up left a record: %s, owner %q", rec.State, rec.Owner)
-	}
-
-	// One on time still reserves.
-	if res, err := s.Reserve(ctx, storetest.Reservation(key, storetest.Long, storetest.Long)); err != nil || !res.Reserved {
-		t.Fatalf("Reserve on time: %+v, %v", res, err)
-	}
+	storetest.LateReserveWritesNothing(t, s, direct, func(key string) <-chan struct{} {
+		return proxy.HoldNext([]byte(key), timeout+sqlstore.ClockMargin+time.Second)
+	}, 20*time.Second)
 }
 
 // LateRefusal checks err, the answer to a call the server ran after the
