@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
 
 // A write that creates a reservation (Reserve's INSERT, TakeOver's UPDATE)
@@ -42,13 +44,20 @@ var SendDeadline any = sendDeadline{}
 // ServerClock tracks how far the database server's clock is ahead of this
 // node's. The zero value knows nothing yet.
 type ServerClock struct {
-	mu sync.Mutex // held while the clock is read for lack of a reading
 	// state, under stateMu.
 	stateMu    sync.Mutex
 	ahead      time.Duration // upper bound of the server's clock minus this node's
 	known      bool          // ahead was measured once
 	readAt     time.Time     // when ahead was measured; zero: to be read before the next call
 	refreshing bool
+	reading    *clockRead // the read under way for lack of a reading; nil: none
+}
+
+// clockRead is one read of the server's clock that callers without a
+// reading share: err is set before done is closed.
+type clockRead struct {
+	done chan struct{}
+	err  error
 }
 
 // Learn records the server time server that a call sent at sent read: its
@@ -73,10 +82,13 @@ func (c *ServerClock) Forget() {
 
 // Sync reads the server's clock with read when no reading is known, or
 // when the known one is older than ClockMaxAge. Without a reading, the
-// callers wait for one read (each under its own ctx in read) and its error
-// is theirs: a statement must not go out unbounded. An old reading is
-// refreshed by one caller at a time; the others, and that caller if the
-// read fails, go on with it.
+// callers share one read (under the ctx of the caller that started it) and
+// its error is theirs: a statement must not go out unbounded. (Each
+// reading in turn, they waited a read's timeout per caller ahead of them
+// while the server did not answer; the handler's Reserve has no deadline
+// of its own.) A caller whose ctx ends while it waits gives up, with
+// nothing sent. An old reading is refreshed by one caller at a time; the
+// others, and that caller if the read fails, go on with it.
 func (c *ServerClock) Sync(ctx context.Context, read func(ctx context.Context) (server, sent time.Time, err error)) error {
 	c.stateMu.Lock()
 	known, fresh := !c.readAt.IsZero(), time.Since(c.readAt) < ClockMaxAge
@@ -100,20 +112,33 @@ func (c *ServerClock) Sync(ctx context.Context, read func(ctx context.Context) (
 	case known:
 		return nil // another caller refreshes it
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	c.stateMu.Lock()
-	known = !c.readAt.IsZero()
-	c.stateMu.Unlock()
-	if known {
+	if !c.readAt.IsZero() {
+		c.stateMu.Unlock()
 		return nil
 	}
-	server, sent, err := read(ctx)
-	if err != nil {
-		return err
+	if r := c.reading; r != nil {
+		c.stateMu.Unlock()
+		select {
+		case <-r.done:
+			return r.err
+		case <-ctx.Done():
+			return stores.MarkNotSent(ctx.Err())
+		}
 	}
-	c.Learn(server, sent)
-	return nil
+	r := &clockRead{done: make(chan struct{})}
+	c.reading = r
+	c.stateMu.Unlock()
+	server, sent, err := read(ctx)
+	if err == nil {
+		c.Learn(server, sent)
+	}
+	c.stateMu.Lock()
+	c.reading = nil
+	c.stateMu.Unlock()
+	r.err = err
+	close(r.done)
+	return err
 }
 
 // NotAfter is the moment, on the server's clock, after which a call that
