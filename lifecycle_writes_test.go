@@ -210,9 +210,11 @@ func TestClientLeavingDuringTakeOver(t *testing.T) {
 }
 
 // A SQL store's statements may commit up to about twice its statement
-// timeout after a failed call (see writeSettler), so the undo of a lost
-// reservation keeps trying at least that long: a store configured with a
-// long statement_timeout lengthens the settle window, the default keeps it.
+// timeout after a failed call (see writeSettler), plus the second a
+// Reserve or TakeOver may arrive after its call's end, so the undo of a
+// lost reservation keeps trying at least that long: a store configured
+// with a long statement_timeout lengthens the settle window, and the
+// default (5 s) now does too, by that second.
 func TestSettleWindowFollowsStatementTimeout(t *testing.T) {
 	long := SQLStoreConfig{DSN: "nobody@tcp(127.0.0.1:1)/none", StatementTimeout: caddy.Duration(30 * time.Second)}
 	for _, c := range []struct {
@@ -220,13 +222,18 @@ func TestSettleWindowFollowsStatementTimeout(t *testing.T) {
 		want     time.Duration
 	}{
 		{&MemoryStore{}, defaultSettleWindow},
-		{&PostgresStore{SQLStoreConfig: SQLStoreConfig{DSN: "postgres://nobody@127.0.0.1:1/none"}}, defaultSettleWindow},
-		{&PostgresStore{SQLStoreConfig: long}, time.Minute},
-		{&MySQLStore{SQLStoreConfig: long}, time.Minute},
+		{&PostgresStore{SQLStoreConfig: SQLStoreConfig{DSN: "postgres://nobody@127.0.0.1:1/none"}}, 11 * time.Second},
+		{&PostgresStore{SQLStoreConfig: long}, 61 * time.Second},
+		{&MySQLStore{SQLStoreConfig: long}, 61 * time.Second},
 		// A DSN's own innodb_lock_wait_timeout is kept, and a statement
 		// may wait that long for a row lock on the server, then commit:
 		// the window used to stay at 10 s with 50 here.
-		{&MySQLStore{SQLStoreConfig: SQLStoreConfig{DSN: "nobody@tcp(127.0.0.1:1)/none?innodb_lock_wait_timeout=50"}}, 55 * time.Second},
+		{&MySQLStore{SQLStoreConfig: SQLStoreConfig{DSN: "nobody@tcp(127.0.0.1:1)/none?innodb_lock_wait_timeout=50"}}, 56 * time.Second},
+		// A TakeOver held on its way until just before its bound (0.95 s
+		// after its caller's failure at 500 ms), then 11.8 s on a row
+		// lock, committed 12.80 s after the failure: the window was 12.5 s.
+		{&MySQLStore{SQLStoreConfig: SQLStoreConfig{DSN: "nobody@tcp(127.0.0.1:1)/none?innodb_lock_wait_timeout=12",
+			StatementTimeout: caddy.Duration(500 * time.Millisecond)}}, 13500 * time.Millisecond},
 	} {
 		if err := c.provider.(caddy.Provisioner).Provision(newCaddyContext(t)); err != nil {
 			t.Fatal(err)

@@ -87,10 +87,12 @@ func (c *SQLStoreConfig) statementTimeout() time.Duration {
 
 // writeSettle is how long after a failed call a statement of this store
 // may still commit: the statement timeout bounds it on the server too, once
-// the statement arrived, and it arrived within one statement timeout of the
-// call. See Handler.settleWindow.
+// the statement arrived, and a Reserve or TakeOver arrives no later than
+// the end of its call plus sqlstore.ClockMargin on the server's clock,
+// whose reading may overstate the server's lead by up to one statement
+// timeout (the read's own). See Handler.settleWindow.
 func (c *SQLStoreConfig) writeSettle() time.Duration {
-	return 2 * c.statementTimeout()
+	return 2*c.statementTimeout() + sqlstore.ClockMargin
 }
 
 // provision expands the DSN and applies the defaults of the options a Go
@@ -406,9 +408,9 @@ func (m *MySQLStore) Provision(caddy.Context) error {
 
 // writeSettle implements writeSettler: a statement may also wait for a row
 // lock on the server as long as the DSN's own innodb_lock_wait_timeout, and
-// commit then.
+// commit then, having arrived as late as SQLStoreConfig.writeSettle says.
 func (m *MySQLStore) writeSettle() time.Duration {
-	return max(m.SQLStoreConfig.writeSettle(), m.cfg.ServerLockWait()+m.statementTimeout())
+	return max(m.SQLStoreConfig.writeSettle(), m.cfg.ServerLockWait()+m.statementTimeout()+sqlstore.ClockMargin)
 }
 
 // StoreKey implements StoreProvider.
