@@ -44,16 +44,14 @@ var SendDeadline any = sendDeadline{}
 // ServerClock tracks how far the database server's clock is ahead of this
 // node's. The zero value knows nothing yet.
 type ServerClock struct {
-	// state, under stateMu.
-	stateMu    sync.Mutex
-	ahead      time.Duration // upper bound of the server's clock minus this node's
-	known      bool          // ahead was measured once
-	readAt     time.Time     // when ahead was measured; zero: to be read before the next call
-	refreshing bool
-	reading    *clockRead // the read under way for lack of a reading; nil: none
+	mu      sync.Mutex
+	ahead   time.Duration // upper bound of the server's clock minus this node's
+	known   bool          // ahead was measured once
+	readAt  time.Time     // when ahead was measured; zero: to be read before the next call
+	reading *clockRead    // the read under way, a refresh or for lack of a reading; nil: none
 }
 
-// clockRead is one read of the server's clock that callers without a
+// clockRead is one read of the server's clock, which callers without a
 // reading share: err is set before done is closed.
 type clockRead struct {
 	done chan struct{}
@@ -65,8 +63,8 @@ type clockRead struct {
 // took some time to get there), so that a bound drawn from it never comes
 // early for a live call.
 func (c *ServerClock) Learn(server, sent time.Time) {
-	c.stateMu.Lock()
-	defer c.stateMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.ahead, c.known, c.readAt = server.Sub(sent), true, time.Now()
 }
 
@@ -75,8 +73,8 @@ func (c *ServerClock) Learn(server, sent time.Time) {
 // it before its call goes; calls already on their way keep the old one
 // (never none: a statement must not go out unbounded).
 func (c *ServerClock) Forget() {
-	c.stateMu.Lock()
-	defer c.stateMu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.readAt = time.Time{}
 }
 
@@ -88,37 +86,23 @@ func (c *ServerClock) Forget() {
 // while the server did not answer; the handler's Reserve has no deadline
 // of its own.) A caller whose ctx ends while it waits gives up, with
 // nothing sent. An old reading is refreshed by one caller at a time; the
-// others, and that caller if the read fails, go on with it.
+// others, and that caller if the read fails, go on with it (callers that
+// a refusal left without a reading meanwhile share the refresh).
 func (c *ServerClock) Sync(ctx context.Context, read func(ctx context.Context) (server, sent time.Time, err error)) error {
-	c.stateMu.Lock()
-	known, fresh := !c.readAt.IsZero(), time.Since(c.readAt) < ClockMaxAge
-	refresh := known && !fresh && !c.refreshing
-	if refresh {
-		c.refreshing = true
-	}
-	c.stateMu.Unlock()
-	switch {
-	case known && fresh:
-		return nil
-	case refresh:
-		server, sent, err := read(ctx)
-		c.stateMu.Lock()
-		c.refreshing = false
-		c.stateMu.Unlock()
-		if err == nil {
-			c.Learn(server, sent)
-		}
-		return nil
-	case known:
-		return nil // another caller refreshes it
-	}
-	c.stateMu.Lock()
+	c.mu.Lock()
 	if !c.readAt.IsZero() {
-		c.stateMu.Unlock()
+		var refresh *clockRead
+		if time.Since(c.readAt) >= ClockMaxAge && c.reading == nil {
+			refresh = c.startRead()
+		}
+		c.mu.Unlock()
+		if refresh != nil {
+			_ = c.runRead(ctx, refresh, read) // on failure, the old reading serves
+		}
 		return nil
 	}
 	if r := c.reading; r != nil {
-		c.stateMu.Unlock()
+		c.mu.Unlock()
 		select {
 		case <-r.done:
 			return r.err
@@ -126,16 +110,27 @@ func (c *ServerClock) Sync(ctx context.Context, read func(ctx context.Context) (
 			return stores.MarkNotSent(ctx.Err())
 		}
 	}
-	r := &clockRead{done: make(chan struct{})}
-	c.reading = r
-	c.stateMu.Unlock()
+	r := c.startRead()
+	c.mu.Unlock()
+	return c.runRead(ctx, r, read)
+}
+
+// startRead notes a read under way; c.mu is held.
+func (c *ServerClock) startRead() *clockRead {
+	c.reading = &clockRead{done: make(chan struct{})}
+	return c.reading
+}
+
+// runRead reads the server's clock for r, learns it, and hands its outcome
+// to the callers waiting for r.
+func (c *ServerClock) runRead(ctx context.Context, r *clockRead, read func(ctx context.Context) (server, sent time.Time, err error)) error {
 	server, sent, err := read(ctx)
 	if err == nil {
 		c.Learn(server, sent)
 	}
-	c.stateMu.Lock()
+	c.mu.Lock()
 	c.reading = nil
-	c.stateMu.Unlock()
+	c.mu.Unlock()
 	r.err = err
 	close(r.done)
 	return err
@@ -145,9 +140,9 @@ func (c *ServerClock) Sync(ctx context.Context, read func(ctx context.Context) (
 // ends at deadline on this node comes too late (in UTC); nil, no bound,
 // when the server's clock is not known or the call has no deadline.
 func (c *ServerClock) NotAfter(deadline time.Time, ok bool) any {
-	c.stateMu.Lock()
+	c.mu.Lock()
 	ahead, known := c.ahead, c.known
-	c.stateMu.Unlock()
+	c.mu.Unlock()
 	if !ok || !known {
 		return nil
 	}
