@@ -27,10 +27,11 @@ import (
 // POST. Either way a keyed retry executes again.
 func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	for name, srv := range app.Servers {
-		found := map[string]bool{}
+		found, guarded := map[string]bool{}, map[string]bool{}
 		walk := func(routes caddyhttp.RouteList) {
 			w := bypassWalk{named: srv.NamedRoutes}
 			w.walkReach(routes, reach{unguarded: true})
+			maps.Copy(guarded, w.guardedAny)
 			for dial := range w.guardedUnderMatcher {
 				if w.unguarded[dial] {
 					found[dial] = true
@@ -71,6 +72,9 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 			}
 		}
 		walk(through)
+		if srv.Errors != nil {
+			walk(srv.Errors.Routes)
+		}
 		if len(found) > 0 {
 			shared := slices.Sorted(maps.Keys(found))
 			logger.Warn("iceberg_idempotency guards an upstream only for the requests a path or method matcher gives it, and "+
@@ -80,6 +84,32 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 				"so a keyed retry of such a request executes again. Put the directive at the site level, with no matcher "+
 				"(with base_path for a prefix; it passes reads by itself)",
 				zap.String("server", name), zap.Strings("upstreams", shared))
+		}
+		if srv.Errors == nil {
+			continue
+		}
+		// The error routes (handle_errors) run with the request a handler
+		// failed: one after the directive (which released the key), one
+		// before it, or a handle_response route that turned the
+		// catalog's 429 into an error. A reverse_proxy there to an
+		// upstream the directive guards sends a keyed mutation to it
+		// unguarded, and its retry, guarded again, executes once more.
+		w := bypassWalk{named: srv.NamedRoutes}
+		w.walkReach(srv.Errors.Routes, reach{unguarded: true})
+		var exposed []string
+		for dial := range w.unguarded {
+			if guarded[dial] {
+				exposed = append(exposed, dial)
+			}
+		}
+		if len(exposed) > 0 {
+			slices.Sort(exposed)
+			logger.Warn("iceberg_idempotency guards an upstream that a reverse_proxy in handle_errors reaches unguarded: "+
+				"a keyed request whose handler failed (a handler after the directive, which released its key, one before it, "+
+				"or a handle_response route that turned the catalog's answer into an error) is sent to the catalog there "+
+				"with no guard, and its retry executes again. Put iceberg_idempotency in the handle_errors block too, "+
+				"before its reverse_proxy",
+				zap.String("server", name), zap.Strings("upstreams", exposed))
 		}
 	}
 }

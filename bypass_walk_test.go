@@ -25,7 +25,10 @@ import (
 // X-HTTP-Method-Override: POST), a route under a matcher beside a guarded
 // catch-all, a reverse_proxy with handle_response, and a site with a path
 // (":8089/v1/*") beside a site without; until the build after 4990b37, a
-// vars or vars_regexp matcher on the method or path ("vars {method} POST").
+// vars or vars_regexp matcher on the method or path ("vars {method} POST");
+// until the build after 3c21e19, a reverse_proxy in handle_errors to the
+// guarded catalog, which takes a keyed request whose handler failed there
+// unguarded.
 func TestBypassableHandlersWalk(t *testing.T) {
 	for _, tt := range []struct {
 		name, caddyfile string
@@ -66,6 +69,13 @@ func TestBypassableHandlersWalk(t *testing.T) {
 		{"read replica + site level", ":8089 {\n\ticeberg_idempotency\n\t@reads method GET HEAD\n\thandle @reads {\n\t\treverse_proxy 127.0.0.1:3\n\t}\n\thandle {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
 		{"read replica + guard in catch-all", ":8089 {\n\t@reads method GET HEAD\n\thandle @reads {\n\t\treverse_proxy 127.0.0.1:3\n\t}\n\thandle {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
 		{"health respond + site level", ":8089 {\n\thandle /healthz {\n\t\trespond 200\n\t}\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"handle_errors to the guarded catalog", ":8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"handle_errors 4xx rewrites to the guarded catalog", ":8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n\thandle_errors 4xx {\n\t\trewrite * /v1/config\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		{"handle_errors invokes the guarded catalog's named route", "&(cat) {\n\treverse_proxy 127.0.0.1:2\n}\n:8089 {\n\ticeberg_idempotency\n\tinvoke cat\n\thandle_errors {\n\t\tinvoke cat\n\t}\n}\n", true},
+		{"handle_errors guarded by its own directive", ":8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		{"handle_errors to an error page server", ":8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:3\n\t}\n}\n", false},
+		{"handle_errors sends its own GET to the catalog", ":8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:2 {\n\t\t\tmethod GET\n\t\t}\n\t}\n}\n", false},
+		{"handle_errors to a catalog nothing guards", ":8089 {\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
 		{"dynamic/no upstreams", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy {\n\t\t\tdynamic a example.com\n\t\t}\n\t}\n\thandle {\n\t\treverse_proxy\n\t}\n}\n", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1116,6 +1116,40 @@ func TestCoreGuardUnderAPathMatcherIsWarnedOf(t *testing.T) {
 	}
 }
 
+// A reverse_proxy in handle_errors to the catalog the directive guards:
+// handle_errors runs with the keyed request a handler failed (here a
+// handle_response route that turns the catalog's 429 into an error, which
+// releases the key), and sends it to the catalog unguarded. Measured on
+// the build before this test (3c21e19): a keyed createNamespace answered
+// 429 then 200 executed twice (once from handle_errors, once on its
+// retry), with no warning. Now it is warned of at start; a handle_errors
+// with its own directive, or to another upstream, is not.
+func TestCoreReverseProxyInHandleErrorsIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	const warning = "a reverse_proxy in handle_errors reaches unguarded"
+	b := caddyproc.NewBackend(t)
+	other := caddyproc.NewBackend(t)
+	toError := "reverse_proxy " + b.Addr() + " {\n@busy status 429\nhandle_response @busy {\nerror \"busy\" 429\n}\n}\n"
+	for _, tt := range []struct {
+		name, site string
+		warned     bool
+	}{
+		{"handle_errors to the catalog", "iceberg_idempotency\n" + toError + "handle_errors {\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"handle_errors 4xx rewrites to the catalog", "iceberg_idempotency\n" + toError + "handle_errors 4xx {\nrewrite * /v1/config\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"handle_errors with its own directive", "iceberg_idempotency\n" + toError + "handle_errors {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}", false},
+		{"handle_errors to another upstream", "iceberg_idempotency\n" + toError + "handle_errors {\nreverse_proxy " + other.Addr() + "\n}", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := caddyproc.Start(t, caddyproc.Caddyfile("", tt.site))
+			waitForLog(t, c, "serving initial configuration")
+			if warned := strings.Contains(c.Logs(), warning); warned != tt.warned {
+				t.Fatalf("warned %v, want %v; logs:\n%s", warned, tt.warned, c.Logs())
+			}
+		})
+	}
+}
+
 // A method as a Javalin catalog (Apache Amoro) reads it: upper-cased, or
 // taken from X-HTTP-Method-Override. A site-level directive guards both
 // spellings of a commit, where a "method POST" matcher around it misses
