@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -87,6 +88,28 @@ func TestStoreKeyHidesThePassword(t *testing.T) {
 		storeKeySalt = saved
 		if guessed == key {
 			t.Fatalf("%s: the store key %s can be recomputed from a guessed password", name, key)
+		}
+	}
+}
+
+// A JSON config gets no max_conns that the Caddyfile refuses: past
+// 2147483647 both SQL stores refuse it at provisioning, naming the field.
+// Until the build after 3c21e19 the MySQL store took it from JSON (the
+// bound was the Caddyfile parser's alone).
+func TestSQLStoreJSONMaxConnsBound(t *testing.T) {
+	for _, tt := range []struct {
+		module string
+		store  interface{ Provision(caddy.Context) error }
+	}{
+		{"postgres", &PostgresStore{}},
+		{"mysql", &MySQLStore{}},
+	} {
+		if err := json.Unmarshal([]byte(`{"dsn":"x@tcp(127.0.0.1:1)/db","max_conns":3000000000}`), tt.store); err != nil {
+			t.Fatal(err)
+		}
+		err := tt.store.Provision(newCaddyContext(t))
+		if err == nil || !strings.Contains(err.Error(), "max_conns 3000000000 is more than 2147483647") {
+			t.Errorf("%s: max_conns 3000000000 from JSON: %v, want it refused, naming max_conns and the bound", tt.module, err)
 		}
 	}
 }

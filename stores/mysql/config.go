@@ -6,6 +6,7 @@ package mysql
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
@@ -78,6 +79,13 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxConns < 0 || c.CombinedWrites < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 {
 		return fmt.Errorf("mysql: negative max_conns, combined_writes, timeout or interval")
+	}
+	// The Caddyfile bounds max_conns for both SQL stores (pgx counts a
+	// pool in an int32), and a JSON config must not get what the
+	// Caddyfile cannot. No MySQL/MariaDB pool needs more: a server's
+	// max_connections is at most 100000.
+	if c.MaxConns > math.MaxInt32 {
+		return fmt.Errorf("mysql: max_conns %d is more than %d", c.MaxConns, math.MaxInt32)
 	}
 	if c.MaxConns == 0 {
 		c.MaxConns = DefaultMaxConns
