@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -331,8 +330,14 @@ func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, key string) er
 func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string) error {
 	force := false
 	if vals, given := r.URL.Query()["force"]; given {
-		var err error
-		if force, err = strconv.ParseBool(vals[0]); err != nil {
+		// The spellings the README names: strconv.ParseBool also took
+		// t, T, TRUE, True (and their false ones) until the build after
+		// 3c21e19.
+		switch vals[0] {
+		case "true", "1":
+			force = true
+		case "false", "0":
+		default:
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("force must be true or false, got %q", vals[0])}
 		}
 	}

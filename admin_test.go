@@ -382,8 +382,8 @@ func TestAdminForgetKeepsRecordTakenOverSinceLookup(t *testing.T) {
 }
 
 // Query parameters are checked: a misspelt or unknown one, a force that is
-// no boolean, or one given twice is a 400 that names it, and nothing is
-// forgotten; force=1 is as good as force=true.
+// not one of true, false, 1 and 0, or one given twice is a 400 that names
+// it, and nothing is forgotten; force=1 is as good as force=true.
 func TestAdminQueryParameters(t *testing.T) {
 	mem := newMemory(t)
 	h := adminFixture(t, map[string]stores.Store{"memory": mem})
@@ -397,6 +397,12 @@ func TestAdminQueryParameters(t *testing.T) {
 		{http.MethodDelete, "?force", `force must be true or false, got \"\"`},
 		{http.MethodDelete, "?force=", `force must be true or false, got \"\"`},
 		{http.MethodDelete, "?force=true;x", `invalid semicolon separator in query`},
+		// strconv.ParseBool's other spellings, which the README does not
+		// name, were taken until the build after 3c21e19.
+		{http.MethodDelete, "?force=T", `force must be true or false, got \"T\"`},
+		{http.MethodDelete, "?force=True", `force must be true or false, got \"True\"`},
+		{http.MethodDelete, "?force=TRUE", `force must be true or false, got \"TRUE\"`},
+		{http.MethodDelete, "?force=f", `force must be true or false, got \"f\"`},
 	} {
 		status, body := call(t, h, tt.method, path+tt.query)
 		if status != http.StatusBadRequest || !strings.Contains(string(body), tt.want) {

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/postgres"
 )
 
@@ -40,5 +42,24 @@ func TestSQLStoreDSNPlaceholdersAndKey(t *testing.T) {
 	missing := &MySQLStore{SQLStoreConfig: SQLStoreConfig{DSN: "{env.ICEBERG_TEST_UNSET_DSN}"}}
 	if err := missing.Provision(newCaddyContext(t)); err == nil || !strings.Contains(err.Error(), "dsn is required") {
 		t.Fatalf("empty expanded dsn: %v", err)
+	}
+}
+
+// The switches take on and off, and true and false as the same (a
+// Caddyfile written with them before the README named only on and off keeps
+// loading); anything else is refused, by TestCaddyfileErrors.
+func TestSQLStoreSwitchSpellings(t *testing.T) {
+	for _, tt := range []struct {
+		arg  string
+		want bool
+	}{{"on", true}, {"true", true}, {"off", false}, {"false", false}} {
+		p := &PostgresStore{}
+		d := caddyfile.NewTestDispenser("postgres {\ndsn x\nauto_migrate " + tt.arg + "\nlisten_notify " + tt.arg + "\n}")
+		if err := p.UnmarshalCaddyfile(d); err != nil {
+			t.Fatalf("%s: %v", tt.arg, err)
+		}
+		if *p.AutoMigrate != tt.want || *p.ListenNotify != tt.want {
+			t.Fatalf("%s: auto_migrate %v, listen_notify %v; want %v", tt.arg, *p.AutoMigrate, *p.ListenNotify, tt.want)
+		}
 	}
 }
