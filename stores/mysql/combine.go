@@ -31,7 +31,18 @@ func (s *Store) newCombiner(maxFlushes int) *sqlstore.Combiner[write] {
 	return &sqlstore.Combiner[write]{
 		MaxFlushes: maxFlushes,
 		MaxBatch:   maxCombined,
+		// A batch of one, or one of a batch that rolled back. A batch
+		// refused as late dropped the reading of the server's clock
+		// (runBatch), and its reservations, bounded by the same ends of
+		// their calls, share one new reading before they go: with the old
+		// one each was refused again, and every request of the batch
+		// heard 503 after a clock step.
 		Alone: func(ctx context.Context, st sqlstore.Statement[write]) (int64, error) {
+			if sqlstore.Bounded(st.Args) {
+				if err := s.syncClock(ctx); err != nil {
+					return 0, err
+				}
+			}
 			return s.execOnce(ctx, st.Stmt.stmt, st.Args...)
 		},
 		Together: s.execTogether,
@@ -131,6 +142,11 @@ func (s *Store) runBatch(sts []sqlstore.Statement[write], merge bool) ([]int64, 
 	case errors.As(err, &me):
 		if _, rerr := conn.ExecContext(ctx, "ROLLBACK"); rerr != nil {
 			discard(conn)
+		}
+		if lateRefusal(err) {
+			// Its writes run again alone after a new reading (see
+			// newCombiner), each still bounded by the end of its call.
+			s.clock.Forget()
 		}
 		return nil, true, err
 	}

@@ -38,5 +38,5 @@ func TestClockSteppedBack(t *testing.T) {
 
 func TestLateBatchWritesNothing(t *testing.T) {
 	rig, s, _ := combineRig(t)
-	sqltest.LateBatchWritesNothing(t, rig, stepBack(s))
+	sqltest.LateBatchWritesNothing(t, rig, stepBack(s), s.clock.Reads)
 }

@@ -17,9 +17,24 @@ func (s *Store) newCombiner(maxFlushes int) *sqlstore.Combiner[string] {
 	return &sqlstore.Combiner[string]{
 		MaxFlushes: maxFlushes,
 		MaxBatch:   maxCombined,
-		Alone:      s.execAlone,
+		Alone:      s.execBatchedAlone,
 		Together:   s.execTogether,
 	}
+}
+
+// execBatchedAlone runs a statement of the combiner alone: a batch of one,
+// or one of a batch that rolled back. A batch refused as late dropped the
+// reading of the server's clock (execTogether), and its reservations,
+// bounded by the same ends of their calls, share one new reading before
+// they go: with the old one each was refused again, and every request of
+// the batch heard 503 after a clock step.
+func (s *Store) execBatchedAlone(ctx context.Context, st sqlstore.Statement[string]) (int64, error) {
+	if sqlstore.Bounded(st.Args) {
+		if err := s.syncClock(ctx); err != nil {
+			return 0, err
+		}
+	}
+	return s.execAlone(ctx, st)
 }
 
 func (s *Store) execAlone(ctx context.Context, st sqlstore.Statement[string]) (int64, error) {
@@ -67,6 +82,13 @@ func (s *Store) execTogether(sts []sqlstore.Statement[string]) ([]int64, bool, e
 		err = cerr
 	}
 	if err != nil {
+		if lateRefusal(err) {
+			// The server's clock is not where the reading put it, or
+			// the batch was held up on its way: its writes run again
+			// alone after a new reading (execBatchedAlone), each still
+			// bounded by the end of its call.
+			s.clock.Forget()
+		}
 		var pe *pgconn.PgError
 		return nil, errors.As(err, &pe) && severity(pe) == "ERROR", err
 	}

@@ -42,5 +42,5 @@ func TestLateBatchWritesNothing(t *testing.T) {
 		Store: s,
 		State: s.combined.State,
 		Block: blockBatch(s, cfg.Table),
-	}, stepBack(s))
+	}, stepBack(s), s.clock.Reads)
 }

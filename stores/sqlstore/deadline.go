@@ -49,6 +49,7 @@ type ServerClock struct {
 	known   bool          // ahead was measured once
 	readAt  time.Time     // when ahead was measured; zero: to be read before the next call
 	reading *clockRead    // the read under way, a refresh or for lack of a reading; nil: none
+	reads   int           // reads that succeeded, for tests
 }
 
 // clockRead is one read of the server's clock, which callers without a
@@ -130,10 +131,32 @@ func (c *ServerClock) runRead(ctx context.Context, r *clockRead, read func(ctx c
 	}
 	c.mu.Lock()
 	c.reading = nil
+	if err == nil {
+		c.reads++
+	}
 	c.mu.Unlock()
 	r.err = err
 	close(r.done)
 	return err
+}
+
+// Reads reports how many reads of the server's clock succeeded; tests use
+// it.
+func (c *ServerClock) Reads() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reads
+}
+
+// Bounded reports whether a statement's args carry SendDeadline: a
+// Reserve's or TakeOver's, which the server refuses after its call's end.
+func Bounded(args []any) bool {
+	for _, a := range args {
+		if _, ok := a.(sendDeadline); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // NotAfter is the moment, on the server's clock, after which a call that
