@@ -54,7 +54,8 @@ const (
 // changed) is as expected. A refused statement ends the multi-statement
 // query before its COMMIT, as any other.
 //
-// LIMIT 2 keeps a session's sql_select_limit (a DSN may set it) from
+// LIMIT 2 keeps a session's sql_select_limit (which the store sets to
+// DEFAULT whatever the DSN says: storeSessionVars) from
 // cutting the two rows to one, which would let the guard pass.
 const unmatchedGuard = "SELECT 1 INTO @iceberg_idempotency_unmatched FROM (SELECT 1 AS n UNION ALL SELECT 2) AS two WHERE ROW_COUNT() <> %d LIMIT 2"
 

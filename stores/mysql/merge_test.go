@@ -164,8 +164,10 @@ func TestMergedFinalizeLeavesAnotherOwnersRecord(t *testing.T) {
 	finalizeOneTakenOver(t, r, s, cfg)
 }
 
-// A DSN's sql_select_limit applies to the guard's SELECT too, and must not
-// let it pass.
+// A DSN's sql_select_limit would apply to the guard's SELECT too, and must
+// not let it pass. The store sets sql_select_limit=DEFAULT on its sessions
+// whatever the DSN says (storeSessionVars); the guard's own LIMIT holds
+// without that.
 func TestMergedFinalizeGuardHoldsUnderSelectLimit(t *testing.T) {
 	r, s, cfg := combineRig(t, func(c *Config) {
 		sep := "?"

@@ -199,3 +199,55 @@ func TestTruncatedGreetingIsAnError(t *testing.T) {
 		t.Fatalf("Ready against a truncated greeting: %v; want ErrNotReady from a malformed packet", err)
 	}
 }
+
+// A DSN's session variables cannot take from the store what its statements
+// need: the driver sends them as SET on each connection, and the store
+// sets its own in their place. Under autocommit=0, every statement run
+// alone stayed uncommitted on its connection and was rolled back when that
+// connection closed: a record finalized so was gone, and the key's retry,
+// on another node, reserved it again and executed a second time (a
+// combined batch, between START TRANSACTION and COMMIT, was not hit). Under
+// sql_select_limit=0, the first contact failed with "mysql connect: sql: no
+// rows in result set". Both until the build after 3c21e19.
+func TestDSNSessionVariablesKeepTheStoreWhole(t *testing.T) {
+	for _, params := range []map[string]string{
+		{"autocommit": "0"},
+		{"AutoCommit": "OFF"},
+		{"sql_select_limit": "0"},
+		{"SQL_SELECT_LIMIT": "0", "autocommit": "0"},
+	} {
+		t.Run(fmt.Sprint(params), func(t *testing.T) {
+			other, cfg := openStore(t, nil)
+			mc, err := mysql.ParseDSN(testDSN(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			mc.Params = params
+			ctx := context.Background()
+			s, err := Open(ctx, Config{DSN: mc.FormatDSN(), Table: cfg.Table, AutoMigrate: true}, zap.NewNop())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Ready(ctx); err != nil {
+				s.Close()
+				t.Fatalf("first contact: %v", err)
+			}
+			r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+			if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+				s.Close()
+				t.Fatalf("Reserve: %+v, %v", res, err)
+			}
+			if err := s.Finalize(ctx, r.Key, r.Owner, stores.Response{Status: 200, Body: []byte(`{}`)}); err != nil {
+				s.Close()
+				t.Fatalf("Finalize: %v", err)
+			}
+			s.Close() // its connections close: anything left uncommitted is rolled back
+			retry := r
+			retry.Owner = "the retry's"
+			res, err := other.Reserve(ctx, retry)
+			if err != nil || res.Reserved || res.Existing == nil || res.Existing.State != stores.StateFinal {
+				t.Fatalf("a retry on another node after the first one's connections closed: %+v, %v; want the final record", res, err)
+			}
+		})
+	}
+}

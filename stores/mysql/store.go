@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"strconv"
 	"strings"
@@ -110,6 +111,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 		mc.Timeout = cfg.StatementTimeout
 	}
 	lockWaitBound(mc, cfg.StatementTimeout)
+	sessionVars(mc)
 	connector, err := mysql.NewConnector(mc)
 	if err != nil {
 		return nil, s.wrap("open", err)
@@ -170,6 +172,31 @@ func lockWaitBound(mc *mysql.Config, timeout time.Duration) {
 }
 
 const lockWaitVar = "innodb_lock_wait_timeout"
+
+// storeSessionVars are the session variables the store's statements need
+// whatever a DSN sets, which the driver sends as SET on each connection
+// (with innodb_lock_wait_timeout's, in one statement). autocommit=0 left
+// every statement run alone uncommitted, visible to its own connection
+// only and rolled back when that connection closed: a record finalized
+// under it was gone, and the key's retry executed again.
+// sql_select_limit=0 had every SELECT without a LIMIT answer no rows, and
+// the first contact failed with "sql: no rows in result set".
+var storeSessionVars = map[string]string{"autocommit": "1", "sql_select_limit": "DEFAULT"}
+
+// sessionVars sets storeSessionVars on mc, in place of the DSN's own
+// (server variable names are not case-sensitive: the driver would send
+// both, in no set order).
+func sessionVars(mc *mysql.Config) {
+	if mc.Params == nil {
+		mc.Params = map[string]string{}
+	}
+	for k := range mc.Params {
+		if _, ours := storeSessionVars[strings.ToLower(k)]; ours {
+			delete(mc.Params, k)
+		}
+	}
+	maps.Copy(mc.Params, storeSessionVars)
+}
 
 // ServerLockWait is how long a statement of the store may wait for a row
 // lock on the server: the DSN's innodb_lock_wait_timeout if it sets one,
