@@ -32,13 +32,19 @@ func (s *Store) syncClock(ctx context.Context) error {
 		}
 		defer c.Release()
 		sent := time.Now()
-		var now time.Time
+		var micros int64
 		// One round trip, nothing prepared: the reading is an upper bound
-		// of the server's lead, and a slower call only loosens it.
-		if err := c.QueryRow(ctx, "SELECT now()", pgx.QueryExecModeSimpleProtocol).Scan(&now); err != nil {
+		// of the server's lead, and a slower call only loosens it. The
+		// time goes as a number: a text timestamp is written as the DSN's
+		// DateStyle says (SQL, DMY: "06/12/2026 11:33:06.9 UTC", which pgx
+		// cannot read), and the simple protocol is refused by pgx itself
+		// under a client_encoding other than UTF8 or
+		// standard_conforming_strings off: each failed the first contact
+		// with an error that named neither.
+		if err := c.QueryRow(ctx, "SELECT (extract(epoch FROM now()) * 1000000)::bigint", pgx.QueryExecModeExec).Scan(&micros); err != nil {
 			return time.Time{}, time.Time{}, stores.MarkNotSent(s.wrap("reading the server's clock", err))
 		}
-		return now, sent, nil
+		return time.UnixMicro(micros), sent, nil
 	})
 }
 

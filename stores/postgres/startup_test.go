@@ -119,3 +119,41 @@ func TestStartWithDatabaseDown(t *testing.T) {
 		t.Fatal("LISTEN not started at the first contact")
 	}
 }
+
+// A DSN's session settings do not break the reading of the server's clock
+// at the first contact: it went as a text timestamp over the simple
+// protocol, which DateStyle SQL, DMY wrote in a form pgx cannot read ("can't
+// scan into dest[0] (col: now): invalid PostgreSQL date/time value"), and
+// which pgx refuses under a client_encoding other than UTF8 or
+// standard_conforming_strings off. Until the build after 3c21e19 each
+// failed every keyed request's store call with that error; now the store
+// works under each.
+func TestDSNSessionSettingsDoNotBreakTheClockReading(t *testing.T) {
+	for _, setting := range []string{"DateStyle=SQL, DMY", "client_encoding=LATIN1", "standard_conforming_strings=off"} {
+		t.Run(setting, func(t *testing.T) {
+			name, value, _ := strings.Cut(setting, "=")
+			dsn := testDSN(t)
+			if strings.Contains(dsn, "://") {
+				sep := "?"
+				if strings.Contains(dsn, "?") {
+					sep = "&"
+				}
+				dsn += sep + name + "=" + strings.ReplaceAll(value, " ", "%20")
+			} else {
+				dsn += " " + name + "='" + value + "'"
+			}
+			s, _ := openStore(t, func(c *Config) { c.DSN = dsn })
+			ctx := context.Background()
+			r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+			if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+				t.Fatalf("Reserve: %+v, %v", res, err)
+			}
+			if err := s.Finalize(ctx, r.Key, r.Owner, stores.Response{Status: 200, Body: []byte(`{"name":"é"}`)}); err != nil {
+				t.Fatalf("Finalize: %v", err)
+			}
+			if rec, err := s.Load(ctx, r.Key); err != nil || rec == nil || rec.State != stores.StateFinal || string(rec.Response.Body) != `{"name":"é"}` {
+				t.Fatalf("Load: %+v, %v", rec, err)
+			}
+		})
+	}
+}
