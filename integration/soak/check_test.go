@@ -1,0 +1,324 @@
+package soak
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// final4xx is a 4xx the module stores (the README's Finalize or release
+// table): every 4xx but those it releases.
+func final4xx(status int) bool {
+	if status/100 != 4 {
+		return false
+	}
+	switch status {
+	case 401, 403, 408, 419, 421, 425, 429, 499:
+		return false
+	}
+	return true
+}
+
+func isFinal(status int) bool { return status/100 == 2 || final4xx(status) }
+
+func isUnknown(a attempt) bool {
+	return a.errType == "CommitStateUnknownException" && (a.status == 500 || a.status == 502 || a.status == 504)
+}
+
+func label(a attempt) string {
+	if a.status == 0 {
+		return "no answer (" + a.err + ")"
+	}
+	if a.errType != "" {
+		return strconv.Itoa(a.status) + " " + a.errType
+	}
+	return strconv.Itoa(a.status)
+}
+
+func (s *soak) eventsBetween(from, to time.Duration, kinds ...string) []event {
+	s.evMu.Lock()
+	defer s.evMu.Unlock()
+	var out []event
+	for _, e := range s.events {
+		if e.end >= from && e.at <= to {
+			for _, k := range kinds {
+				if strings.Contains(e.kind, k) {
+					out = append(out, e)
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+func (s *soak) describe(r *keyRun, ex []execution) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "key #%d %s %s %s\n", r.idx, r.key, r.op, r.path)
+	for i, e := range ex {
+		fmt.Fprintf(&b, "    execution %d at %.2fs: %d (%s)\n", i+1, e.at.Seconds(), e.status, faultNames[e.fault])
+	}
+	for _, a := range r.attempts {
+		fmt.Fprintf(&b, "    attempt at %.2fs node %d: %s\n", a.at.Seconds(), a.node, label(a))
+	}
+	if len(r.attempts) > 0 {
+		from := r.attempts[0].at - 5*time.Second
+		to := r.attempts[len(r.attempts)-1].at + 5*time.Second
+		for _, e := range s.eventsBetween(from, to, "") {
+			fmt.Fprintf(&b, "    fault %s node %d from %.2fs to %.2fs\n", e.kind, e.node, e.at.Seconds(), e.end.Seconds())
+		}
+	}
+	return b.String()
+}
+
+type counter map[string]int
+
+func (c counter) String() string {
+	keys := make([]string, 0, len(c))
+	for k := range c {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return c[keys[i]] > c[keys[j]] || c[keys[i]] == c[keys[j]] && keys[i] < keys[j] })
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "    %6d  %s\n", c[k], k)
+	}
+	return b.String()
+}
+
+func (s *soak) check() {
+	t := s.t
+	execs, _ := s.cat.snapshot()
+	s.cat.mu.Lock()
+	resetAt := make(map[string][]time.Duration, len(s.cat.resetAt))
+	for k, v := range s.cat.resetAt {
+		resetAt[k] = v
+	}
+	s.cat.mu.Unlock()
+	hist := counter{}
+	statuses := counter{}
+	outcomes := counter{}
+	allowed := counter{}
+	unknowns := counter{}
+	var violations, notes []string
+	attempts := 0
+	lastKill := time.Duration(-1)
+	for _, e := range s.eventsBetween(0, 1<<62, "kill -9 node") {
+		lastKill = max(lastKill, e.end)
+	}
+
+	for _, r := range s.runs {
+		ex := execs[r.key]
+		hist[fmt.Sprintf("%d executions", len(ex))]++
+		attempts += len(r.attempts)
+		for _, a := range r.attempts {
+			statuses[label(a)]++
+		}
+		// Second executions.
+		for i := 1; i < len(ex); i++ {
+			prev, cur := ex[i-1], ex[i]
+			switch {
+			case s.db == nil && len(s.eventsBetween(prev.at, cur.at, "kill -9 node")) > 0:
+				allowed["second execution: memory store, node killed in between (README: a restart forgets)"]++
+			case prev.status/100 == 5 && prev.fault != faultResetAfter && prev.fault != faultStallAfter && !(r.op == "updateTable" && (prev.status == 500 || prev.status == 502 || prev.status == 504)):
+				allowed["second execution: the catalog's own 5xx released it"]++
+			default:
+				violations = append(violations, "executed again:\n"+s.describe(r, ex))
+			}
+		}
+		// Every final answer is the answer of the key's execution.
+		for _, a := range r.attempts {
+			if !isFinal(a.status) {
+				continue
+			}
+			switch {
+			case len(ex) == 0:
+				violations = append(violations, "final answer for a key the catalog never executed:\n"+s.describe(r, ex))
+			case a.status == ex[0].status && bytes.Equal(a.body, ex[0].body):
+			default:
+				match := -1
+				for i, e := range ex {
+					if a.status == e.status && bytes.Equal(a.body, e.body) {
+						match = i
+					}
+				}
+				if match < 0 {
+					violations = append(violations, fmt.Sprintf("answer %d is no execution's answer:\n%s", a.status, s.describe(r, ex)))
+				} else {
+					notes = append(notes, fmt.Sprintf("answer of execution %d (after an allowed re-execution): key #%d", match+1, r.idx))
+				}
+			}
+		}
+		// Unknown answers, and why.
+		for _, a := range r.attempts {
+			if !isUnknown(a) {
+				continue
+			}
+			var why string
+			var before []execution
+			for _, e := range ex {
+				if e.at <= a.at {
+					before = append(before, e)
+				}
+			}
+			from := r.attempts[0].at - time.Second
+			switch {
+			case len(before) > 0 && (before[0].fault == faultResetAfter || before[0].fault == faultStallAfter):
+				why = "executed, catalog " + faultNames[before[0].fault]
+			case len(before) > 0 && len(s.eventsBetween(from, a.at, "kill -9 node")) > 0:
+				why = "executed, a node killed meanwhile"
+			case len(before) > 0 && len(s.eventsBetween(from, a.at, "kill -9 database", "SIGSTOP database")) > 0:
+				why = "executed, database fault meanwhile (answer not stored)"
+			case len(before) > 0:
+				why = "executed, no fault seen (investigate)"
+			case len(resetAt[r.key]) > 0 && resetAt[r.key][0] <= a.at:
+				why = "not executed: catalog reset the connection before executing (it may have read it)"
+			case len(s.eventsBetween(from, a.at, "kill -9 node")) > 0:
+				why = "not executed: a node killed holding the key"
+			case len(s.eventsBetween(from, a.at, "kill -9 database", "SIGSTOP database")) > 0:
+				why = "not executed: database fault (reservation's fate unknown)"
+			default:
+				why = "not executed, no fault seen (investigate)"
+			}
+			unknowns[why]++
+		}
+		last := r.attempts[len(r.attempts)-1]
+		switch {
+		case isFinal(last.status):
+			outcomes["final "+strconv.Itoa(last.status)]++
+		case isUnknown(last):
+			outcomes["unknown"]++
+		default:
+			outcomes["gave up after "+strconv.Itoa(len(r.attempts))+" attempts: "+label(last)]++
+		}
+	}
+
+	// Replay sweep: every key that ended final is asked again on every
+	// node; its answer must be the stored one, and nothing may execute.
+	sweep := s.sweep(lastKill)
+	after, _ := s.cat.snapshot()
+	for _, r := range s.runs {
+		if len(after[r.key]) != len(execs[r.key]) {
+			violations = append(violations, "the replay sweep executed it again:\n"+s.describe(r, after[r.key]))
+		}
+	}
+	violations = append(violations, sweep.violations...)
+
+	evs := counter{}
+	s.evMu.Lock()
+	for _, e := range s.events {
+		evs[e.kind]++
+	}
+	s.evMu.Unlock()
+	cf := counter{}
+	s.cat.mu.Lock()
+	for f, n := range s.cat.faults {
+		cf[faultNames[f]] += n
+	}
+	unkeyed := s.cat.unkeyed
+	s.cat.mu.Unlock()
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "soak store=%s seed=%d duration=%.0fs nodes=%d\n", s.store, s.seed, s.since().Seconds(), len(s.nodes))
+	fmt.Fprintf(&b, "keys %d, attempts %d, unkeyed mutations at the catalog %d\n", len(s.runs), attempts, unkeyed)
+	fmt.Fprintf(&b, "process faults fired:\n%s", evs)
+	fmt.Fprintf(&b, "catalog faults drawn (per keyed arrival):\n%s", cf)
+	fmt.Fprintf(&b, "executions per key:\n%s", hist)
+	fmt.Fprintf(&b, "answers seen by clients:\n%s", statuses)
+	fmt.Fprintf(&b, "how each key ended:\n%s", outcomes)
+	fmt.Fprintf(&b, "unknown answers, by cause:\n%s", unknowns)
+	fmt.Fprintf(&b, "allowed by the README:\n%s", allowed)
+	fmt.Fprintf(&b, "replay sweep: %d keys asked again, %s\n", sweep.asked, sweep.summary)
+	for _, n := range notes {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	fmt.Fprintf(&b, "violations: %d\n", len(violations))
+	for i, v := range violations {
+		if i == 30 {
+			fmt.Fprintf(&b, "… %d more\n", len(violations)-30)
+			break
+		}
+		b.WriteString(v)
+	}
+	t.Log("\n" + b.String())
+	if out := os.Getenv("ICEBERG_IDEMPOTENCY_SOAK_OUT"); out != "" {
+		_ = os.WriteFile(out, []byte(b.String()), 0o644)
+	}
+	if len(violations) > 0 {
+		t.Errorf("%d violations", len(violations))
+	}
+}
+
+type sweepResult struct {
+	asked      int
+	summary    string
+	violations []string
+}
+
+// sweep asks every key that ended with a final answer (or unknown) again on
+// every node. On the memory store only keys first executed after the last
+// node kill are asked: a restart forgets the others by design.
+func (s *soak) sweep(lastKill time.Duration) sweepResult {
+	execs, _ := s.cat.snapshot()
+	var todo []*keyRun
+	for _, r := range s.runs {
+		last := r.attempts[len(r.attempts)-1]
+		if !isFinal(last.status) && !isUnknown(last) {
+			continue
+		}
+		if ex := execs[r.key]; s.db == nil && (len(ex) == 0 || ex[0].at <= lastKill) {
+			continue
+		}
+		todo = append(todo, r)
+	}
+	hc := &http.Client{Timeout: 20 * time.Second}
+	var mu sync.Mutex
+	res := sweepResult{asked: len(todo)}
+	got := counter{}
+	work := make(chan *keyRun)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for r := range work {
+				last := r.attempts[len(r.attempts)-1]
+				for node := range s.nodes {
+					var a attempt
+					deadline := time.Now().Add(150 * time.Second)
+					for {
+						a = s.send(hc, r, node)
+						if a.status != 503 || time.Now().After(deadline) {
+							break
+						}
+						time.Sleep(time.Second)
+					}
+					mu.Lock()
+					got[label(a)]++
+					ok := false
+					if isFinal(last.status) {
+						ok = a.status == last.status && bytes.Equal(a.body, last.body)
+					} else {
+						ok = isUnknown(a) && a.status == 500
+					}
+					if !ok {
+						res.violations = append(res.violations, fmt.Sprintf("replay on node %d: %s, the client had %s:\n%s",
+							node, label(a), label(last), s.describe(r, execs[r.key])))
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	for _, r := range todo {
+		work <- r
+	}
+	close(work)
+	wg.Wait()
+	res.summary = "answers:\n" + got.String()
+	return res
+}
