@@ -61,7 +61,7 @@ const (
 
 // attempt is one HTTP exchange of a client.
 type attempt struct {
-	at      time.Duration
+	at, end time.Duration // sent, answered
 	node    int
 	status  int // 0: no answer
 	errType string
@@ -350,11 +350,13 @@ func (s *soak) send(hc *http.Client, r *keyRun, node int) attempt {
 	req.Header.Set("Idempotency-Key", r.key)
 	resp, err := hc.Do(req)
 	if err != nil {
+		a.end = s.since()
 		a.err = shortErr(err)
 		return a
 	}
 	body, err := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
+	a.end = s.since()
 	if err != nil {
 		a.err = "body: " + shortErr(err)
 		return a
