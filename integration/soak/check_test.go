@@ -124,7 +124,7 @@ func (s *soak) check() {
 		for i := 1; i < len(ex); i++ {
 			prev, cur := ex[i-1], ex[i]
 			switch {
-			case s.db == nil && len(s.eventsBetween(prev.at, cur.at, "kill -9 node")) > 0:
+			case s.db == nil && len(s.eventsBetween(r.attempts[0].at, cur.at, "kill -9 node")) > 0:
 				allowed["second execution: memory store, node killed in between (README: a restart forgets)"]++
 			case prev.status/100 == 5 && prev.fault != faultResetAfter && prev.fault != faultStallAfter && !(r.op == "updateTable" && (prev.status == 500 || prev.status == 502 || prev.status == 504)):
 				allowed["second execution: the catalog's own 5xx released it"]++
