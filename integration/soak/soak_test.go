@@ -322,10 +322,23 @@ func (s *soak) client(ctx context.Context, id int, hc *http.Client) {
 	rng := rand.New(rand.NewPCG(s.seed, uint64(100+id)))
 	for ctx.Err() == nil {
 		r := s.newRun(rng)
+		// One key in five also goes, with every attempt, to the other
+		// node at once: a duplicate in flight, as a client's retry after
+		// its own socket timeout makes while the first is still running.
+		twin := len(s.nodes) > 1 && rng.IntN(5) == 0
 		backoff := 100 * time.Millisecond
 		for try := 0; try <= maxRetries; try++ {
 			node := rng.IntN(len(s.nodes))
+			var other attempt
+			var wg sync.WaitGroup
+			if twin {
+				wg.Go(func() { other = s.send(hc, r, 1-node) })
+			}
 			a := s.send(hc, r, node)
+			wg.Wait()
+			if twin {
+				r.attempts = append(r.attempts, other)
+			}
 			r.attempts = append(r.attempts, a)
 			if !retryable(a.status) || try == maxRetries {
 				break
