@@ -213,6 +213,16 @@ func (s *soak) check() {
 		}
 	}
 	violations = append(violations, sweep.violations...)
+	gaveUp := counter{}
+	if s.db != nil {
+		gaveUp = s.askGaveUp(execs)
+		final, _ := s.cat.snapshot()
+		for _, r := range s.runs {
+			if len(execs[r.key]) == 0 && len(final[r.key]) > 1 {
+				violations = append(violations, "a key that had given up executed twice when asked again:\n"+s.describe(r, final[r.key]))
+			}
+		}
+	}
 	if sweep.allowed > 0 {
 		allowed["replayed as unknown: answered while the store failed, its node killed before the background Finalize landed (README, Finalize or release: if the store never took it)"] += sweep.allowed
 	}
@@ -242,6 +252,10 @@ func (s *soak) check() {
 	fmt.Fprintf(&b, "unknown answers, by cause:\n%s", unknowns)
 	fmt.Fprintf(&b, "allowed by the README:\n%s", allowed)
 	fmt.Fprintf(&b, "replay sweep: %d keys asked again, %s\n", sweep.asked, sweep.summary)
+	fmt.Fprintf(&b, "keys that gave up unexecuted, asked once more after the run:\n%s", gaveUp)
+	for _, n := range s.gaveUpNotes {
+		b.WriteString(n)
+	}
 	for i, n := range notes {
 		if i == 20 {
 			fmt.Fprintf(&b, "… %d more notes\n", len(notes)-20)
@@ -356,4 +370,57 @@ func (s *soak) finalizeCutOff(a attempt) bool {
 		}
 	}
 	return false
+}
+
+// askGaveUp sends once more, after the run, every key whose client gave up
+// (503s, no answer) before the catalog ever executed it: nothing of it ran,
+// so its retry should execute (once), unless its reservation's fate was
+// unknown to the store (a Reserve whose reply was lost and whose release did
+// not land before the lease lapsed: the README's "unknown" case).
+func (s *soak) askGaveUp(execs map[string][]execution) counter {
+	got := counter{}
+	var mu sync.Mutex
+	hc := &http.Client{Timeout: 20 * time.Second}
+	work := make(chan *keyRun)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for r := range work {
+				var a attempt
+				deadline := time.Now().Add(150 * time.Second)
+				for {
+					a = s.send(hc, r, 0)
+					if a.status != 503 || time.Now().After(deadline) {
+						break
+					}
+					time.Sleep(time.Second)
+				}
+				heard := false
+				for _, b := range r.attempts {
+					heard = heard || isUnknown(b)
+				}
+				what := label(a)
+				if isUnknown(a) && !heard {
+					what += ", never heard before"
+					mu.Lock()
+					s.gaveUpNotes = append(s.gaveUpNotes, "unknown on asking again, never heard before:\n"+s.describe(r, nil))
+					mu.Unlock()
+				} else if isUnknown(a) {
+					what += ", as heard before"
+				}
+				mu.Lock()
+				got[what]++
+				mu.Unlock()
+			}
+		})
+	}
+	for _, r := range s.runs {
+		last := r.attempts[len(r.attempts)-1]
+		if !isFinal(last.status) && !isUnknown(last) && len(execs[r.key]) == 0 {
+			work <- r
+		}
+	}
+	close(work)
+	wg.Wait()
+	return got
 }

@@ -107,6 +107,8 @@ type soak struct {
 
 	evMu   sync.Mutex
 	events []event
+
+	gaveUpNotes []string
 }
 
 func (s *soak) since() time.Duration { return time.Since(s.start) }
