@@ -2,6 +2,7 @@ package soak
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -263,6 +264,7 @@ func (s *soak) check() {
 		}
 		fmt.Fprintf(&b, "note: %s\n", n)
 	}
+	fmt.Fprintf(&b, "Caddy log lines at warn and above, by message (every process):\n%s", s.logMessages())
 	fmt.Fprintf(&b, "violations: %d\n", len(violations))
 	for i, v := range violations {
 		if i == 30 {
@@ -423,4 +425,29 @@ func (s *soak) askGaveUp(execs map[string][]execution) counter {
 	close(work)
 	wg.Wait()
 	return got
+}
+
+// logMessages counts the nodes' log lines at warn level and above by level
+// and message (no field values: they hold keys, never bodies).
+func (s *soak) logMessages() counter {
+	c := counter{}
+	for _, inst := range s.allNodes {
+		for _, line := range strings.Split(inst.Logs(), "\n") {
+			var l struct {
+				Level string `json:"level"`
+				Msg   string `json:"msg"`
+			}
+			if json.Unmarshal([]byte(line), &l) != nil {
+				if strings.Contains(line, "panic") || strings.Contains(line, "fatal error") {
+					c["raw: "+line[:min(len(line), 160)]]++
+				}
+				continue
+			}
+			switch l.Level {
+			case "warn", "error", "panic", "fatal", "dpanic":
+				c[l.Level+": "+l.Msg]++
+			}
+		}
+	}
+	return c
 }

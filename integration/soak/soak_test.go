@@ -109,6 +109,7 @@ type soak struct {
 	events []event
 
 	gaveUpNotes []string
+	allNodes    []*caddyproc.Instance // every process started, for their logs
 }
 
 func (s *soak) since() time.Duration { return time.Since(s.start) }
@@ -136,6 +137,7 @@ func (s *soak) startNode(i int) {
 		inst, err := tryStart(s.t, s.site(s.variant[i]), caddyproc.Options{Port: s.ports[i][0], AdminPort: s.ports[i][1]})
 		if err == nil {
 			s.nodes[i] = inst
+			s.allNodes = append(s.allNodes, inst)
 			return
 		}
 		last = err.Error()
