@@ -402,7 +402,14 @@ func (s *soak) askGaveUp(execs map[string][]execution) counter {
 					heard = heard || isUnknown(b)
 				}
 				what := label(a)
-				if isUnknown(a) && !heard {
+				s.cat.mu.Lock()
+				resets := len(s.cat.resetAt[r.key])
+				s.cat.mu.Unlock()
+				if isUnknown(a) && a.status != 500 && resets > 0 {
+					// This attempt went to the catalog, which reset it
+					// before executing (a fault drawn for it).
+					what += ", this attempt reset by the catalog before executing"
+				} else if isUnknown(a) && !heard {
 					what += ", never heard before"
 					mu.Lock()
 					s.gaveUpNotes = append(s.gaveUpNotes, "unknown on asking again, never heard before:\n"+s.describe(r, nil))
