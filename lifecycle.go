@@ -936,8 +936,11 @@ func (g *guarded) storedAlready(ctx context.Context, resp stores.Response) bool 
 
 // markUnknown ends the key's lease now, so its record reads as abandoned and
 // a retry gets the abandoned policy's answer at once, the same way as when
-// the owner's node died. If the store cannot be reached either, the lease
-// lapses on its own.
+// the owner's node died. An Abandon that fails is tried again in the
+// background, as a failed Release is (undoLostReply), whether or not it was
+// sent: left alone, the record read as in flight under a lease nobody
+// renews, and every retry heard 503 until the lease lapsed (a whole lease;
+// found by the handler model with faults on the store link).
 func (g *guarded) markUnknown(ctx context.Context, cause error) {
 	// A renewal landing after the Abandon would make the record read as
 	// in flight again for a whole lease.
@@ -948,7 +951,8 @@ func (g *guarded) markUnknown(ctx context.Context, cause error) {
 			zap.String("outcome", "unknown"), zap.Error(cause))
 	}
 	if err := g.h.store.Abandon(ctx, g.key, g.owner); err != nil && !errors.Is(err, stores.ErrNotOwner) {
-		g.log(zapcore.ErrorLevel, "marking the key abandoned failed: its lease will lapse instead", zap.Error(err))
+		g.log(zapcore.ErrorLevel, "marking the key abandoned failed: retrying in the background", zap.Error(err))
+		g.undoLostReply(abandonTakeOver)
 	}
 	if !lostRenewal.IsZero() {
 		g.abandonAfterLostRenewal(lostRenewal)

@@ -16,6 +16,8 @@ import (
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/postgres"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -622,5 +624,65 @@ func TestUnsentReservationIsNotUndone(t *testing.T) {
 	if n := s.releases.Load(); n != 0 || catalog.executed.Load() != 0 {
 		t.Fatalf("after 20 reservations that never reached the database: %d Releases sent, catalog executed %d; want 0 and 0",
 			n, catalog.executed.Load())
+	}
+}
+
+// An execution whose outcome is unknown while the store cannot be reached:
+// the Abandon that marks it fails, and is tried again in the background
+// until it lands, so that the record reads as abandoned once the store is
+// back. Before, the record stayed in flight under a lease nobody renews,
+// and every retry heard 503 "still in flight" for the rest of the lease
+// (found by the handler model with faults on the store link, on MariaDB
+// and Redis). A real Redis, behind a TCP proxy the catalog stops while it
+// executes (a proxy stands in for the network fault).
+func TestFailedAbandonIsRetriedInTheBackground(t *testing.T) {
+	ctx := newCaddyContext(t)
+	addr, prefix := redistest.Addr(t), redistest.Prefix(t)
+	link := sqltest.NewProxy(t, addr)
+	timeout := caddy.Duration(500 * time.Millisecond)
+	open := func(addr string) stores.Store {
+		p := &RedisStore{Addresses: []string{addr}, KeyPrefix: prefix, DialTimeout: timeout, ReadTimeout: timeout, WriteTimeout: timeout}
+		if err := p.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		s, err := p.OpenStore(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		return s
+	}
+	direct := open(addr)
+	pooled := newPooledStore(open(link.Addr()))
+	h := newTestHandler(t, pooled)
+	h.pooled = pooled
+	h.Lease = caddy.Duration(30 * time.Second) // no renewal, and no lapse, during the test
+	h.ExecutionTimeout = caddy.Duration(time.Second)
+	stopped := make(chan struct{})
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		link.Stop() // the store is unreachable when the execution times out
+		close(stopped)
+		time.Sleep(time.Duration(h.ExecutionTimeout) + time.Second)
+		answerOK(w, r)
+	})
+	key := storetest.NewKey(t)
+	res := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, key, commitBody)
+	if res.errorType() != typeCommitStateUnknown {
+		t.Fatalf("answer %d %q, want outcome unknown", res.code(), res.body)
+	}
+	<-stopped
+	link.Start()
+	if !pooled.waitIdle(time.Minute) {
+		t.Fatal("the background store writes still run a minute after the store came back")
+	}
+	rec, err := direct.Load(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec == nil || rec.State != stores.StateInFlight || !rec.Abandoned {
+		t.Fatalf("record once the store is back: %s, want abandoned (outcome unknown), not in flight for the rest of its lease", hmRecString(rec))
+	}
+	if n := catalog.executed.Load(); n != 1 {
+		t.Fatalf("catalog executed %d times, want 1", n)
 	}
 }
