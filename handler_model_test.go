@@ -42,11 +42,35 @@ package icebergidempotency
 // sends its attempts to the nodes in turn or to one picked at random. The
 // SQL and Redis stores take their leases by heartbeat, as in production.
 //
+// Faults on the store links (_STORE_FAULTS, off by default): on the SQL
+// and Redis stores each node's store client then reaches the database
+// through a TCP proxy of its own (hmLink, which stands in for a network
+// fault: CI cannot build network namespaces), and a round's plan draws up
+// to three faults per node, at a moment of the round or as the node's next
+// store call of one kind begins (Reserve, Finalize, Release, ExtendLease,
+// Abandon, TakeOver, Load, Await): every connection reset; the bytes of
+// one or both directions held for 20 ms to 7 s, then delivered (a
+// partition that heals: what the kernel had accepted arrives, also from a
+// connection its sender closed) or their connections reset (one that does
+// not); every byte up to 300 ms late for a while. The checks then take
+// what the README lets a store fault change, and no more: a 503 "store
+// unavailable" only after some link had a fault ("What it does", item 10:
+// store failures fail closed); a 503 "still in flight" without an
+// overlapping attempt only after a fault (a lost write's undo, a Finalize
+// retried in the background: "The guarantee, and its limits"); C5 is not
+// asked of an attempt within a settle window (10 s) of a fault, since the
+// key may be held by a lost Reserve until its undo lands. C1, C2, C3, C7
+// and C8 are unchanged: once the round is over, the links healed and the
+// nodes' background repairs done, no record is left in flight, and each
+// record is what its last execution made it.
+//
 // Environment: ICEBERG_IDEMPOTENCY_HANDLER_MODEL_SEED (first round's seed;
 // rounds use seed, seed+1, ...), _ROUNDS (exactly that many rounds),
 // _DURATION (default 12s, 4s with -short, per store), _KEYS (keys per
 // round), _STORES (comma-separated backends, default memory; "all" for
-// memory,postgres,mysql,redis), _NODES (1 or 2, default 1). The SQL and
+// memory,postgres,mysql,redis), _NODES (1 or 2, default 1),
+// _STORE_FAULTS (the share of rounds with faults on the store links, from
+// 0 to 1; the memory store has none), _LOG (the handlers' logs). The SQL and
 // Redis stores are found as their own tests find them
 // (ICEBERG_IDEMPOTENCY_TEST_POSTGRES_DSN, _MYSQL_DSN, _REDIS_ADDR); under
 // CI=true an unreachable one fails the test.
@@ -93,6 +117,7 @@ const (
 	hmNodesEnv    = "ICEBERG_IDEMPOTENCY_HANDLER_MODEL_NODES"
 
 	hmStoreTimeoutEnv = "ICEBERG_IDEMPOTENCY_HANDLER_MODEL_STORE_TIMEOUT"
+	hmStoreFaultsEnv  = "ICEBERG_IDEMPOTENCY_HANDLER_MODEL_STORE_FAULTS"
 
 	hmPlanHeader = "X-Model-Plan"
 	hmDialHeader = "X-Model-Dial"
@@ -324,6 +349,12 @@ type hmEnv struct {
 	nodes    int            // handler instances per round
 	provider StoreProvider  // nil for memory
 	clients  []*pooledStore // one store client per node, for every round; nil for memory
+	// links are the nodes' store links, one per client, when rounds put
+	// faults on them (linkShare of the rounds, _STORE_FAULTS).
+	links       []*hmLink
+	linkShare   float64
+	linkTarget  string                          // the database's host:port
+	providerVia func(addr string) StoreProvider // the provider, its database at addr
 }
 
 // hmNode is one handler instance of a round, behind its own front server.
@@ -351,6 +382,10 @@ type hmRound struct {
 
 	finalizeSet, releaseSet statusSet
 	cov                     map[string]int // what the rounds exercised, for the log
+
+	linkMu        sync.Mutex
+	linkEvents    []*hmLinkEvent // the faults on the nodes' store links, by moment
+	linksDisarmed bool           // under linkMu: no more faults fire
 }
 
 func (m *hmRound) now() time.Duration { return time.Since(m.t0) }
@@ -412,7 +447,7 @@ func testHandlerModel(t *testing.T, backend string, nodes int) {
 	}
 	t.Logf("seed %d (%s=%d %s=%s %s=%d to repeat)", seed, hmSeedEnv, seed, hmStoresEnv, backend, hmNodesEnv, nodes)
 	deadline := time.Now().Add(duration)
-	var attempts, execs int
+	var attempts, execs, played, faulted int
 	cov := map[string]int{}
 	defer func() { t.Logf("coverage: %v", cov) }()
 	for i := 0; rounds < 0 && time.Now().Before(deadline) || i < rounds; i++ {
@@ -421,6 +456,10 @@ func testHandlerModel(t *testing.T, backend string, nodes int) {
 		a, e, failed := m.run(t)
 		attempts += a
 		execs += e
+		played++
+		if len(m.linkEvents) > 0 {
+			faulted++
+		}
 		if failed {
 			t.Logf("round seed %d failed; stopping", m.seed)
 			break
@@ -429,7 +468,7 @@ func testHandlerModel(t *testing.T, backend string, nodes int) {
 			break
 		}
 	}
-	t.Logf("%d attempts, %d executions", attempts, execs)
+	t.Logf("%d rounds (%d with store link faults), %d attempts, %d executions", played, faulted, attempts, execs)
 }
 
 // openStores opens the SQL or Redis store the test's rounds share: one
@@ -451,24 +490,40 @@ func (env *hmEnv) openStores(t *testing.T) {
 		dsn := b.dsn(t)
 		table := sqltest.TableName(t)
 		t.Cleanup(func() { b.drop(t, dsn, table) })
-		cfg := SQLStoreConfig{DSN: dsn, Table: table, StatementTimeout: caddy.Duration(hmStoreTimeout)}
-		if env.backend == "postgres" {
-			env.provider = &PostgresStore{SQLStoreConfig: cfg}
-		} else {
-			env.provider = &MySQLStore{SQLStoreConfig: cfg}
+		sqlProvider := func(dsn string) StoreProvider {
+			cfg := SQLStoreConfig{DSN: dsn, Table: table, StatementTimeout: caddy.Duration(hmStoreTimeout)}
+			if env.backend == "postgres" {
+				return &PostgresStore{SQLStoreConfig: cfg}
+			}
+			return &MySQLStore{SQLStoreConfig: cfg}
+		}
+		env.provider = sqlProvider(dsn)
+		_, env.linkTarget = b.viaProxy(t, dsn, "127.0.0.1:1")
+		env.providerVia = func(addr string) StoreProvider {
+			proxied, _ := b.viaProxy(t, dsn, addr)
+			return sqlProvider(proxied)
 		}
 	case "redis":
 		addr, prefix := redistest.Addr(t), redistest.Prefix(t)
-		env.provider = &RedisStore{Addresses: []string{addr}, KeyPrefix: prefix,
-			DialTimeout: caddy.Duration(hmStoreTimeout), ReadTimeout: caddy.Duration(hmStoreTimeout), WriteTimeout: caddy.Duration(hmStoreTimeout)}
+		redisProvider := func(addr string) StoreProvider {
+			return &RedisStore{Addresses: []string{addr}, KeyPrefix: prefix,
+				DialTimeout: caddy.Duration(hmStoreTimeout), ReadTimeout: caddy.Duration(hmStoreTimeout), WriteTimeout: caddy.Duration(hmStoreTimeout)}
+		}
+		env.provider = redisProvider(addr)
+		env.linkTarget, env.providerVia = addr, redisProvider
 	default:
 		t.Fatalf("%s: unknown store %q", hmStoresEnv, env.backend)
 	}
 	if err := env.provider.(caddy.Provisioner).Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
+	env.linkShare = hmStoreFaultShare(t)
 	for i := 0; i < env.nodes; i++ {
-		s, err := env.provider.OpenStore(ctx)
+		provider := env.provider
+		if env.linkShare > 0 {
+			provider = env.linkedProvider(t, ctx)
+		}
+		s, err := provider.OpenStore(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -567,6 +622,14 @@ func (env *hmEnv) round(seed uint64) *hmRound {
 		m.keys = append(m.keys, k)
 	}
 	m.stop = 1500 * time.Millisecond
+	if env.linkShare > 0 {
+		// From a stream of its own, so that the rounds without them
+		// draw what they always drew.
+		lrng := rand.New(rand.NewPCG(seed, 0x11d5))
+		if lrng.Float64() < env.linkShare {
+			m.linkEvents = drawLinkEvents(lrng, env.nodes, hmStoreTimeout, m.stop)
+		}
+	}
 	return m
 }
 
@@ -671,6 +734,9 @@ func (m *hmRound) run(t *testing.T) (int, int, bool) {
 		}
 		h.pooled = n.pooled
 		h.store = instrumentStore(n.pooled, n.pooled.backend)
+		if len(m.linkEvents) > 0 {
+			h.store = instrumentStore(&hmLinkedStore{Store: n.pooled, m: m, node: i}, n.pooled.backend)
+		}
 		h.inProcessLeases = m.opts.leases == "in-process"
 		n.h = h
 		n.front = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serveFront(n, w, r) }))
@@ -686,6 +752,8 @@ func (m *hmRound) run(t *testing.T) (int, int, bool) {
 		t.Fatal(err)
 	}
 	m.t0 = time.Now()
+	clientsDone := make(chan struct{})
+	go m.playLinkEvents(clientsDone)
 
 	var wg sync.WaitGroup
 	for _, k := range m.keys {
@@ -703,6 +771,10 @@ func (m *hmRound) run(t *testing.T) (int, int, bool) {
 	wg.Wait()
 	for _, n := range m.nodes {
 		n.frontWG.Wait()
+	}
+	close(clientsDone)
+	if len(m.linkEvents) > 0 {
+		m.healLinks()
 	}
 	// Catalog handlers this round's proxy calls started (a stall outlives
 	// the call that gave up on it).
@@ -1172,6 +1244,15 @@ func (m *hmRound) history(k *hmKey) string {
 	for _, e := range k.execs {
 		lines = append(lines, line{e.start, "  " + e.String()})
 	}
+	m.linkMu.Lock()
+	for _, e := range m.linkEvents {
+		at := e.at
+		if e.fired {
+			at = e.firedAt
+		}
+		lines = append(lines, line{at, "  ~ " + e.String()})
+	}
+	m.linkMu.Unlock()
 	sort.SliceStable(lines, func(i, j int) bool { return lines[i].at < lines[j].at })
 	var b strings.Builder
 	for _, l := range lines {
@@ -1244,6 +1325,13 @@ func (m *hmRound) checkKey(k *hmKey) []string {
 		switch {
 		case m.opts.abandoned == abandonedUnknown && prev.class != classReleased:
 			bad("C1: execution #%d after execution #%d whose outcome was %s (abandoned unknown: never again)", e.n, prev.n, prev.class)
+		case m.opts.abandoned == abandonedReexecute && m.leaseMayHaveLapsed(prev, e):
+			// README, Runbook, "Lease renewals failing": "If renewals
+			// keep failing until the lease runs out, other nodes see the
+			// record as abandoned while it still runs. They answer its
+			// retries "unknown", or execute it a second time under
+			// abandoned reexecute."
+			m.cov["C1 executed again after a lease lapsed in a store link fault"]++
 		case prev.class == classFinal && !prev.late:
 			bad("C1: execution #%d after execution #%d whose answer was final (stored)", e.n, prev.n)
 		case prev.class == classReleased && e.start < prev.end && (!prev.late || m.opts.abandoned == abandonedUnknown):
@@ -1273,8 +1361,18 @@ func (m *hmRound) checkKey(k *hmKey) []string {
 				if !m.mayHaveExecuted(k, a) {
 					bad("C6: %s: outcome unknown, but no attempt of the key could have executed before it", a)
 				}
+			case a.status == http.StatusServiceUnavailable && typ == typeUnavailable && hmStoreUnavailable(a.plain):
+				// README, "What it does" item 10: "Store failures fail
+				// closed: 503 + Retry-After". Only after a fault on a
+				// store link (any node's: a held transaction's locks
+				// stall the others' statements too); a broken
+				// connection stays in the pool until it is next used.
+				if !m.linkFaultBefore(a.end) {
+					bad("C6: %s: store unavailable, but no store link had a fault", a)
+				}
+				m.cov["store unavailable"]++
 			case a.status == http.StatusServiceUnavailable && typ == typeUnavailable:
-				if !m.overlapped(k, a) {
+				if !m.overlapped(k, a) && !m.linkFaultBefore(a.end) {
 					bad("C6: %s: still in flight, but no other attempt of the key overlapped it", a)
 				}
 				for _, b := range k.attempts {
@@ -1376,6 +1474,16 @@ func (m *hmRound) checkKey(k *hmKey) []string {
 			}
 		}
 		if !clean || !lone {
+			continue
+		}
+		if m.linkFaultNear(a) {
+			// README, "The guarantee, and its limits": after a store
+			// write whose reply was lost the key stays in flight until
+			// its undo lands (unknown, should the lease lapse first),
+			// and a failed store call is answered 503 (What it does,
+			// item 10). C7 and C8 still hold the record to what the
+			// executions made of it once the round is over.
+			m.cov["C5 skipped after a store link fault"]++
 			continue
 		}
 		if len(k.attempts) > 1 {
