@@ -374,7 +374,13 @@ func drawLinkEvents(rng *rand.Rand, nodes int, storeTimeout, stop time.Duration)
 	var evs []*hmLinkEvent
 	for n := 0; n < nodes; n++ {
 		for i, k := 0, rng.IntN(4); i < k; i++ {
-			e := &hmLinkEvent{node: n, at: time.Duration(rng.Int64N(int64(stop + 300*time.Millisecond)))}
+			// Most while the keys' first attempts run: many keys have
+			// their answer within half a second.
+			window := stop + 300*time.Millisecond
+			if rng.IntN(3) > 0 {
+				window = 700 * time.Millisecond
+			}
+			e := &hmLinkEvent{node: n, at: time.Duration(rng.Int64N(int64(window)))}
 			e.kind = hmLinkKind(rng.IntN(int(linkKindCount)))
 			e.dirs = 1 + rng.IntN(3)
 			switch r := rng.IntN(10); {
@@ -597,23 +603,40 @@ func (m *hmRound) linkFaultNear(a *hmAttempt) bool {
 }
 
 // leaseMayHaveLapsed reports whether the lease of prev's request may have
-// lapsed before e executed, its renewals failing: some link held the
-// bytes towards the database for half a lease or more between prev's send
-// and e's start (on prev's node its renewals do not arrive; on another, a
-// transaction it holds open can keep them waiting on a row lock). A
-// renewal lands at the latest a quarter of a lease after the one before,
-// so a lapse takes a hold of about three quarters of it; half leaves room
-// for a busy machine.
+// lapsed before e executed, its renewals failing (see heldLong).
 func (m *hmRound) leaseMayHaveLapsed(prev, e *hmExec) bool {
+	return m.heldLong(prev.plan.sentAt, e.start)
+}
+
+// heldLong reports whether some link held the bytes towards the database
+// for half a lease or more (one hold, or several that overlap) at some
+// time between from and to: long enough for a lease to lapse, its renewals
+// (or the undo of a lost write) not arriving. On the node that holds the
+// lease they do not arrive; on another, a transaction held open there can
+// keep them waiting on a row lock. A renewal lands at the latest a quarter
+// of a lease after the one before, so a lapse takes a hold of about three
+// quarters of it; half leaves room for a busy machine.
+func (m *hmRound) heldLong(from, to time.Duration) bool {
 	lease := m.opts.lease
 	m.linkMu.Lock()
 	defer m.linkMu.Unlock()
+	type span struct{ from, to time.Duration }
+	byNode := map[int][]span{}
 	for _, f := range m.linkEvents {
-		if !f.fired || f.kind != linkHold && f.kind != linkHoldDrop || f.dirs&1 == 0 || f.d < lease/2 {
-			continue
+		if f.fired && (f.kind == linkHold || f.kind == linkHoldDrop) && f.dirs&1 != 0 {
+			byNode[f.node] = append(byNode[f.node], span{f.firedAt, f.end()})
 		}
-		if f.firedAt < e.start && f.end() > prev.plan.sentAt {
-			return true
+	}
+	for _, spans := range byNode {
+		sort.Slice(spans, func(i, j int) bool { return spans[i].from < spans[j].from })
+		for i := 0; i < len(spans); {
+			u := spans[i]
+			for i++; i < len(spans) && spans[i].from <= u.to; i++ {
+				u.to = max(u.to, spans[i].to)
+			}
+			if u.to-u.from >= lease/2 && u.from < to && u.to > from {
+				return true
+			}
 		}
 	}
 	return false
