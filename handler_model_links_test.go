@@ -608,14 +608,17 @@ func (m *hmRound) leaseMayHaveLapsed(prev, e *hmExec) bool {
 	return m.heldLong(prev.plan.sentAt, e.start)
 }
 
-// heldLong reports whether some link held the bytes towards the database
-// for half a lease or more (one hold, or several that overlap) at some
-// time between from and to: long enough for a lease to lapse, its renewals
-// (or the undo of a lost write) not arriving. On the node that holds the
-// lease they do not arrive; on another, a transaction held open there can
-// keep them waiting on a row lock. A renewal lands at the latest a quarter
-// of a lease after the one before, so a lapse takes a hold of about three
-// quarters of it; half leaves room for a busy machine.
+// heldLong reports whether some link held its bytes for half a lease or
+// more (one hold, or several that overlap) at some time between from and
+// to: long enough for a lease to lapse, its renewals (or the undo of a
+// lost write) not arriving. On the node that holds the lease they do not
+// arrive: held on their way, or, when only the answers are held, a store
+// client that gave up on a connection opens a new one whose handshake never
+// completes (Redis's HELLO, a SQL login), so the statement is never sent.
+// On another node, a transaction held open there can keep them waiting on
+// a row lock. A renewal lands at the latest a quarter of a lease after the
+// one before, so a lapse takes a hold of about three quarters of it; half
+// leaves room for a busy machine.
 func (m *hmRound) heldLong(from, to time.Duration) bool {
 	lease := m.opts.lease
 	m.linkMu.Lock()
@@ -623,7 +626,7 @@ func (m *hmRound) heldLong(from, to time.Duration) bool {
 	type span struct{ from, to time.Duration }
 	byNode := map[int][]span{}
 	for _, f := range m.linkEvents {
-		if f.fired && (f.kind == linkHold || f.kind == linkHoldDrop) && f.dirs&1 != 0 {
+		if f.fired && (f.kind == linkHold || f.kind == linkHoldDrop) {
 			byNode[f.node] = append(byNode[f.node], span{f.firedAt, f.end()})
 		}
 	}

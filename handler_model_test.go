@@ -59,10 +59,14 @@ package icebergidempotency
 // overlapping attempt only after a fault (a lost write's undo, a Finalize
 // retried in the background: "The guarantee, and its limits"); C5 is not
 // asked of an attempt within a settle window (10 s) of a fault, since the
-// key may be held by a lost Reserve until its undo lands. C1, C2, C3, C7
-// and C8 are unchanged: once the round is over, the links healed and the
-// nodes' background repairs done, no record is left in flight, and each
-// record is what its last execution made it.
+// key may be held by a lost Reserve until its undo lands; after a link held
+// its bytes for half a lease or more, a lease may have lapsed: "unknown"
+// where nothing executed (a reservation whose release had not landed:
+// "The guarantee, and its limits"), and under abandoned reexecute a second
+// execution (Runbook, "Lease renewals failing"). C2, C3, C7 and C8, and C1
+// under abandoned unknown, are unchanged: once the round is over, the
+// links healed and the nodes' background repairs done, no record is left
+// in flight, and each record is what its last execution made it.
 //
 // Environment: ICEBERG_IDEMPOTENCY_HANDLER_MODEL_SEED (first round's seed;
 // rounds use seed, seed+1, ...), _ROUNDS (exactly that many rounds),
