@@ -1326,19 +1326,24 @@ func (m *hmRound) checkKey(k *hmKey) []string {
 			continue
 		}
 		prev := execs[i-1]
+		// README, Runbook, "Lease renewals failing": "If renewals keep
+		// failing until the lease runs out, other nodes see the record
+		// as abandoned while it still runs. They answer its retries
+		// "unknown", or execute it a second time under abandoned
+		// reexecute."
+		lapsed := func() bool {
+			if m.opts.abandoned == abandonedReexecute && m.leaseMayHaveLapsed(prev, e) {
+				m.cov["C1 executed again after a lease lapsed in a store link fault"]++
+				return true
+			}
+			return false
+		}
 		switch {
 		case m.opts.abandoned == abandonedUnknown && prev.class != classReleased:
 			bad("C1: execution #%d after execution #%d whose outcome was %s (abandoned unknown: never again)", e.n, prev.n, prev.class)
-		case m.opts.abandoned == abandonedReexecute && m.leaseMayHaveLapsed(prev, e):
-			// README, Runbook, "Lease renewals failing": "If renewals
-			// keep failing until the lease runs out, other nodes see the
-			// record as abandoned while it still runs. They answer its
-			// retries "unknown", or execute it a second time under
-			// abandoned reexecute."
-			m.cov["C1 executed again after a lease lapsed in a store link fault"]++
-		case prev.class == classFinal && !prev.late:
+		case prev.class == classFinal && !prev.late && !lapsed():
 			bad("C1: execution #%d after execution #%d whose answer was final (stored)", e.n, prev.n)
-		case prev.class == classReleased && e.start < prev.end && (!prev.late || m.opts.abandoned == abandonedUnknown):
+		case prev.class == classReleased && e.start < prev.end && (!prev.late || m.opts.abandoned == abandonedUnknown) && !lapsed():
 			bad("C1: execution #%d began at %.1fms, before execution #%d's released answer was sent (%.1fms): concurrent executions",
 				e.n, hmMs(e.start), prev.n, hmMs(prev.end))
 		}
@@ -1367,7 +1372,11 @@ func (m *hmRound) checkKey(k *hmKey) []string {
 				// lease lapse before its release lands, "and a retry
 				// that meets the lapsed record before the release lands
 				// hears "unknown" too".
-				if !m.mayHaveExecuted(k, a) && !m.heldLong(0, a.end) {
+				if !m.mayHaveExecuted(k, a) {
+					if m.heldLong(0, a.end) {
+						m.cov["unknown after a lease lapsed in a store link fault"]++
+						continue
+					}
 					bad("C6: %s: outcome unknown, but no attempt of the key could have executed before it", a)
 				}
 			case a.status == http.StatusServiceUnavailable && typ == typeUnavailable && hmStoreUnavailable(a.plain):
