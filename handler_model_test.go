@@ -357,6 +357,7 @@ type hmEnv struct {
 	// faults on them (linkShare of the rounds, _STORE_FAULTS).
 	links       []*hmLink
 	linkShare   float64
+	checkStore  stores.Store                    // the checks' store client, on no faulted link
 	linkTarget  string                          // the database's host:port
 	providerVia func(addr string) StoreProvider // the provider, its database at addr
 }
@@ -376,7 +377,7 @@ type hmRound struct {
 	seed  uint64
 	opts  hmOptions
 	nodes []*hmNode
-	store stores.Store // node 0's store client, for the checks
+	store stores.Store // node 0's store client (with store-link faults, one of its own), for the checks
 	keys  []*hmKey
 	t0    time.Time
 	stop  time.Duration // no new attempts after this
@@ -522,6 +523,14 @@ func (env *hmEnv) openStores(t *testing.T) {
 		t.Fatal(err)
 	}
 	env.linkShare = hmStoreFaultShare(t)
+	if env.linkShare > 0 {
+		s, err := env.provider.OpenStore(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		env.checkStore = s
+	}
 	for i := 0; i < env.nodes; i++ {
 		provider := env.provider
 		if env.linkShare > 0 {
@@ -748,6 +757,9 @@ func (m *hmRound) run(t *testing.T) (int, int, bool) {
 		m.nodes = append(m.nodes, n)
 	}
 	m.store = m.nodes[0].store
+	if m.env.checkStore != nil {
+		m.store = m.env.checkStore
+	}
 	var err error
 	if m.finalizeSet, err = parseStatusSet(m.nodes[0].h.FinalizeStatuses); err != nil {
 		t.Fatal(err)
