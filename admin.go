@@ -332,7 +332,7 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 	if vals, given := r.URL.Query()["force"]; given {
 		// The spellings the README names: strconv.ParseBool also took
 		// t, T, TRUE, True (and their false ones) until the build after
-		// 3c21e19.
+		// 82a3712.
 		switch vals[0] {
 		case "true", "1":
 			force = true

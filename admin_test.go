@@ -398,7 +398,7 @@ func TestAdminQueryParameters(t *testing.T) {
 		{http.MethodDelete, "?force=", `force must be true or false, got \"\"`},
 		{http.MethodDelete, "?force=true;x", `invalid semicolon separator in query`},
 		// strconv.ParseBool's other spellings, which the README does not
-		// name, were taken until the build after 3c21e19.
+		// name, were taken until the build after 82a3712.
 		{http.MethodDelete, "?force=T", `force must be true or false, got \"T\"`},
 		{http.MethodDelete, "?force=True", `force must be true or false, got \"True\"`},
 		{http.MethodDelete, "?force=TRUE", `force must be true or false, got \"TRUE\"`},

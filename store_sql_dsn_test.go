@@ -94,7 +94,7 @@ func TestStoreKeyHidesThePassword(t *testing.T) {
 
 // A JSON config gets no max_conns that the Caddyfile refuses: past
 // 2147483647 both SQL stores refuse it at provisioning, naming the field.
-// Until the build after 3c21e19 the MySQL store took it from JSON (the
+// Until the build after 9db81f6 the MySQL store took it from JSON (the
 // bound was the Caddyfile parser's alone).
 func TestSQLStoreJSONMaxConnsBound(t *testing.T) {
 	for _, tt := range []struct {

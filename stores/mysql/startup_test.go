@@ -208,7 +208,7 @@ func TestTruncatedGreetingIsAnError(t *testing.T) {
 // on another node, reserved it again and executed a second time (a
 // combined batch, between START TRANSACTION and COMMIT, was not hit). Under
 // sql_select_limit=0, the first contact failed with "mysql connect: sql: no
-// rows in result set". Both until the build after 3c21e19.
+// rows in result set". Both until the build after 78f683d.
 func TestDSNSessionVariablesKeepTheStoreWhole(t *testing.T) {
 	for _, params := range []map[string]string{
 		{"autocommit": "0"},

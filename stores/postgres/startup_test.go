@@ -125,7 +125,7 @@ func TestStartWithDatabaseDown(t *testing.T) {
 // protocol, which DateStyle SQL, DMY wrote in a form pgx cannot read ("can't
 // scan into dest[0] (col: now): invalid PostgreSQL date/time value"), and
 // which pgx refuses under a client_encoding other than UTF8 or
-// standard_conforming_strings off. Until the build after 3c21e19 each
+// standard_conforming_strings off. Until the build after e190896 each
 // failed every keyed request's store call with that error; now the store
 // works under each.
 func TestDSNSessionSettingsDoNotBreakTheClockReading(t *testing.T) {

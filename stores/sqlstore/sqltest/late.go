@@ -85,7 +85,7 @@ func ClockSteppedBack(t *testing.T, s stores.Store, stepBack func()) {
 // dropped, and its writes, run again alone, share one new reading (reads
 // counts the store's reads of the clock) and go through, each bounded by
 // the end of its own call (a lone statement that arrives after it is
-// refused: LateReserveWritesNothing). Until the build after 3c21e19 the
+// refused: LateReserveWritesNothing). Until the build after 997d217 the
 // lone writes went with the old reading and were refused again: 32 of 32
 // concurrent Reserves of a batch failed, as a 503 to each request.
 func LateBatchWritesNothing(t *testing.T, rig CombineRig, stepBack func(), reads func() int) {
