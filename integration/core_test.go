@@ -1040,6 +1040,30 @@ func TestCoreBasePathBeforeURIStripPrefix(t *testing.T) {
 	}
 }
 
+// startWarningCase is a Caddyfile (global options and a site's body) and
+// whether a Caddy started with it must log a warning.
+type startWarningCase struct {
+	name, global, site string
+	warned             bool
+}
+
+// checkStartWarning starts a Caddy for each case, in parallel, and checks
+// that it logs warning by the time it serves its config exactly when the
+// case says so.
+func checkStartWarning(t *testing.T, warning string, cases []startWarningCase) {
+	t.Helper()
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := caddyproc.Start(t, caddyproc.Caddyfile(tt.global, tt.site))
+			waitForLog(t, c, "serving initial configuration") // logged once every app started
+			if warned := strings.Contains(c.Logs(), warning); warned != tt.warned {
+				t.Fatalf("warned %v, want %v; logs:\n%s", warned, tt.warned, c.Logs())
+			}
+		})
+	}
+}
+
 // A reverse_proxy that answers before the directive leaves every request it
 // answers unguarded, which nothing told: a global "order
 // iceberg_idempotency before reverse_proxy" line (what most plugins ask
@@ -1050,10 +1074,7 @@ func TestCoreReverseProxyBeforeTheDirectiveIsWarnedOf(t *testing.T) {
 	t.Parallel()
 	b := caddyproc.NewBackend(t)
 	const warning = "iceberg_idempotency comes after a reverse_proxy that can answer first"
-	for _, tt := range []struct {
-		name, global, site string
-		warned             bool
-	}{
+	checkStartWarning(t, warning, []startWarningCase{
 		{"order line before reverse_proxy", "order iceberg_idempotency before reverse_proxy",
 			"iceberg_idempotency\nhandle /v1/* {\nreverse_proxy " + b.Addr() + "\n}", true},
 		{"route written the other way", "", "route {\nreverse_proxy " + b.Addr() + "\niceberg_idempotency\n}", true},
@@ -1064,16 +1085,7 @@ func TestCoreReverseProxyBeforeTheDirectiveIsWarnedOf(t *testing.T) {
 			"handle_path /api/catalog/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", false},
 		{"inside a handle after another", "",
 			"handle /other/* {\nreverse_proxy " + b.Addr() + "\n}\nhandle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", false},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			c := caddyproc.Start(t, caddyproc.Caddyfile(tt.global, tt.site))
-			waitForLog(t, c, "serving initial configuration") // logged once every app started
-			if warned := strings.Contains(c.Logs(), warning); warned != tt.warned {
-				t.Fatalf("warned %v, want %v; logs:\n%s", warned, tt.warned, c.Logs())
-			}
-		})
-	}
+	})
 }
 
 // The directive under a path matcher, and a reverse_proxy to the same
@@ -1088,32 +1100,20 @@ func TestCoreGuardUnderAPathMatcherIsWarnedOf(t *testing.T) {
 	const warning = "a reverse_proxy to the same upstream takes the requests its matcher misses"
 	b := caddyproc.NewBackend(t)
 	other := caddyproc.NewBackend(t)
-	for _, tt := range []struct {
-		name, site string
-		warned     bool
-	}{
-		{"handle /v1/* and a catch-all to the catalog", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", true},
-		{"handle /api/catalog/* and a catch-all (Polaris's management API)", "handle /api/catalog/* {\niceberg_idempotency {\nbase_path /api/catalog\n}\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", true},
-		{"the directive with a matcher", "iceberg_idempotency /v1/*\nreverse_proxy " + b.Addr(), true},
-		{"a catch-all to another upstream", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
-		{"site level", "iceberg_idempotency\nhandle /v1/* {\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", false},
-		{"handle_path inside, a catch-all to another upstream", "handle_path /api/catalog/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
-		{"the directive under a method matcher", "@mutations method POST DELETE\niceberg_idempotency @mutations\nreverse_proxy " + b.Addr(), true},
+	checkStartWarning(t, warning, []startWarningCase{
+		{"handle /v1/* and a catch-all to the catalog", "", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"handle /api/catalog/* and a catch-all (Polaris's management API)", "", "handle /api/catalog/* {\niceberg_idempotency {\nbase_path /api/catalog\n}\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"the directive with a matcher", "", "iceberg_idempotency /v1/*\nreverse_proxy " + b.Addr(), true},
+		{"a catch-all to another upstream", "", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
+		{"site level", "", "iceberg_idempotency\nhandle /v1/* {\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", false},
+		{"handle_path inside, a catch-all to another upstream", "", "handle_path /api/catalog/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
+		{"the directive under a method matcher", "", "@mutations method POST DELETE\niceberg_idempotency @mutations\nreverse_proxy " + b.Addr(), true},
 		// GET with X-HTTP-Method-Override: POST is a GET to Caddy.
-		{"the directive under not method GET", "@mutations not method GET HEAD\niceberg_idempotency @mutations\nreverse_proxy " + b.Addr(), true},
-		{"reads to the catalog beside a guarded catch-all", "@reads method GET HEAD\nhandle @reads {\nreverse_proxy " + b.Addr() + "\n}\nhandle {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}", true},
-		{"a catch-all reverse_proxy with handle_response", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + " {\n@err status 5xx\nhandle_response @err {\nrespond \"catalog error\" 502\n}\n}\n}", true},
-		{"a read replica beside a guarded catch-all", "@reads method GET HEAD\nhandle @reads {\nreverse_proxy " + other.Addr() + "\n}\nhandle {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}", false},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			c := caddyproc.Start(t, caddyproc.Caddyfile("", tt.site))
-			waitForLog(t, c, "serving initial configuration")
-			if warned := strings.Contains(c.Logs(), warning); warned != tt.warned {
-				t.Fatalf("warned %v, want %v; logs:\n%s", warned, tt.warned, c.Logs())
-			}
-		})
-	}
+		{"the directive under not method GET", "", "@mutations not method GET HEAD\niceberg_idempotency @mutations\nreverse_proxy " + b.Addr(), true},
+		{"reads to the catalog beside a guarded catch-all", "", "@reads method GET HEAD\nhandle @reads {\nreverse_proxy " + b.Addr() + "\n}\nhandle {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"a catch-all reverse_proxy with handle_response", "", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + " {\n@err status 5xx\nhandle_response @err {\nrespond \"catalog error\" 502\n}\n}\n}", true},
+		{"a read replica beside a guarded catch-all", "", "@reads method GET HEAD\nhandle @reads {\nreverse_proxy " + other.Addr() + "\n}\nhandle {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}", false},
+	})
 }
 
 // A reverse_proxy in handle_errors to the catalog the directive guards:
@@ -1130,24 +1130,12 @@ func TestCoreReverseProxyInHandleErrorsIsWarnedOf(t *testing.T) {
 	b := caddyproc.NewBackend(t)
 	other := caddyproc.NewBackend(t)
 	toError := "reverse_proxy " + b.Addr() + " {\n@busy status 429\nhandle_response @busy {\nerror \"busy\" 429\n}\n}\n"
-	for _, tt := range []struct {
-		name, site string
-		warned     bool
-	}{
-		{"handle_errors to the catalog", "iceberg_idempotency\n" + toError + "handle_errors {\nreverse_proxy " + b.Addr() + "\n}", true},
-		{"handle_errors 4xx rewrites to the catalog", "iceberg_idempotency\n" + toError + "handle_errors 4xx {\nrewrite * /v1/config\nreverse_proxy " + b.Addr() + "\n}", true},
-		{"handle_errors with its own directive", "iceberg_idempotency\n" + toError + "handle_errors {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}", false},
-		{"handle_errors to another upstream", "iceberg_idempotency\n" + toError + "handle_errors {\nreverse_proxy " + other.Addr() + "\n}", false},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			t.Parallel()
-			c := caddyproc.Start(t, caddyproc.Caddyfile("", tt.site))
-			waitForLog(t, c, "serving initial configuration")
-			if warned := strings.Contains(c.Logs(), warning); warned != tt.warned {
-				t.Fatalf("warned %v, want %v; logs:\n%s", warned, tt.warned, c.Logs())
-			}
-		})
-	}
+	checkStartWarning(t, warning, []startWarningCase{
+		{"handle_errors to the catalog", "", "iceberg_idempotency\n" + toError + "handle_errors {\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"handle_errors 4xx rewrites to the catalog", "", "iceberg_idempotency\n" + toError + "handle_errors 4xx {\nrewrite * /v1/config\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"handle_errors with its own directive", "", "iceberg_idempotency\n" + toError + "handle_errors {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}", false},
+		{"handle_errors to another upstream", "", "iceberg_idempotency\n" + toError + "handle_errors {\nreverse_proxy " + other.Addr() + "\n}", false},
+	})
 }
 
 // A method as a Javalin catalog (Apache Amoro) reads it: upper-cased, or

@@ -192,10 +192,10 @@ func (c *call) decode(v any) error {
 	return nil
 }
 
-// dropConnection closes the request's connection without an answer; SO_LINGER
+// DropConnection closes the request's connection without an answer; SO_LINGER
 // 0 turns the close into a TCP reset. Where the connection cannot be taken
 // over, aborting the handler still leaves the caller without a response.
-func dropConnection(w http.ResponseWriter) {
+func DropConnection(w http.ResponseWriter) {
 	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		panic(http.ErrAbortHandler)
@@ -242,7 +242,7 @@ func (s *Server) wrap(rt route) http.HandlerFunc {
 			return
 		}
 		if rt.mutates && !c.skipCount && s.faults.executed(rt.op) {
-			dropConnection(w)
+			DropConnection(w)
 
 			return
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"hash/fnv"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -113,7 +112,7 @@ func (c *countingCatalog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c.mu.Lock()
 		c.resetAt[key] = append(c.resetAt[key], time.Since(c.start))
 		c.mu.Unlock()
-		reset(w)
+		catalog.DropConnection(w)
 		return
 	case faultSlow:
 		time.Sleep(c.execTO / 4) // not cut short: the request was read
@@ -129,7 +128,7 @@ func (c *countingCatalog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.mu.Unlock()
 	switch f {
 	case faultResetAfter:
-		reset(w)
+		catalog.DropConnection(w)
 		return
 	case faultStallAfter:
 		select {
@@ -143,18 +142,6 @@ func (c *countingCatalog) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.WriteHeader(rec.Code)
 	_, _ = w.Write(rec.Body.Bytes())
-}
-
-// reset closes the request's connection with a TCP RST.
-func reset(w http.ResponseWriter) {
-	conn, _, err := http.NewResponseController(w).Hijack()
-	if err != nil {
-		panic(http.ErrAbortHandler)
-	}
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = conn.Close()
 }
 
 func (c *countingCatalog) snapshot() (map[string][]execution, map[string]int) {
