@@ -113,3 +113,30 @@ func TestSQLStoreJSONMaxConnsBound(t *testing.T) {
 		}
 	}
 }
+
+// A negative option from a JSON config (the Caddyfile parser refuses them
+// before) is refused naming the option and its value. Until the build after
+// f89bcb4 the error named none: "negative max_conns, combined_writes,
+// timeout or interval", and Redis's "negative timeout, interval or pool
+// size".
+func TestStoreJSONNegativeOptionNamed(t *testing.T) {
+	for _, tt := range []struct {
+		config string
+		store  interface{ Provision(caddy.Context) error }
+		want   string
+	}{
+		{`{"dsn":"postgres://127.0.0.1:1/db","max_conns":-2}`, &PostgresStore{}, "postgres: max_conns must not be negative, got -2"},
+		{`{"dsn":"postgres://127.0.0.1:1/db","statement_timeout":"-5s"}`, &PostgresStore{}, "postgres: statement_timeout must not be negative, got -5s"},
+		{`{"dsn":"x@tcp(127.0.0.1:1)/db","combined_writes":-1}`, &MySQLStore{}, "mysql: combined_writes must not be negative, got -1"},
+		{`{"dsn":"x@tcp(127.0.0.1:1)/db","statement_timeout":"-1ms"}`, &MySQLStore{}, "mysql: statement_timeout must not be negative, got -1ms"},
+		{`{"addresses":["127.0.0.1:1"],"read_timeout":"-3s"}`, &RedisStore{}, "redis: read_timeout must not be negative, got -3s"},
+		{`{"addresses":["127.0.0.1:1"],"pool_size":-4}`, &RedisStore{}, "redis: pool_size must not be negative, got -4"},
+	} {
+		if err := json.Unmarshal([]byte(tt.config), tt.store); err != nil {
+			t.Fatal(err)
+		}
+		if err := tt.store.Provision(newCaddyContext(t)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want an error containing %q", tt.config, err, tt.want)
+		}
+	}
+}

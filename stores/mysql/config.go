@@ -9,6 +9,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
 
@@ -77,8 +78,14 @@ func (c *Config) setDefaults() error {
 	if err := sqlstore.ValidateTable(c.Table); err != nil {
 		return fmt.Errorf("mysql: %w", err)
 	}
-	if c.MaxConns < 0 || c.CombinedWrites < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 {
-		return fmt.Errorf("mysql: negative max_conns, combined_writes, timeout or interval")
+	if err := stores.NegativeOption("mysql",
+		stores.Bound{Name: "max_conns", Value: int64(c.MaxConns)},
+		stores.Bound{Name: "combined_writes", Value: int64(c.CombinedWrites)},
+		stores.Bound{Name: "statement_timeout", Value: int64(c.StatementTimeout), Duration: true},
+		stores.Bound{Name: "poll_min", Value: int64(c.PollMin), Duration: true},
+		stores.Bound{Name: "poll_max", Value: int64(c.PollMax), Duration: true},
+	); err != nil {
+		return err
 	}
 	// The Caddyfile bounds max_conns for both SQL stores (pgx counts a
 	// pool in an int32), and a JSON config must not get what the

@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
 
@@ -92,8 +93,15 @@ func (c *Config) setDefaults() error {
 	if err := sqlstore.ValidateTable(c.Table); err != nil {
 		return fmt.Errorf("postgres: %w", err)
 	}
-	if c.MaxConns < 0 || c.CombinedWrites < 0 || c.StatementTimeout < 0 || c.PollMin < 0 || c.PollMax < 0 || c.NotifyFallback < 0 {
-		return fmt.Errorf("postgres: negative max_conns, combined_writes, timeout or interval")
+	if err := stores.NegativeOption("postgres",
+		stores.Bound{Name: "max_conns", Value: int64(c.MaxConns)},
+		stores.Bound{Name: "combined_writes", Value: int64(c.CombinedWrites)},
+		stores.Bound{Name: "statement_timeout", Value: int64(c.StatementTimeout), Duration: true},
+		stores.Bound{Name: "poll_min", Value: int64(c.PollMin), Duration: true},
+		stores.Bound{Name: "poll_max", Value: int64(c.PollMax), Duration: true},
+		stores.Bound{Name: "notify_fallback", Value: int64(c.NotifyFallback), Duration: true},
+	); err != nil {
+		return err
 	}
 	if c.MaxConns > math.MaxInt32 { // pgx keeps it in an int32
 		return fmt.Errorf("postgres: max_conns %d is more than %d", c.MaxConns, math.MaxInt32)

@@ -26,6 +26,8 @@ import (
 	"net"
 	"strings"
 	"time"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
 
 // Defaults of the options.
@@ -110,8 +112,14 @@ func (c *Config) setDefaults() error {
 	if (len(c.Addrs) > 1 || c.Cluster) && c.DB != 0 {
 		return fmt.Errorf("redis: db %d on a cluster (several addresses, or cluster on): a cluster has only db 0", c.DB)
 	}
-	if c.DialTimeout < 0 || c.ReadTimeout < 0 || c.WriteTimeout < 0 || c.PoolSize < 0 || c.NotifyFallback < 0 {
-		return errors.New("redis: negative timeout, interval or pool size")
+	if err := stores.NegativeOption("redis",
+		stores.Bound{Name: "dial_timeout", Value: int64(c.DialTimeout), Duration: true},
+		stores.Bound{Name: "read_timeout", Value: int64(c.ReadTimeout), Duration: true},
+		stores.Bound{Name: "write_timeout", Value: int64(c.WriteTimeout), Duration: true},
+		stores.Bound{Name: "pool_size", Value: int64(c.PoolSize)},
+		stores.Bound{Name: "notify_fallback", Value: int64(c.NotifyFallback), Duration: true},
+	); err != nil {
+		return err
 	}
 	if c.KeyPrefix == "" {
 		c.KeyPrefix = DefaultKeyPrefix
