@@ -28,8 +28,8 @@ import (
 func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	for name, srv := range app.Servers {
 		found, guarded := map[string]bool{}, map[string]bool{}
-		walk := func(routes caddyhttp.RouteList) {
-			w := bypassWalk{named: srv.NamedRoutes}
+		walk := func(routes caddyhttp.RouteList) *bypassWalk {
+			w := &bypassWalk{named: srv.NamedRoutes}
 			w.walkReach(routes, reach{unguarded: true})
 			maps.Copy(guarded, w.guardedAny)
 			for dial := range w.guardedUnderMatcher {
@@ -46,6 +46,7 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 					found[dial] = true
 				}
 			}
+			return w
 		}
 		// A terminal route (a Caddyfile site) ends the requests it
 		// matches: one site's requests never reach another's handlers
@@ -72,8 +73,9 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 			}
 		}
 		walk(through)
+		var errorRoutes *bypassWalk
 		if srv.Errors != nil {
-			walk(srv.Errors.Routes)
+			errorRoutes = walk(srv.Errors.Routes)
 		}
 		if len(found) > 0 {
 			shared := slices.Sorted(maps.Keys(found))
@@ -85,7 +87,7 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 				"(with base_path for a prefix; it passes reads by itself)",
 				zap.String("server", name), zap.Strings("upstreams", shared))
 		}
-		if srv.Errors == nil {
+		if errorRoutes == nil {
 			continue
 		}
 		// The error routes (handle_errors) run with the request a handler
@@ -94,10 +96,8 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 		// catalog's 429 into an error. A reverse_proxy there to an
 		// upstream the directive guards sends a keyed mutation to it
 		// unguarded, and its retry, guarded again, executes once more.
-		w := bypassWalk{named: srv.NamedRoutes}
-		w.walkReach(srv.Errors.Routes, reach{unguarded: true})
 		var exposed []string
-		for dial := range w.unguarded {
+		for dial := range errorRoutes.unguarded {
 			if guarded[dial] {
 				exposed = append(exposed, dial)
 			}
