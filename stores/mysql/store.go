@@ -107,6 +107,15 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	mc.ParseTime = true
 	mc.Loc = time.UTC // the columns hold UTC; the driver must not shift them
 	mc.ClientFoundRows = false
+	// A pooled connection the server closed (a restart, a failover, KILL)
+	// is found before a statement is sent on it, and replaced. With
+	// checkConnLiveness=false in the DSN, the next call on each such
+	// connection failed (preparing its statement, so nothing ran): a 503
+	// for one request per pooled connection.
+	mc.CheckConnLiveness = true
+	// The driver's own complaints (a broken connection it closes) go to
+	// the store's log, not to Caddy's stderr in a format of their own.
+	mc.Logger = driverLogger{log: s.log, dsn: cfg.DSN, password: mc.Passwd}
 	if mc.Timeout == 0 || mc.Timeout > cfg.StatementTimeout {
 		mc.Timeout = cfg.StatementTimeout
 	}

@@ -81,6 +81,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	case !strings.Contains(cfg.DSN, "pool_max_conns"):
 		pcfg.MaxConns = DefaultMaxConns
 	}
+	pcfg.ShouldPing = shouldPing
 	cc := pcfg.ConnConfig
 	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > cfg.StatementTimeout {
 		cc.ConnectTimeout = cfg.StatementTimeout
