@@ -54,17 +54,17 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //	    abandoned          unknown|reexecute
 //	    max_request_size   <size>
 //	    max_response_size  <size>
-//	    require_key
+//	    require_key        [on|off]
 //	    key_versions       <version...>|any
 //	    base_path          <path>
 //	    principal          <placeholder expression>
 //	    finalize_statuses  <status|class...>
 //	    release_statuses   <status|class...>
 //	    replay_headers     <header...>
-//	    fail_open
+//	    fail_open          [on|off]
 //	    secret             <placeholder>
 //	    previous_secrets   <placeholder...>
-//	    require_secret
+//	    require_secret     [on|off]
 //	}
 //
 // Each option may be given once.
@@ -152,10 +152,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "require_key":
-			if d.NextArg() {
-				return d.ArgErr()
+			on, err := parseFlag(d)
+			if err != nil {
+				return err
 			}
-			h.RequireKey = true
+			h.RequireKey = on
 		case "key_versions":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -177,10 +178,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				h.KeyVersions = append(h.KeyVersions, v)
 			}
 		case "fail_open":
-			if d.NextArg() {
-				return d.ArgErr()
+			on, err := parseFlag(d)
+			if err != nil {
+				return err
 			}
-			h.FailOpen = true
+			h.FailOpen = on
 		case "base_path":
 			arg, err := singleArg(d)
 			if err != nil {
@@ -231,10 +233,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.PreviousSecrets = args
 		case "require_secret":
-			if d.NextArg() {
-				return d.ArgErr()
+			on, err := parseFlag(d)
+			if err != nil {
+				return err
 			}
-			h.RequireSecret = true
+			h.RequireSecret = on
 		default:
 			return d.Errf("unknown iceberg_idempotency option %q", opt)
 		}
@@ -297,6 +300,18 @@ func (g givenOptions) once(d *caddyfile.Dispenser, name string) error {
 	}
 	g[name] = optionAt{d.File(), d.Line()}
 	return nil
+}
+
+// parseFlag reads a handler flag: on alone, or with on, off, true or
+// false after it, the spellings the store switches take, so that a
+// Caddyfile may spell every switch alike (until the build after a2ea714
+// "require_key on" was an argument-count error).
+func parseFlag(d *caddyfile.Dispenser) (bool, error) {
+	if !d.NextArg() {
+		return true, nil
+	}
+	d.Prev()
+	return parseOnOff(d)
 }
 
 // singleArg returns the option's one value, which must not be empty: an

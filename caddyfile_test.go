@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/caddyauth"
 	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/encode"
@@ -236,6 +237,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"lifetime twice", "iceberg_idempotency {\n\t\tlifetime 1h\n\t\tlease 1m\n\t\tlifetime 2h\n\t}", `lifetime given twice (first on line 3)`, "at Caddyfile:5"},
 		{"secret twice", "iceberg_idempotency {\n\t\tsecret {env.A}\n\t\tsecret {env.B}\n\t}", `secret given twice (first on line 3)`, "at Caddyfile:4"},
 		{"flag twice", "iceberg_idempotency {\n\t\tfail_open\n\t\tfail_open\n\t}", `fail_open given twice`, "at Caddyfile:4"},
+		{"flag misspelt", "iceberg_idempotency {\n\t\trequire_key yes\n\t}", `require_key must be on or off, got "yes"`, "at Caddyfile:3"},
+		{"flag with two values", "iceberg_idempotency {\n\t\tfail_open on off\n\t}", `fail_open takes a single value`, "at Caddyfile:3"},
 		{"dsn twice", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn postgres://a/x\n\t\t\tdsn postgres://b/x\n\t\t}\n\t}", `dsn given twice (first on line 4)`, "at Caddyfile:5"},
 		{"table twice", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\ttable a\n\t\t\ttable b\n\t\t}\n\t}", `table given twice (first on line 5)`, "at Caddyfile:6"},
 		{"listen_notify twice", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn x\n\t\t\tlisten_notify on\n\t\t\tlisten_notify off\n\t\t}\n\t}", `listen_notify given twice`, "at Caddyfile:6"},
@@ -268,6 +271,25 @@ func TestCaddyfileErrors(t *testing.T) {
 				t.Fatalf("error = %v, want it to contain %q and end with %q", err, tt.want, tt.at)
 			}
 		})
+	}
+}
+
+// TestCaddyfileFlagSpellings: a handler flag alone is on, and takes the
+// store switches' spellings after it. Until the build after a2ea714,
+// "require_key on" was "wrong argument count".
+func TestCaddyfileFlagSpellings(t *testing.T) {
+	for _, tt := range []struct {
+		arg  string
+		want bool
+	}{{"", true}, {" on", true}, {" true", true}, {" off", false}, {" false", false}} {
+		var h Handler
+		d := caddyfile.NewTestDispenser("iceberg_idempotency {\nrequire_key" + tt.arg + "\nfail_open" + tt.arg + "\nrequire_secret" + tt.arg + "\n}")
+		if err := h.UnmarshalCaddyfile(d); err != nil {
+			t.Fatalf("%q: %v", tt.arg, err)
+		}
+		if h.RequireKey != tt.want || h.FailOpen != tt.want || h.RequireSecret != tt.want {
+			t.Fatalf("%q: require_key %v, fail_open %v, require_secret %v; want %v", tt.arg, h.RequireKey, h.FailOpen, h.RequireSecret, tt.want)
+		}
 	}
 }
 
