@@ -45,6 +45,9 @@ type Store struct {
 	// marks counts Await's marks that set watched on a row (see
 	// queries.mark); tests read it.
 	marks atomic.Int64
+	// noStartupTimeout is set once a pooler refused the statement_timeout
+	// startup parameter: later connections go without it (see pooler.go).
+	noStartupTimeout atomic.Bool
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -82,6 +85,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 		pcfg.MaxConns = DefaultMaxConns
 	}
 	pcfg.ShouldPing = shouldPing
+	pcfg.BeforeConnect = s.beforeConnect
 	cc := pcfg.ConnConfig
 	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > cfg.StatementTimeout {
 		cc.ConnectTimeout = cfg.StatementTimeout
@@ -140,9 +144,11 @@ func (s *Store) Ready(ctx context.Context) error { return s.lazy.Ready(ctx) }
 // firstContact pings, checks or migrates the schema and starts listening.
 // sqlstore.Lazy runs it once at a time, until it succeeds.
 func (s *Store) firstContact(ctx context.Context) error {
-	pctx, cancel := s.opCtx(ctx)
-	err := s.pool.Ping(pctx)
-	cancel()
+	err := s.ping(ctx)
+	if startupTimeoutRefused(err) && !s.noStartupTimeout.Swap(true) {
+		s.log.Warn("postgres (or a pooler in front of it) refused the statement_timeout startup parameter: connecting without it")
+		err = s.ping(ctx)
+	}
 	if err != nil {
 		return s.wrap("connect", err)
 	}
@@ -151,12 +157,19 @@ func (s *Store) firstContact(ctx context.Context) error {
 			return err
 		}
 		s.migrated = true
+		if err := s.checkServerTimeout(ctx); err != nil {
+			return err
+		}
 	}
 	if err := s.syncClock(ctx); err != nil {
 		return err
 	}
 	if s.cfg.ListenNotify && s.listener == nil {
-		l, err := startListener(ctx, s.pool.Config().ConnConfig.Copy(), s.cfg.Table+"_changed", s.log)
+		cc := s.pool.Config().ConnConfig.Copy()
+		if err := s.beforeConnect(ctx, cc); err != nil {
+			return err
+		}
+		l, err := startListener(ctx, cc, s.cfg.Table+"_changed", s.log)
 		if err != nil {
 			return s.wrap("listen", err)
 		}
@@ -165,6 +178,13 @@ func (s *Store) firstContact(ctx context.Context) error {
 	s.log.Info("postgres idempotency store ready",
 		zap.String("dsn", sqlstore.RedactDSN(s.cfg.DSN)), zap.Bool("listen_notify", s.cfg.ListenNotify))
 	return nil
+}
+
+// ping gets a connection and pings it, within one call's time.
+func (s *Store) ping(ctx context.Context) error {
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	return s.pool.Ping(ctx)
 }
 
 // Close stops connecting, stops listening and closes the pool.
@@ -189,7 +209,7 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 // marks it transient when it is (see sqlstore.IsTransient), and not sent
 // when it proves that (see stores.MarkNotSent).
 func (s *Store) wrap(op string, err error) error {
-	out := fmt.Errorf("postgres %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
+	out := fmt.Errorf("postgres %s: %w%s", op, sqlstore.RedactError(err, s.dsn, s.password), preparedStatementHint(err))
 	if notSent(err) {
 		out = stores.MarkNotSent(out)
 	}

@@ -262,3 +262,14 @@ func (p *Proxy) Stop() {
 	p.mu.Unlock()
 	p.wg.Wait()
 }
+
+// FreePort returns a loopback port nothing listens on, drawn as a Proxy's
+// is, for a server a test starts itself.
+func FreePort() (int, error) {
+	ln, err := listenOwnPort()
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
