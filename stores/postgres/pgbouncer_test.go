@@ -132,7 +132,7 @@ func openThrough(t *testing.T, dsn, table string, mutate func(*Config)) (*Store,
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	core, logs := observer.New(zap.WarnLevel)
+	core, logs := observer.New(zap.InfoLevel)
 	s, err := Open(context.Background(), cfg, zap.New(core))
 	if err != nil {
 		t.Fatal(err)

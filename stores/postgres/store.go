@@ -146,7 +146,9 @@ func (s *Store) Ready(ctx context.Context) error { return s.lazy.Ready(ctx) }
 func (s *Store) firstContact(ctx context.Context) error {
 	err := s.ping(ctx)
 	if startupTimeoutRefused(err) && !s.noStartupTimeout.Swap(true) {
-		s.log.Warn("postgres (or a pooler in front of it) refused the statement_timeout startup parameter: connecting without it")
+		// Info: what matters is whether the sessions are bounded all the
+		// same (by the role), which checkServerTimeout warns of if not.
+		s.log.Info("postgres (or a pooler in front of it) refused the statement_timeout startup parameter: connecting without it")
 		err = s.ping(ctx)
 	}
 	if err != nil {
