@@ -6,10 +6,10 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -106,17 +106,8 @@ func waitConnectionsGone(t *testing.T, ids []int64) {
 	t.Helper()
 	a := admin(t)
 	list := strings.Trim(strings.Join(strings.Fields(fmt.Sprint(ids)), ","), "[]")
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		var n int
-		if err := a.QueryRow("SELECT count(*) FROM information_schema.processlist WHERE id IN (" + list + ")").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d killed connections still listed after 10s", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	sqltest.WaitNoneLeft(t, "killed connections", func() (n int, err error) {
+		err = a.QueryRow("SELECT count(*) FROM information_schema.processlist WHERE id IN (" + list + ")").Scan(&n)
+		return n, err
+	})
 }

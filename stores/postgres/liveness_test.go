@@ -110,19 +110,10 @@ func warmPool(t *testing.T, pool *pgxpool.Pool, n int) time.Time {
 // sent is on the sockets before the calls.
 func waitSessionsGone(t *testing.T, a *pgx.Conn, app string) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		var n int
-		if err := a.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d ended sessions still there after 10s", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	sqltest.WaitNoneLeft(t, "ended sessions", func() (n int, err error) {
+		err = a.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app).Scan(&n)
+		return n, err
+	})
 }
 
 // withParams sets DSN parameters, in either DSN form.

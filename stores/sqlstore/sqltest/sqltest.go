@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"os"
 	"testing"
+	"time"
 )
 
 // DSN returns the DSN in env, or def when env is unset.
@@ -37,4 +38,23 @@ func TableName(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return "idem_test_" + hex.EncodeToString(b[:])
+}
+
+// WaitNoneLeft polls count until it reports none, for up to 10 s: the
+// connections a test ended take a moment to leave the server's list. what
+// names them in the failure.
+func WaitNoneLeft(t testing.TB, what string, count func() (int, error)) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		n, err := count()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d %s still there after 10s", n, what)
+		}
+	}
 }
