@@ -16,9 +16,9 @@ import (
 // things the store relies on; see the README's "Behind a connection pooler".
 //
 // PgBouncer refuses a startup parameter it does not know, statement_timeout
-// among them, failing every connection: the store then connects without it
-// (startupTimeout), and checks what bound the sessions it gets actually
-// have (checkServerTimeout). In transaction or statement mode a session's
+// among them, failing every connection: once it has (startupTimeoutRefused),
+// the store connects without it (beforeConnect), and checks what bound the
+// sessions it gets actually have (checkServerTimeout). In transaction or statement mode a session's
 // prepared statements are not the client's: pgx's default statement cache
 // fails on them, and the error says what to put in the DSN
 // (preparedStatementHint).

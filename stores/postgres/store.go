@@ -30,6 +30,9 @@ type Store struct {
 	log      *zap.Logger
 	lazy     sqlstore.Lazy
 	migrated bool // by an earlier attempt of the first contact
+	// timeoutChecked: an earlier attempt of the first contact read the
+	// sessions' statement_timeout (see checkServerTimeout).
+	timeoutChecked bool
 	// combined runs Reserve's and Finalize's statements together with
 	// those of concurrent requests; nil when Config.CombinedWrites is 0.
 	combined *sqlstore.Combiner[string]
@@ -159,9 +162,12 @@ func (s *Store) firstContact(ctx context.Context) error {
 			return err
 		}
 		s.migrated = true
+	}
+	if !s.timeoutChecked {
 		if err := s.checkServerTimeout(ctx); err != nil {
 			return err
 		}
+		s.timeoutChecked = true
 	}
 	if err := s.syncClock(ctx); err != nil {
 		return err
