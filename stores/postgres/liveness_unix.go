@@ -24,11 +24,16 @@ func socketQuiet(c net.Conn) bool {
 	}
 	var peekErr error
 	var buf [1]byte
-	err = raw.Read(func(fd uintptr) bool {
+	// Control, not Read: Read takes the socket's read lock, which a
+	// reader blocked on it holds until data comes. pgx leaves one so
+	// after a write slow enough to start its background reader (a large
+	// answer being stored), and in CI a peek waited behind it for good,
+	// with nothing to come since the connection was never sent anything
+	// again. Peeking takes nothing, so it cannot disturb such a reader.
+	err = raw.Control(func(fd uintptr) {
 		// The net package keeps its sockets non-blocking: the call
 		// returns EAGAIN at once when nothing is waiting.
 		_, _, peekErr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK)
-		return true // done either way: never wait for data
 	})
 	if err != nil {
 		return false
