@@ -389,6 +389,7 @@ func (s *soak) askGaveUp(execs map[string][]execution) counter {
 		wg.Go(func() {
 			for r := range work {
 				var a attempt
+				asked := time.Since(s.cat.start)
 				deadline := time.Now().Add(150 * time.Second)
 				for {
 					a = s.send(hc, r, 0)
@@ -404,8 +405,19 @@ func (s *soak) askGaveUp(execs map[string][]execution) counter {
 				what := label(a)
 				s.cat.mu.Lock()
 				resets := len(s.cat.resetAt[r.key])
+				var faultAfter catalogFault
+				for _, e := range s.cat.execs[r.key] {
+					if e.at >= asked && (e.fault == faultResetAfter || e.fault == faultStallAfter) {
+						faultAfter = e.fault
+					}
+				}
 				s.cat.mu.Unlock()
-				if isUnknown(a) && a.status != 500 && resets > 0 {
+				if isUnknown(a) && a.status != 500 && faultAfter != faultNone {
+					// This ask executed the key, and the catalog then reset
+					// or stalled it (a fault drawn for it): unknown is its
+					// answer, not something the run left behind.
+					what += ", this ask executed it, then the catalog drew: " + faultNames[faultAfter]
+				} else if isUnknown(a) && a.status != 500 && resets > 0 {
 					// This attempt went to the catalog, which reset it
 					// before executing (a fault drawn for it).
 					what += ", this attempt reset by the catalog before executing"
