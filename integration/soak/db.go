@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -17,6 +16,8 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
 
 // privateDB is a database server this soak starts itself, on its own port
@@ -56,25 +57,10 @@ func newPrivateDB(kind, dir string, port int) (*privateDB, error) {
 
 func (d *privateDB) dataDir() string { return filepath.Join(d.dir, "data") }
 
-// postgresCred runs PostgreSQL's binaries as user postgres when this process
-// is root (PostgreSQL refuses to run as root).
-func postgresCred() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, err
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
-
 func (d *privateDB) init() error {
 	switch d.kind {
 	case "postgres":
-		cred, err := postgresCred()
+		cred, err := sqltest.PostgresCredential()
 		if err != nil {
 			return err
 		}
@@ -114,7 +100,7 @@ func (d *privateDB) command() (*exec.Cmd, error) {
 	p := strconv.Itoa(d.port)
 	switch d.kind {
 	case "postgres":
-		cred, err := postgresCred()
+		cred, err := sqltest.PostgresCredential()
 		if err != nil {
 			return nil, err
 		}

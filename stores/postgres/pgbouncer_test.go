@@ -1,3 +1,5 @@
+//go:build unix
+
 package postgres
 
 import (
@@ -7,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -58,16 +59,12 @@ func startPgBouncer(t *testing.T, mode string, poolSize int, params string) stri
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	var cred *syscall.Credential
-	if os.Geteuid() == 0 { // PgBouncer refuses to run as root
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Fatalf("pgbouncer will not run as root, and there is no postgres user to run it as: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		if err := os.Chown(dir, uid, gid); err != nil {
+	cred, err := sqltest.PostgresCredential()
+	if err != nil {
+		t.Fatalf("pgbouncer will not run as root, and there is no postgres user to run it as: %v", err)
+	}
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
 			t.Fatal(err)
 		}
 	}
