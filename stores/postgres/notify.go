@@ -2,6 +2,8 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -87,6 +89,33 @@ func (l *listener) run(ctx context.Context, conn *pgx.Conn) {
 			continue
 		}
 		l.Wake(n.Payload)
+	}
+}
+
+// hears reports whether a notification that send puts on the channel
+// reaches the listening connection before ctx ends. Behind a connection
+// pooler in transaction or statement mode it does not: the LISTEN ran on
+// a server session the pooler lent for that one statement, and the
+// pooler drops what that session is sent later. The payload cannot be a
+// key, so other nodes' listeners wake no one for it. A reconnect of the
+// listener during the wait wakes every subscriber, this one included, and
+// counts as heard: the fallback poll covers that rare mistake.
+func (l *listener) hears(ctx context.Context, send func(ctx context.Context, payload string) error) (bool, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return false, err
+	}
+	payload := "probe " + hex.EncodeToString(b[:])
+	heard, unsubscribe := l.Subscribe(payload)
+	defer unsubscribe()
+	if err := send(ctx, payload); err != nil {
+		return false, err
+	}
+	select {
+	case <-heard:
+		return true, nil
+	case <-ctx.Done():
+		return false, nil
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -233,5 +234,50 @@ func TestBehindPgBouncerPreparedStatements(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("no prepared-statement error met: the case was not shown (errors: %v)", errs)
+	}
+}
+
+// TestBehindPgBouncerListenNotify: in transaction and statement mode the
+// LISTEN runs on whichever server session PgBouncer lends for it, which
+// then goes back to its pool, and PgBouncer drops the notifications that
+// session gets later ("got packet 'A' from server when not linked"). With
+// listen_notify left on, a waiting duplicate slept until its fallback poll
+// (here a minute, 1 s by default) after every change. The store now finds
+// out at its first contact, by notifying itself, warns and polls instead.
+// In session mode the LISTEN keeps its session: no warning, and the
+// waiter marks the record so that its change notifies.
+func TestBehindPgBouncerListenNotify(t *testing.T) {
+	for _, mode := range []string{"transaction", "statement", "session"} {
+		t.Run(mode, func(t *testing.T) {
+			dsn := startPgBouncer(t, mode, 4, "default_query_exec_mode=exec")
+			owner, cfg := openStore(t, nil) // creates the table, drops it after
+			waiter, logs := openThrough(t, dsn, cfg.Table, func(c *Config) {
+				c.ListenNotify, c.NotifyFallback = true, time.Minute
+			})
+			unheard := logs.FilterMessageSnippet("set listen_notify off").Len()
+			if want := map[bool]int{true: 0, false: 1}[mode == "session"]; unheard != want {
+				t.Fatalf("%d warnings that notifications do not arrive, want %d: %v", unheard, want, logs.All())
+			}
+			ctx := context.Background()
+			key := storetest.NewKey(t)
+			r := storetest.Reservation(key, storetest.Long, storetest.Long)
+			if res, err := owner.Reserve(ctx, r); err != nil || !res.Reserved {
+				t.Fatalf("Reserve = %+v, %v", res, err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			got := awaitAsync(t, wctx, waiter, key)
+			if mode == "session" {
+				waitWatched(t, cfg.Table, key)
+			} else {
+				time.Sleep(100 * time.Millisecond) // the waiter has loaded the in-flight record
+			}
+			if err := owner.Finalize(ctx, key, r.Owner, finalResp); err != nil {
+				t.Fatal(err)
+			}
+			if rec := <-got; rec == nil || rec.State != stores.StateFinal {
+				t.Fatalf("Await = %+v: the waiter slept through the Finalize", rec)
+			}
+		})
 	}
 }

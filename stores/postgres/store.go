@@ -24,7 +24,7 @@ type Store struct {
 	cfg      Config
 	timeout  time.Duration
 	backoff  sqlstore.Backoff
-	listener *listener // nil unless Config.ListenNotify; set by the first contact
+	listener *listener // nil unless Config.ListenNotify and notifications arrive; set by the first contact
 	dsn      string
 	password string
 	log      *zap.Logger
@@ -33,6 +33,9 @@ type Store struct {
 	// timeoutChecked: an earlier attempt of the first contact read the
 	// sessions' statement_timeout (see checkServerTimeout).
 	timeoutChecked bool
+	// listenChecked: an earlier attempt of the first contact started
+	// listening and found out whether notifications arrive (see listen).
+	listenChecked bool
 	// combined runs Reserve's and Finalize's statements together with
 	// those of concurrent requests; nil when Config.CombinedWrites is 0.
 	combined *sqlstore.Combiner[string]
@@ -172,7 +175,24 @@ func (s *Store) firstContact(ctx context.Context) error {
 	if err := s.syncClock(ctx); err != nil {
 		return err
 	}
-	if s.cfg.ListenNotify && s.listener == nil {
+	if s.cfg.ListenNotify && !s.listenChecked {
+		if err := s.listen(ctx); err != nil {
+			return err
+		}
+		s.listenChecked = true
+	}
+	s.log.Info("postgres idempotency store ready",
+		zap.String("dsn", sqlstore.RedactDSN(s.cfg.DSN)), zap.Bool("listen_notify", s.listener != nil))
+	return nil
+}
+
+// listen starts the LISTEN connection and checks, by notifying it through
+// the pool, that notifications reach it. When they do not (a pooler in
+// transaction or statement mode), Await would sleep until its fallback
+// poll after every change: the store stops listening, warns, and polls as
+// with listen_notify off.
+func (s *Store) listen(ctx context.Context) error {
+	if s.listener == nil {
 		cc := s.pool.Config().ConnConfig.Copy()
 		if err := s.beforeConnect(ctx, cc); err != nil {
 			return err
@@ -183,8 +203,22 @@ func (s *Store) firstContact(ctx context.Context) error {
 		}
 		s.listener = l
 	}
-	s.log.Info("postgres idempotency store ready",
-		zap.String("dsn", sqlstore.RedactDSN(s.cfg.DSN)), zap.Bool("listen_notify", s.cfg.ListenNotify))
+	pctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	heard, err := s.listener.hears(pctx, func(ctx context.Context, payload string) error {
+		_, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.listener.channel, payload)
+		return err
+	})
+	if err != nil {
+		return s.wrap("listen: notify", err)
+	}
+	if !heard {
+		s.log.Warn("postgres notifications do not reach the store's LISTEN connection (a connection pooler in transaction or statement mode?): waiting duplicates poll instead; set listen_notify off",
+			zap.Duration("waited", s.timeout))
+		s.listener.stop()
+		s.listener = nil
+		s.backoff = sqlstore.Backoff{Min: s.cfg.PollMin, Max: s.cfg.PollMax}
+	}
 	return nil
 }
 
