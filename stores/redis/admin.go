@@ -27,7 +27,7 @@ if ARGV[3] ~= '1' then
 	if cur[1] ~= 'in_flight' or tonumber(cur[2] or '0') > now() then return 0 end
 end
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
-redis.call('PUBLISH', ARGV[1], ARGV[2])
+announce(ARGV[1], ARGV[2])
 return 1
 `)
 

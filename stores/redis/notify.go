@@ -1,9 +1,12 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +25,7 @@ import (
 type listener struct {
 	client  goredis.UniversalClient
 	channel string
+	user    string        // the ACL user, named in the fix for a denied channel
 	idle    time.Duration // ping after this long without traffic
 	log     *zap.Logger
 
@@ -38,9 +42,9 @@ type listener struct {
 	stopped bool
 }
 
-func startListener(client goredis.UniversalClient, channel string, idle time.Duration, log *zap.Logger) *listener {
+func startListener(client goredis.UniversalClient, channel, user string, idle time.Duration, log *zap.Logger) *listener {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &listener{client: client, channel: channel, idle: max(idle, 100*time.Millisecond), log: log,
+	l := &listener{client: client, channel: channel, user: cmp.Or(user, "default"), idle: max(idle, 100*time.Millisecond), log: log,
 		cancel: cancel, done: make(chan struct{})}
 	go l.run(ctx)
 	return l
@@ -67,7 +71,7 @@ func (l *listener) run(ctx context.Context) {
 			warned = false
 		}
 		if !warned {
-			l.log.Warn("redis subscription lost, resubscribing", zap.Error(err))
+			l.warnLost(err)
 			warned = true
 		}
 		select {
@@ -76,6 +80,20 @@ func (l *listener) run(ctx context.Context) {
 		case <-time.After(retry.Next()):
 		}
 	}
+}
+
+// warnLost says why the subscription is down. A user the server does not
+// allow the channel is told so with the grant to make: Redis 7 gives an ACL
+// user no channels unless told (acl-pubsub-default resetchannels), and
+// until granted, waiting duplicates wake only at their fallback poll.
+func (l *listener) warnLost(err error) {
+	if err != nil && strings.HasPrefix(err.Error(), "NOPERM") {
+		l.log.Warn("redis user may not use the store's change channel: waiting duplicates wake only at their fallback poll (1 s) instead of at once; grant it the channel",
+			zap.Error(err), zap.String("channel", l.channel),
+			zap.String("fix", fmt.Sprintf("ACL SETUSER %s &%s", l.user, l.channel)))
+		return
+	}
+	l.log.Warn("redis subscription lost, resubscribing", zap.Error(err))
 }
 
 // serve reads the subscription until it fails. A connection that stays

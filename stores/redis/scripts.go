@@ -15,14 +15,20 @@ import goredis "github.com/redis/go-redis/v9"
 //	status, headers, body    the response (final only); headers JSON
 //	key_id                   sealing secret id ('' in clear)
 
-// prelude is shared by every script: now() reads the server's clock, and
-// ms() writes a number without an exponent.
+// prelude is shared by every script: now() reads the server's clock, ms()
+// writes a number without an exponent, and announce() tells waiting
+// duplicates that a key changed. announce runs after the script's writes,
+// which Redis does not undo when a later command fails, and a user denied
+// the channel (Redis 7 gives an ACL user none unless told) fails PUBLISH:
+// the change then stands and is only unannounced (the waiters re-read
+// every NotifyFallback), so the failure must not fail the script.
 const prelude = `
 local function now()
 	local t = redis.call('TIME')
 	return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function ms(n) return string.format('%.0f', n) end
+local function announce(channel, key) redis.pcall('PUBLISH', channel, key) end
 local function owned(key, owner)
 	local cur = redis.call('HMGET', key, 'state', 'owner')
 	return cur[1] == 'in_flight' and cur[2] == owner
@@ -74,7 +80,7 @@ var finalizeScript = goredis.NewScript(prelude + `
 if not owned(KEYS[1], ARGV[1]) then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'final', 'status', ARGV[2], 'headers', ARGV[3], 'body', ARGV[4], 'key_id', ARGV[5])
 redis.call('HDEL', KEYS[1], 'owner', 'lease')
-redis.call('PUBLISH', ARGV[6], ARGV[7])
+announce(ARGV[6], ARGV[7])
 return 1
 `)
 
@@ -83,7 +89,7 @@ return 1
 var releaseScript = goredis.NewScript(prelude + `
 if not owned(KEYS[1], ARGV[1]) then return 0 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+announce(ARGV[2], ARGV[3])
 return 1
 `)
 
@@ -108,7 +114,7 @@ if not owned(KEYS[1], ARGV[1]) then return 0 end
 local t = now()
 local lease = tonumber(redis.call('HGET', KEYS[1], 'lease'))
 if lease == nil or lease > t then redis.call('HSET', KEYS[1], 'lease', ms(t)) end
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+announce(ARGV[2], ARGV[3])
 return 1
 `)
 
@@ -122,6 +128,6 @@ local lease = tonumber(redis.call('HGET', KEYS[1], 'lease'))
 if lease ~= nil and lease > t then return 0 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'lease', ms(t + tonumber(ARGV[3])))
 outlive(KEYS[1], t, tonumber(ARGV[6]))
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+announce(ARGV[4], ARGV[5])
 return 1
 `)

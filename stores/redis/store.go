@@ -150,7 +150,7 @@ func (s *Store) startListener() {
 			return
 		default:
 		}
-		s.listener = startListener(s.client, s.channel, s.cfg.NotifyFallback, s.log)
+		s.listener = startListener(s.client, s.channel, s.cfg.Username, s.cfg.NotifyFallback, s.log)
 	})
 }
 

@@ -1,0 +1,116 @@
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// aclUser creates an ACL user with rules, deleted when the test ends.
+func aclUser(t *testing.T, rules ...string) (user, password string) {
+	t.Helper()
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	user, password = "iceberg_idempotency_test_"+hex.EncodeToString(b[:]), hex.EncodeToString(b[:])
+	c := redistest.Admin(t)
+	ctx := context.Background()
+	args := append([]any{"ACL", "SETUSER", user, "on", ">" + password}, anys(rules)...)
+	if err := c.Do(ctx, args...).Err(); err != nil {
+		t.Skipf("the test server refuses ACL SETUSER: %v", err)
+	}
+	t.Cleanup(func() { c.Do(context.Background(), "ACL", "DELUSER", user) })
+	return user, password
+}
+
+func anys(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+// openAs opens a store under a fresh key prefix as user, its log observed.
+func openAs(t *testing.T, user, password string) (*Store, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := Config{Addrs: []string{redistest.Addr(t)}, KeyPrefix: redistest.Prefix(t), Username: user, Password: password}
+	s, err := Open(cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, logs
+}
+
+// warnedOfChannel waits for s's subscription to succeed or be refused and
+// returns the warnings of a denied channel.
+func warnedOfChannel(s *Store, logs *observer.ObservedLogs) []observer.LoggedEntry {
+	s.Warm()
+	deadline := time.Now().Add(5 * time.Second)
+	for logs.FilterMessageSnippet("change channel").Len() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return logs.FilterMessageSnippet("may not use the store's change channel").All()
+}
+
+// TestChannelDenied: every script that changes a record announces it on
+// the store's channel after its writes, and Redis does not undo a script's
+// writes when a later command fails. Until the build after 6b01777, a user
+// denied the channel had every Finalize, Release, Abandon, TakeOver and
+// Forget write its change and then fail: the handler retried a Finalize
+// that had landed, treated a landed Release as failed, and answered 503
+// to a retry whose TakeOver had landed, leaving the key to a lease nobody
+// renewed. Now the change stands and is reported as made, and the
+// subscription's warning gives the grant to make. The user is one an
+// operator following Redis 7's ACL documentation would make: its keys and
+// every command, but no channel (acl-pubsub-default resetchannels, said
+// here too in case the server's default differs).
+func TestChannelDenied(t *testing.T) {
+	user, password := aclUser(t, "~iceberg_idempotency_test_*", "resetchannels", "+@all")
+	t.Run("warns with the grant", func(t *testing.T) {
+		s, logs := openAs(t, user, password)
+		warned := warnedOfChannel(s, logs)
+		if len(warned) != 1 {
+			t.Fatalf("%d warnings of the denied channel, want 1: %v", len(warned), logs.All())
+		}
+		if fix, want := warned[0].ContextMap()["fix"], "ACL SETUSER "+user+" &"+s.channel; fix != want {
+			t.Fatalf("the warning's fix is %q, want %q", fix, want)
+		}
+	})
+	harness := func(t *testing.T) storetest.Harness {
+		s, _ := openAs(t, user, password)
+		return storetest.Harness{Store: s, Advance: time.Sleep}
+	}
+	t.Run("conformance", func(t *testing.T) { storetest.Run(t, harness) })
+	t.Run("admin", func(t *testing.T) { storetest.RunAdmin(t, harness) })
+}
+
+// TestREADMEGrant: the README's ACL for the store (its keys and channel,
+// every command but @dangerous) is enough: no warning, and the suites pass.
+func TestREADMEGrant(t *testing.T) {
+	user, password := aclUser(t, "~iceberg_idempotency_test_*", "&iceberg_idempotency_test_*", "+@all", "-@dangerous")
+	s, logs := openAs(t, user, password)
+	if warned := warnedOfChannel(s, logs); len(warned) != 0 {
+		t.Fatalf("warned of the channel: %v", warned)
+	}
+	if n := logs.FilterLevelExact(zap.WarnLevel).Len(); n != 0 {
+		t.Fatalf("%d warnings: %v", n, logs.All())
+	}
+	harness := func(t *testing.T) storetest.Harness {
+		s, _ := openAs(t, user, password)
+		return storetest.Harness{Store: s, Advance: time.Sleep}
+	}
+	t.Run("conformance", func(t *testing.T) { storetest.Run(t, harness) })
+	t.Run("admin", func(t *testing.T) { storetest.RunAdmin(t, harness) })
+}
