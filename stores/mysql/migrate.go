@@ -6,9 +6,11 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"go.uber.org/zap"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
@@ -21,6 +23,26 @@ import (
 // up tries again later, and finds the migration done.
 func migrateLockWait(statementTimeout time.Duration) time.Duration {
 	return max(time.Second, (2 * statementTimeout).Truncate(time.Second))
+}
+
+// applyHow is how a DBA applies one of sql/mysql/'s files.
+const applyHow = "mysql DATABASE < FILE"
+
+// privilegeRefused reports whether err is the server's refusal of a
+// statement the user may not run (a migration's DDL when the store's user
+// may only read and write rows): ER_DBACCESS_DENIED_ERROR,
+// ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR or
+// ER_SPECIFIC_ACCESS_DENIED_ERROR.
+func privilegeRefused(err error) bool {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) {
+		return false
+	}
+	switch me.Number {
+	case 1044, 1142, 1143, 1227:
+		return true
+	}
+	return false
 }
 
 // migrateLockTimeout is how long a migration's DDL waits for its metadata
@@ -45,7 +67,7 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 		if err != nil {
 			return s.wrap("check schema", err)
 		}
-		return sqlstore.CheckSchema("mysql", "mysql DATABASE < FILE", table, have, ms, s.log)
+		return sqlstore.CheckSchema("mysql", applyHow, table, have, ms, s.log)
 	}
 
 	conn, err := s.db.Conn(ctx)
@@ -102,6 +124,9 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 		}
 		for _, stmt := range m.Statements(table) {
 			if _, err := conn.ExecContext(ctx, stmt); err != nil {
+				if privilegeRefused(err) {
+					return sqlstore.MigrationRefused("mysql", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
+				}
 				return s.wrap("migrate "+m.File, err)
 			}
 		}

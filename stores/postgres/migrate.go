@@ -2,16 +2,25 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
+
+// applyHow is how a DBA applies one of sql/postgres/'s files.
+const applyHow = "psql --single-transaction -f FILE"
+
+// insufficientPrivilege is the SQLSTATE of a statement the role may not
+// run: a migration's DDL when the store's role does not own the table.
+const insufficientPrivilege = "42501"
 
 // migrateLockTimeout is how long a migration's DDL waits for its table
 // lock (lock_timeout) before the attempt gives up.
@@ -33,7 +42,7 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 		if err != nil {
 			return s.wrap("check schema", err)
 		}
-		return sqlstore.CheckSchema("postgres", "psql --single-transaction -f FILE", table, have, ms, s.log)
+		return sqlstore.CheckSchema("postgres", applyHow, table, have, ms, s.log)
 	}
 
 	tx, err := s.pool.Begin(ctx)
@@ -63,6 +72,9 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 		}
 		for _, stmt := range m.Statements(table) {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
+				if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == insufficientPrivilege {
+					return sqlstore.MigrationRefused("postgres", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
+				}
 				return s.wrap("migrate "+m.File, err)
 			}
 		}

@@ -27,10 +27,31 @@ func CheckSchema(dialect, applyHow, table string, have int, ms []schema.Migratio
 		}
 		return nil
 	}
+	return &SchemaError{Msg: fmt.Sprintf("%s: table %s is at schema version %d, this build needs %d: apply %s, or enable auto_migrate",
+		dialect, table, have, schema.Latest(ms), toApply(applyHow, table, missing))}
+}
+
+// MigrationRefused is the verdict on an automatic migration the server
+// refused for want of privilege (refusal, its error): the store's database
+// user may read and write rows but not change the schema, as when a DBA
+// owns it. Like CheckSchema's, it names the files to apply, from version
+// have on, for someone who may.
+func MigrationRefused(dialect, applyHow, table string, have int, ms []schema.Migration, refusal error) error {
+	var missing []string
+	for _, m := range ms {
+		if m.Version > have {
+			missing = append(missing, m.File)
+		}
+	}
+	return &SchemaError{Msg: fmt.Sprintf("%s: table %s is at schema version %d, this build needs %d, and the store's database user may not change the schema (%v): apply %s as a user that may, such as the table's owner",
+		dialect, table, have, schema.Latest(ms), refusal, toApply(applyHow, table, missing))}
+}
+
+// toApply says which files to apply, in order, and how.
+func toApply(applyHow, table string, files []string) string {
 	hint := ""
 	if table != schema.Placeholder {
 		hint = fmt.Sprintf(" with %s replaced by %s", schema.Placeholder, table)
 	}
-	return &SchemaError{Msg: fmt.Sprintf("%s: table %s is at schema version %d, this build needs %d: apply %s%s (%s), or enable auto_migrate",
-		dialect, table, have, schema.Latest(ms), strings.Join(missing, ", then "), hint, applyHow)}
+	return fmt.Sprintf("%s%s (%s)", strings.Join(files, ", then "), hint, applyHow)
 }

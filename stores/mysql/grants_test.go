@@ -1,0 +1,106 @@
+package mysql
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// rowsOnlyUser creates a user with the README's grant on table and its
+// version table (SELECT, INSERT, UPDATE, DELETE: rows, not the schema), as
+// a DBA who owns the schema gives the store, and returns a DSN for it. The
+// user is dropped when the test ends.
+func rowsOnlyUser(t *testing.T, table string) string {
+	t.Helper()
+	a := admin(t)
+	mc, err := mysql.ParseDSN(testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := "idem_rows_" + sqltest.TableName(t)[len("idem_test_"):]
+	stmts := []string{fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY 'rows-only'", user)}
+	for _, tb := range []string{table, table + "_schema"} {
+		stmts = append(stmts, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s.%s TO '%s'@'%%'", mc.DBName, tb, user))
+	}
+	for _, stmt := range stmts {
+		if _, err := a.Exec(stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { a.Exec(fmt.Sprintf("DROP USER '%s'@'%%'", user)) })
+	mc.User, mc.Passwd = user, "rows-only"
+	return mc.FormatDSN()
+}
+
+// openAs opens a store on cfg and closes it when the test ends.
+func openAs(t *testing.T, cfg Config, log *zap.Logger) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestRowsOnlyUser: a user who may read and write the store's rows but
+// not change its schema runs the store with auto_migrate on, which only
+// reads the schema version when that is current.
+func TestRowsOnlyUser(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		_, cfg := openStore(t, nil) // creates the table as root
+		cfg.DSN = rowsOnlyUser(t, cfg.Table)
+		return storetest.Harness{Store: openAs(t, cfg, zap.NewNop()), Advance: time.Sleep}
+	})
+}
+
+// TestMigrationRefused: with auto_migrate on, a user who may not change
+// the schema meets a migration of a newer build. Until the build after
+// 384283e its error was the bare "ALTER command denied", and the
+// background retries logged it as "database unreachable". Now it is a
+// schema verdict, logged as one, naming the files to apply and saying who
+// may; once they are applied, the store becomes ready by itself.
+func TestMigrationRefused(t *testing.T) {
+	_, table, db := tableAtVersion(t, 1)
+	cfg := Config{DSN: rowsOnlyUser(t, table), Table: table, AutoMigrate: true,
+		RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond, RetryCooldown: time.Nanosecond}
+	core, logs := observer.New(zap.InfoLevel)
+	s := openAs(t, cfg, zap.New(core))
+	ctx := context.Background()
+	err := s.Ready(ctx)
+	var se *sqlstore.SchemaError
+	if !errors.As(err, &se) {
+		t.Fatalf("Ready = %v, want a schema verdict", err)
+	}
+	for _, want := range []string{"may not change the schema", "denied", "apply sql/mysql/0002_key_id.sql", "mysql DATABASE < FILE"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	s.Warm()
+	waitLogged(t, logs, "database schema check failed, will retry")
+	if n := logs.FilterMessageSnippet("database unreachable").Len(); n != 0 {
+		t.Errorf("the refused migration was logged %d times as an unreachable database", n)
+	}
+	ms, err := schema.Migrations(schema.MySQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	applyMigrations(t, db, table, ms[1:2])
+	waitLogged(t, logs, "database reachable, store ready")
+	if _, err := s.Load(ctx, storetest.NewKey(t)); err != nil {
+		t.Fatalf("Load after the migration was applied: %v", err)
+	}
+}

@@ -1,0 +1,113 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
+)
+
+// rowsOnlyRole creates a login role with the README's grant on table and
+// its version table (SELECT, INSERT, UPDATE, DELETE: rows, not the schema),
+// as a DBA who owns the schema gives the store, and returns a DSN for it.
+// The role is dropped when the test ends.
+func rowsOnlyRole(t *testing.T, table string) string {
+	t.Helper()
+	ctx := context.Background()
+	a := admin(t)
+	role := "idem_rows_" + sqltest.TableName(t)[len("idem_test_"):]
+	for _, stmt := range []string{
+		"CREATE ROLE " + role + " LOGIN",
+		fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s, %s_schema TO %s", table, table, role),
+	} {
+		if _, err := a.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		a.Exec(context.Background(), "DROP OWNED BY "+role)
+		a.Exec(context.Background(), "DROP ROLE "+role)
+	})
+	cc, err := pgx.ParseConfig(testDSN(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", role, cc.Host, cc.Port, cc.Database)
+}
+
+// TestRowsOnlyRole: a role that may read and write the store's rows but
+// not change its schema runs the store, with auto_migrate on (it only
+// reads the schema version when that is current) and listen_notify on.
+func TestRowsOnlyRole(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		_, cfg := openStore(t, nil) // creates the table as its owner
+		cfg.DSN, cfg.ListenNotify = rowsOnlyRole(t, cfg.Table), true
+		return storetest.Harness{Store: openAs(t, cfg, zap.NewNop()), Advance: time.Sleep}
+	})
+}
+
+// openAs opens a store on cfg and closes it when the test ends.
+func openAs(t *testing.T, cfg Config, log *zap.Logger) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestMigrationRefused: with auto_migrate on, a role that may not change
+// the schema meets a migration of a newer build. Until the build after
+// 384283e its error was the bare "must be owner of table", and the
+// background retries logged it as "database unreachable". Now it is a
+// schema verdict, logged as one, naming the files to apply and saying who
+// may; once the table's owner applied them, the store becomes ready by
+// itself.
+func TestMigrationRefused(t *testing.T) {
+	_, table, conn := tableAtVersion(t, 2)
+	cfg := Config{DSN: rowsOnlyRole(t, table), Table: table, AutoMigrate: true,
+		RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond, RetryCooldown: time.Nanosecond}
+	core, logs := observer.New(zap.InfoLevel)
+	s := openAs(t, cfg, zap.New(core))
+	ctx := context.Background()
+	err := s.Ready(ctx)
+	var se *sqlstore.SchemaError
+	if !errors.As(err, &se) {
+		t.Fatalf("Ready = %v, want a schema verdict", err)
+	}
+	for _, want := range []string{"may not change the schema", "must be owner", "apply sql/postgres/0003_watched.sql", "psql --single-transaction"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	s.Warm()
+	waitLogged(t, logs, "database schema check failed, will retry")
+	if n := logs.FilterMessageSnippet("database unreachable").Len(); n != 0 {
+		t.Errorf("the refused migration was logged %d times as an unreachable database", n)
+	}
+	ms, err := schema.Migrations(schema.Postgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range ms[2].Statements(table) {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLogged(t, logs, "database reachable, store ready")
+	if _, err := s.Load(ctx, storetest.NewKey(t)); err != nil {
+		t.Fatalf("Load after the owner applied the migration: %v", err)
+	}
+}
