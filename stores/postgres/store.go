@@ -332,7 +332,7 @@ func (s *Store) load(ctx context.Context, key string) (*stores.Record, time.Dura
 // there is none), naming op in its errors.
 func (s *Store) queryRecord(ctx context.Context, op, key string) (*stores.Record, time.Duration, error) {
 	var row sqlstore.Row
-	err := s.pool.QueryRow(ctx, s.q.load, key).Scan(rowDest(&row)...)
+	err := runAgainOnConflict(ctx, func() error { return s.pool.QueryRow(ctx, s.q.load, key).Scan(rowDest(&row)...) })
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, 0, nil
 	}

@@ -63,11 +63,18 @@ func (e acquireError) Unwrap() error { return e.err }
 // poolExec runs sql on a connection of its own from the pool, and tells a
 // failure to get one (acquireError) from a failure of the statement. A
 // statement bounded by its call's end (sqlstore.SendDeadline) gets ctx's.
+// A statement rolled back for a conflict runs again (see
+// runAgainOnConflict).
 func (s *Store) poolExec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	c, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return pgconn.CommandTag{}, acquireError{err}
-	}
-	defer c.Release()
-	return c.Exec(ctx, sql, s.clock.Fill(ctx, args)...)
+	var tag pgconn.CommandTag
+	err := runAgainOnConflict(ctx, func() error {
+		c, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return acquireError{err}
+		}
+		defer c.Release()
+		tag, err = c.Exec(ctx, sql, s.clock.Fill(ctx, args)...)
+		return err
+	})
+	return tag, err
 }
