@@ -31,7 +31,8 @@ type Store struct {
 	lazy     sqlstore.Lazy
 	migrated bool // by an earlier attempt of the first contact
 	// timeoutChecked: an earlier attempt of the first contact read the
-	// sessions' statement_timeout (see checkServerTimeout).
+	// sessions' statement_timeout and connection limits (see
+	// checkServerTimeout and checkConnectionLimits).
 	timeoutChecked bool
 	// listenChecked: an earlier attempt of the first contact started
 	// listening and found out whether notifications arrive (see listen).
@@ -168,6 +169,9 @@ func (s *Store) firstContact(ctx context.Context) error {
 	}
 	if !s.timeoutChecked {
 		if err := s.checkServerTimeout(ctx); err != nil {
+			return err
+		}
+		if err := s.checkConnectionLimits(ctx); err != nil {
 			return err
 		}
 		s.timeoutChecked = true
