@@ -32,6 +32,9 @@ type Store struct {
 	log      *zap.Logger
 	lazy     sqlstore.Lazy
 	migrated bool // by an earlier attempt of the first contact
+	// limitsChecked: an earlier attempt of the first contact read the
+	// server's connection limits (see checkConnectionLimits).
+	limitsChecked bool
 
 	// maxRow is the largest encoded row Finalize sends, derived from the
 	// server's max_allowed_packet at the first contact.
@@ -242,6 +245,12 @@ func (s *Store) firstContact(ctx context.Context) error {
 			return err
 		}
 		s.migrated = true
+	}
+	if !s.limitsChecked {
+		if err := s.checkConnectionLimits(ctx); err != nil {
+			return err
+		}
+		s.limitsChecked = true
 	}
 	if err := s.syncClock(ctx); err != nil {
 		return err
