@@ -53,6 +53,17 @@ func (l *listener) connect(ctx context.Context) (*pgx.Conn, error) {
 		conn.Close(context.Background())
 		return nil, err
 	}
+	// This session is idle whenever no change comes, and a role's or
+	// database's idle_session_timeout (PostgreSQL 14+; NULL before) would
+	// end it after that long, each time with a lost-connection warning and
+	// a reconnect. Only this session turns it off. (Behind a pooler in
+	// transaction mode the setting would stay with a server session other
+	// clients get too; there LISTEN hears nothing anyway, and the store
+	// stops listening once it finds that out: see Store.listen.)
+	if _, err := conn.Exec(ctx, "SELECT set_config('idle_session_timeout', '0', false) WHERE current_setting('idle_session_timeout', true) IS NOT NULL"); err != nil {
+		conn.Close(context.Background())
+		return nil, err
+	}
 	return conn, nil
 }
 

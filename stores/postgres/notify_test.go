@@ -11,9 +11,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -339,5 +342,55 @@ func TestMixedListenNotifyWakes(t *testing.T) {
 	}
 	if rec := <-got; rec == nil || rec.State != stores.StateFinal {
 		t.Fatalf("Await = %+v: the waiter slept through the Finalize of a node with listen_notify off", rec)
+	}
+}
+
+// TestListenerOutlivesIdleSessionTimeout: a role's or database's
+// idle_session_timeout (PostgreSQL 14+) ends any session idle that long,
+// and the LISTEN connection is idle whenever no change comes. Until the
+// build after 958c034 the server ended it every idle_session_timeout: a
+// "connection lost" warning each time, and a waiter then woke only at the
+// reconnect. The listener now turns the timeout off for its own session;
+// the pool's sessions keep it, and the pool replaces the ones it ends.
+func TestListenerOutlivesIdleSessionTimeout(t *testing.T) {
+	var version int
+	if err := admin(t).QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 140000 {
+		t.Skipf("PostgreSQL %d has no idle_session_timeout", version)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := Config{Table: sqltest.TableName(t), AutoMigrate: true, MaxConns: 4, ListenNotify: true, NotifyFallback: time.Minute}
+	cfg.DSN = withParams(t, testDSN(t), map[string]string{"idle_session_timeout": "300"})
+	dropOnCleanup(t, cfg.Table)
+	s, err := Open(context.Background(), cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	if err := s.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // five timeouts' worth of quiet
+	if lost := logs.FilterMessageSnippet("postgres listen: connection lost").Len(); lost != 0 {
+		t.Fatalf("the LISTEN connection was lost %d times in 1.5 s of quiet", lost)
+	}
+	key := storetest.NewKey(t)
+	r := storetest.Reservation(key, storetest.Long, storetest.Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	got := awaitAsync(t, wctx, s, key)
+	waitWatched(t, cfg.Table, key)
+	time.Sleep(600 * time.Millisecond) // quiet again, past the timeout
+	if err := s.Finalize(ctx, key, r.Owner, finalResp); err != nil {
+		t.Fatal(err)
+	}
+	if rec := <-got; rec == nil || rec.State != stores.StateFinal {
+		t.Fatalf("Await = %+v", rec)
 	}
 }
