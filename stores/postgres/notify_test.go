@@ -315,6 +315,30 @@ func awaitAsync(t *testing.T, ctx context.Context, s *Store, key string) <-chan 
 	return got
 }
 
+// awaitFinalize reserves a new key on owner and has waiter Await it; once
+// waiting(key) returns (the waiter is waiting), it finalizes the key on
+// owner and fails the test unless the Await returns the final record
+// within 20 s. slept names what a waiter that slept through it shows.
+func awaitFinalize(t *testing.T, owner, waiter *Store, waiting func(key string), slept string) {
+	t.Helper()
+	ctx := context.Background()
+	key := storetest.NewKey(t)
+	r := storetest.Reservation(key, storetest.Long, storetest.Long)
+	if res, err := owner.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	got := awaitAsync(t, wctx, waiter, key)
+	waiting(key)
+	if err := owner.Finalize(ctx, key, r.Owner, finalResp); err != nil {
+		t.Fatal(err)
+	}
+	if rec := <-got; rec == nil || rec.State != stores.StateFinal {
+		t.Fatalf("Await = %+v: %s", rec, slept)
+	}
+}
+
 // A waiter on a node with listen_notify on wakes at the NOTIFY of a change
 // made on a node with it off (a rolling change of the option), not at its
 // fallback poll, here a minute.
@@ -327,22 +351,8 @@ func TestMixedListenNotifyWakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { owner.Close() })
-	ctx := context.Background()
-	key := storetest.NewKey(t)
-	r := storetest.Reservation(key, storetest.Long, storetest.Long)
-	if res, err := owner.Reserve(ctx, r); err != nil || !res.Reserved {
-		t.Fatalf("Reserve = %+v, %v", res, err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	got := awaitAsync(t, wctx, waiter, key)
-	waitWatched(t, cfg.Table, key)
-	if err := owner.Finalize(ctx, key, r.Owner, finalResp); err != nil {
-		t.Fatal(err)
-	}
-	if rec := <-got; rec == nil || rec.State != stores.StateFinal {
-		t.Fatalf("Await = %+v: the waiter slept through the Finalize of a node with listen_notify off", rec)
-	}
+	awaitFinalize(t, owner, waiter, func(key string) { waitWatched(t, cfg.Table, key) },
+		"the waiter slept through the Finalize of a node with listen_notify off")
 }
 
 // TestListenerOutlivesIdleSessionTimeout: a role's or database's
@@ -377,20 +387,8 @@ func TestListenerOutlivesIdleSessionTimeout(t *testing.T) {
 	if lost := logs.FilterMessageSnippet("postgres listen: connection lost").Len(); lost != 0 {
 		t.Fatalf("the LISTEN connection was lost %d times in 1.5 s of quiet", lost)
 	}
-	key := storetest.NewKey(t)
-	r := storetest.Reservation(key, storetest.Long, storetest.Long)
-	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
-		t.Fatalf("Reserve = %+v, %v", res, err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	got := awaitAsync(t, wctx, s, key)
-	waitWatched(t, cfg.Table, key)
-	time.Sleep(600 * time.Millisecond) // quiet again, past the timeout
-	if err := s.Finalize(ctx, key, r.Owner, finalResp); err != nil {
-		t.Fatal(err)
-	}
-	if rec := <-got; rec == nil || rec.State != stores.StateFinal {
-		t.Fatalf("Await = %+v", rec)
-	}
+	awaitFinalize(t, s, s, func(key string) {
+		waitWatched(t, cfg.Table, key)
+		time.Sleep(600 * time.Millisecond) // quiet again, past the timeout
+	}, "the waiter slept through the Finalize")
 }

@@ -20,7 +20,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -258,26 +257,13 @@ func TestBehindPgBouncerListenNotify(t *testing.T) {
 			if want := map[bool]int{true: 0, false: 1}[mode == "session"]; unheard != want {
 				t.Fatalf("%d warnings that notifications do not arrive, want %d: %v", unheard, want, logs.All())
 			}
-			ctx := context.Background()
-			key := storetest.NewKey(t)
-			r := storetest.Reservation(key, storetest.Long, storetest.Long)
-			if res, err := owner.Reserve(ctx, r); err != nil || !res.Reserved {
-				t.Fatalf("Reserve = %+v, %v", res, err)
-			}
-			wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			defer cancel()
-			got := awaitAsync(t, wctx, waiter, key)
-			if mode == "session" {
-				waitWatched(t, cfg.Table, key)
-			} else {
-				time.Sleep(100 * time.Millisecond) // the waiter has loaded the in-flight record
-			}
-			if err := owner.Finalize(ctx, key, r.Owner, finalResp); err != nil {
-				t.Fatal(err)
-			}
-			if rec := <-got; rec == nil || rec.State != stores.StateFinal {
-				t.Fatalf("Await = %+v: the waiter slept through the Finalize", rec)
-			}
+			awaitFinalize(t, owner, waiter, func(key string) {
+				if mode == "session" {
+					waitWatched(t, cfg.Table, key)
+				} else {
+					time.Sleep(100 * time.Millisecond) // the waiter has loaded the in-flight record
+				}
+			}, "the waiter slept through the Finalize")
 		})
 	}
 }
