@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
@@ -46,4 +47,41 @@ func TestConnectionLimitWarned(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestListenRefusedAtStart: the server refuses the LISTEN connection (here
+// the role's limit of one connection, which the pool's holds) although
+// the pool works. Until the build after c0ca278 that failed the first
+// contact, and every keyed request with it, until a connection came free.
+// Now the store is ready, its waiting duplicates poll, and it opens the
+// LISTEN connection in the background once the server lets it.
+func TestListenRefusedAtStart(t *testing.T) {
+	owner, cfg := openStore(t, nil)
+	dsn := rowsOnlyRole(t, cfg.Table)
+	cc, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := admin(t)
+	ctx := context.Background()
+	if _, err := a.Exec(ctx, "ALTER ROLE "+cc.User+" CONNECTION LIMIT 1"); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	s := openAs(t, Config{DSN: dsn, Table: cfg.Table, MaxConns: 1, ListenNotify: true, NotifyFallback: time.Minute}, zap.New(core))
+	if err := s.Ready(ctx); err != nil {
+		t.Fatalf("first contact with the LISTEN connection refused: %v", err)
+	}
+	if n := logs.FilterMessageSnippet("could not open the LISTEN connection").Len(); n != 1 {
+		t.Fatalf("%d warnings of the refused LISTEN connection, want 1: %v", n, logs.All())
+	}
+	// Polling: the waiter wakes although nothing notifies it.
+	awaitFinalize(t, owner, s, func(string) { time.Sleep(100 * time.Millisecond) }, "the waiter did not poll")
+
+	if _, err := a.Exec(ctx, "ALTER ROLE "+cc.User+" CONNECTION LIMIT 2"); err != nil {
+		t.Fatal(err)
+	}
+	waitLogged(t, logs, "postgres listen: the LISTEN connection opened")
+	// Listening: the waiter marks the record, so that its change notifies.
+	awaitFinalize(t, owner, s, func(key string) { waitWatched(t, cfg.Table, key) }, "the waiter slept through the Finalize")
 }

@@ -115,7 +115,7 @@ func TestStartWithDatabaseDown(t *testing.T) {
 	if err := s.Finalize(ctx, r.Key, r.Owner, stores.Response{Status: 200}); err != nil {
 		t.Fatalf("Finalize after recovery: %v", err)
 	}
-	if s.listener == nil {
+	if s.listener.Load() == nil {
 		t.Fatal("LISTEN not started at the first contact")
 	}
 }

@@ -19,12 +19,13 @@ import (
 
 // Store is a stores.Store in PostgreSQL. Use Open.
 type Store struct {
-	pool     *pgxpool.Pool
-	q        queries
-	cfg      Config
-	timeout  time.Duration
-	backoff  sqlstore.Backoff
-	listener *listener // nil unless Config.ListenNotify and notifications arrive; set by the first contact
+	pool    *pgxpool.Pool
+	q       queries
+	cfg     Config
+	timeout time.Duration
+	// listener is nil unless Config.ListenNotify and notifications reach
+	// it: set by the first contact, or later by relisten (see listen).
+	listener atomic.Pointer[listener]
 	dsn      string
 	password string
 	log      *zap.Logger
@@ -35,8 +36,11 @@ type Store struct {
 	// checkServerTimeout and checkConnectionLimits).
 	timeoutChecked bool
 	// listenChecked: an earlier attempt of the first contact started
-	// listening and found out whether notifications arrive (see listen).
+	// listening and found out whether notifications arrive (see listen),
+	// or left that to relisten.
 	listenChecked bool
+	// stopRelisten ends relisten and waits for it; nil when it never ran.
+	stopRelisten func()
 	// combined runs Reserve's and Finalize's statements together with
 	// those of concurrent requests; nil when Config.CombinedWrites is 0.
 	combined *sqlstore.Combiner[string]
@@ -80,7 +84,6 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	s := &Store{
 		cfg:      cfg,
 		timeout:  cfg.StatementTimeout,
-		backoff:  sqlstore.Backoff{Min: cfg.PollMin, Max: cfg.PollMax},
 		dsn:      cfg.DSN,
 		password: pcfg.ConnConfig.Password,
 		log:      logger.With(zap.String("table", cfg.Table)),
@@ -105,9 +108,6 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	}
 	if cfg.tracer != nil {
 		cc.Tracer = cfg.tracer
-	}
-	if cfg.ListenNotify {
-		s.backoff = sqlstore.Backoff{Min: cfg.NotifyFallback, Max: cfg.NotifyFallback}
 	}
 	// Changes notify a watched row whether or not this node listens: a
 	// waiter on a node with listen_notify on marks the row, and the owner
@@ -180,49 +180,104 @@ func (s *Store) firstContact(ctx context.Context) error {
 		return err
 	}
 	if s.cfg.ListenNotify && !s.listenChecked {
-		if err := s.listen(ctx); err != nil {
+		err := s.listen(ctx)
+		var refused listenRefused
+		switch {
+		case errors.As(err, &refused):
+			// The pool works: waiting duplicates poll until the LISTEN
+			// connection opens, rather than every keyed request failing
+			// until then.
+			s.log.Warn("postgres listen: could not open the LISTEN connection: waiting duplicates poll until it opens", zap.Error(err))
+			s.relisten()
+		case err != nil:
 			return err
 		}
 		s.listenChecked = true
 	}
 	s.log.Info("postgres idempotency store ready",
-		zap.String("dsn", sqlstore.RedactDSN(s.cfg.DSN)), zap.Bool("listen_notify", s.listener != nil))
+		zap.String("dsn", sqlstore.RedactDSN(s.cfg.DSN)), zap.Bool("listen_notify", s.listener.Load() != nil))
 	return nil
+}
+
+// listenRefused is the failure to open the LISTEN connection at all, when
+// the pool's own connections work (a server at its connection limit, say).
+type listenRefused struct{ err error }
+
+func (e listenRefused) Error() string { return e.err.Error() }
+func (e listenRefused) Unwrap() error { return e.err }
+
+// relisten tries listen again in the background, from 1 s to 30 s apart,
+// until the LISTEN connection opens; Close stops it.
+func (s *Store) relisten() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	s.stopRelisten = func() { cancel(); <-done }
+	go func() {
+		defer close(done)
+		retry := sqlstore.Backoff{Min: time.Second, Max: 30 * time.Second}
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(retry.Next()):
+			}
+			err := s.listen(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if err == nil {
+				s.log.Info("postgres listen: the LISTEN connection opened", zap.Bool("listen_notify", s.listener.Load() != nil))
+				return
+			}
+			s.log.Debug("postgres listen: could not open the LISTEN connection, will retry", zap.Error(err))
+		}
+	}()
+}
+
+// backoff is Await's polling: slow, as a fallback, while notifications
+// wake it; from PollMin to PollMax otherwise.
+func (s *Store) backoff() sqlstore.Backoff {
+	if s.listener.Load() != nil {
+		return sqlstore.Backoff{Min: s.cfg.NotifyFallback, Max: s.cfg.NotifyFallback}
+	}
+	return sqlstore.Backoff{Min: s.cfg.PollMin, Max: s.cfg.PollMax}
 }
 
 // listen starts the LISTEN connection and checks, by notifying it through
 // the pool, that notifications reach it. When they do not (a pooler in
 // transaction or statement mode), Await would sleep until its fallback
 // poll after every change: the store stops listening, warns, and polls as
-// with listen_notify off.
+// with listen_notify off. A LISTEN connection that cannot be opened is a
+// listenRefused error.
 func (s *Store) listen(ctx context.Context) error {
-	if s.listener == nil {
-		cc := s.pool.Config().ConnConfig.Copy()
-		if err := s.beforeConnect(ctx, cc); err != nil {
-			return err
-		}
-		l, err := startListener(ctx, cc, s.cfg.Table+"_changed", s.log)
-		if err != nil {
-			return s.wrap("listen", err)
-		}
-		s.listener = l
+	cc := s.pool.Config().ConnConfig.Copy()
+	if err := s.beforeConnect(ctx, cc); err != nil {
+		return err
+	}
+	l, err := startListener(ctx, cc, s.cfg.Table+"_changed", s.log)
+	if err != nil {
+		return listenRefused{s.wrap("listen", err)}
 	}
 	pctx, cancel := s.opCtx(ctx)
 	defer cancel()
-	heard, err := s.listener.hears(pctx, func(ctx context.Context, payload string) error {
-		_, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", s.listener.channel, payload)
+	heard, err := l.hears(pctx, func(ctx context.Context, payload string) error {
+		_, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", l.channel, payload)
 		return err
 	})
+	if err == nil && !heard && ctx.Err() != nil {
+		err = ctx.Err() // the caller gave up: that proves nothing of the notification
+	}
 	if err != nil {
+		l.stop()
 		return s.wrap("listen: notify", err)
 	}
 	if !heard {
 		s.log.Warn("postgres notifications do not reach the store's LISTEN connection (a connection pooler in transaction or statement mode?): waiting duplicates poll instead; set listen_notify off",
 			zap.Duration("waited", s.timeout))
-		s.listener.stop()
-		s.listener = nil
-		s.backoff = sqlstore.Backoff{Min: s.cfg.PollMin, Max: s.cfg.PollMax}
+		l.stop()
+		return nil
 	}
+	s.listener.Store(l)
 	return nil
 }
 
@@ -237,8 +292,11 @@ func (s *Store) ping(ctx context.Context) error {
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.lazy.Close() // no first contact runs after this
-		if s.listener != nil {
-			s.listener.stop()
+		if s.stopRelisten != nil {
+			s.stopRelisten() // nor a later listen
+		}
+		if l := s.listener.Load(); l != nil {
+			l.stop()
 		}
 		s.pool.Close()
 	})
@@ -369,15 +427,15 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 		sub  sqlstore.SubscribeFunc
 		mark sqlstore.MarkFunc
 	)
-	if s.listener != nil {
-		sub = func() (<-chan struct{}, func()) { return s.listener.Subscribe(key) }
+	if l := s.listener.Load(); l != nil {
+		sub = func() (<-chan struct{}, func()) { return l.Subscribe(key) }
 		mark = func(ctx context.Context) error { return s.mark(ctx, key) }
 	}
 	// One shared wait per key on this node: a thousand duplicates of one
 	// key then cost one mark and one reload per notification, not a
 	// thousand.
 	return s.awaits.Do(ctx, key, load, func(ctx context.Context, load sqlstore.LoadFunc) (*stores.Record, error) {
-		return sqlstore.Await(ctx, s.backoff, load, sub, mark)
+		return sqlstore.Await(ctx, s.backoff(), load, sub, mark)
 	})
 }
 
