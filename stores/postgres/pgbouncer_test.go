@@ -130,11 +130,7 @@ func openThrough(t *testing.T, dsn, table string, mutate func(*Config)) (*Store,
 		mutate(&cfg)
 	}
 	core, logs := observer.New(zap.InfoLevel)
-	s, err := Open(context.Background(), cfg, zap.New(core))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := openAs(t, cfg, zap.New(core))
 	if err := s.Ready(context.Background()); err != nil {
 		t.Fatalf("first contact through pgbouncer: %v", err)
 	}

@@ -15,12 +15,7 @@ import (
 // a *SchemaError that names the files to apply, in order, and how to apply
 // one with the dialect's own client (applyHow).
 func CheckSchema(dialect, applyHow, table string, have int, ms []schema.Migration, log *zap.Logger) error {
-	var missing []string
-	for _, m := range ms {
-		if m.Version > have {
-			missing = append(missing, m.File)
-		}
-	}
+	missing := missingFiles(have, ms)
 	if len(missing) == 0 {
 		if latest := schema.Latest(ms); have > latest {
 			log.Warn("schema is newer than this build knows", zap.Int("version", have), zap.Int("known", latest))
@@ -37,14 +32,19 @@ func CheckSchema(dialect, applyHow, table string, have int, ms []schema.Migratio
 // owns it. Like CheckSchema's, it names the files to apply, from version
 // have on, for someone who may.
 func MigrationRefused(dialect, applyHow, table string, have int, ms []schema.Migration, refusal error) error {
+	return &SchemaError{Msg: fmt.Sprintf("%s: table %s is at schema version %d, this build needs %d, and the store's database user may not change the schema (%v): apply %s as a user that may, such as the table's owner",
+		dialect, table, have, schema.Latest(ms), refusal, toApply(applyHow, table, missingFiles(have, ms)))}
+}
+
+// missingFiles lists the files of ms past version have, in order.
+func missingFiles(have int, ms []schema.Migration) []string {
 	var missing []string
 	for _, m := range ms {
 		if m.Version > have {
 			missing = append(missing, m.File)
 		}
 	}
-	return &SchemaError{Msg: fmt.Sprintf("%s: table %s is at schema version %d, this build needs %d, and the store's database user may not change the schema (%v): apply %s as a user that may, such as the table's owner",
-		dialect, table, have, schema.Latest(ms), refusal, toApply(applyHow, table, missing))}
+	return missing
 }
 
 // toApply says which files to apply, in order, and how.
