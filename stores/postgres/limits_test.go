@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -10,6 +11,18 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
+// limitConnections sets the CONNECTION LIMIT of the role dsn logs in as.
+func limitConnections(t *testing.T, dsn string, n int) {
+	t.Helper()
+	cc, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin(t).Exec(context.Background(), fmt.Sprintf("ALTER ROLE %s CONNECTION LIMIT %d", cc.User, n)); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestConnectionLimitWarned: a role limited to fewer connections than the
 // store's pool may open (max_conns, and one for LISTEN) is warned of at the
 // first contact, naming both numbers and the limit; a pool within it is
@@ -17,13 +30,7 @@ import (
 func TestConnectionLimitWarned(t *testing.T) {
 	_, cfg := openStore(t, nil)
 	dsn := rowsOnlyRole(t, cfg.Table)
-	cc, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin(t).Exec(context.Background(), "ALTER ROLE "+cc.User+" CONNECTION LIMIT 5"); err != nil {
-		t.Fatal(err)
-	}
+	limitConnections(t, dsn, 5)
 	for _, c := range []struct {
 		maxConns int
 		listen   bool
@@ -58,15 +65,8 @@ func TestConnectionLimitWarned(t *testing.T) {
 func TestListenRefusedAtStart(t *testing.T) {
 	owner, cfg := openStore(t, nil)
 	dsn := rowsOnlyRole(t, cfg.Table)
-	cc, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := admin(t)
+	limitConnections(t, dsn, 1)
 	ctx := context.Background()
-	if _, err := a.Exec(ctx, "ALTER ROLE "+cc.User+" CONNECTION LIMIT 1"); err != nil {
-		t.Fatal(err)
-	}
 	core, logs := observer.New(zap.InfoLevel)
 	s := openAs(t, Config{DSN: dsn, Table: cfg.Table, MaxConns: 1, ListenNotify: true, NotifyFallback: time.Minute}, zap.New(core))
 	if err := s.Ready(ctx); err != nil {
@@ -78,9 +78,7 @@ func TestListenRefusedAtStart(t *testing.T) {
 	// Polling: the waiter wakes although nothing notifies it.
 	awaitFinalize(t, owner, s, func(string) { time.Sleep(100 * time.Millisecond) }, "the waiter did not poll")
 
-	if _, err := a.Exec(ctx, "ALTER ROLE "+cc.User+" CONNECTION LIMIT 2"); err != nil {
-		t.Fatal(err)
-	}
+	limitConnections(t, dsn, 2)
 	waitLogged(t, logs, "postgres listen: the LISTEN connection opened")
 	// Listening: the waiter marks the record, so that its change notifies.
 	awaitFinalize(t, owner, s, func(key string) { waitWatched(t, cfg.Table, key) }, "the waiter slept through the Finalize")
