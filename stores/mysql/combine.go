@@ -70,8 +70,8 @@ var errBatchTooLarge = errors.New("combined statements exceed the packet limit")
 // session). The server stops at the first statement it refuses, before
 // the COMMIT: nothing of the batch committed, and the transaction is
 // rolled back before the connection goes back to the pool. A refused
-// COMMIT committed nothing either. A broken connection leaves the outcome
-// unknown. Statements of a mergeable kind go merged (see mergeKind); a
+// COMMIT committed nothing either. A broken connection, or a kill's error,
+// leaves the outcome unknown. Statements of a mergeable kind go merged (see mergeKind); a
 // merged statement the server refuses sends the batch once more unmerged.
 func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, error) {
 	rows, rolledBack, err := s.runBatch(sts, true)
@@ -139,7 +139,7 @@ func (s *Store) runBatch(sts []sqlstore.Statement[write], merge bool) ([]int64, 
 			return nil, false, err
 		}
 		return out, false, nil
-	case errors.As(err, &me):
+	case errors.As(err, &me) && refused(me):
 		if _, rerr := conn.ExecContext(ctx, "ROLLBACK"); rerr != nil {
 			discard(conn)
 		}
@@ -157,7 +157,11 @@ func (s *Store) runBatch(sts []sqlstore.Statement[write], merge bool) ([]int64, 
 	// told it failed, since innodb_lock_wait_timeout bounds each lock wait,
 	// not the batch. Killing the thread rolls back whatever has not
 	// committed yet, so the callers' clean-up (which gives a late commit
-	// twice statement_timeout) sees the batch settled.
+	// twice statement_timeout) sees the batch settled. A kill's error reply
+	// (see refused) leaves the outcome unknown as well: had the batch's
+	// writes run again alone, a caller whose time was spent meanwhile would
+	// have heard "not sent" of a reservation that committed, and left it
+	// held for a request nobody executes.
 	s.startKill(thread)
 	return nil, false, err
 }

@@ -18,7 +18,7 @@ import (
 // store after the catalog executed it, and a stored row too large to read
 // would fail every replay. Finalize therefore refuses, without sending, a
 // row that might not fit, and returns stores.ErrResponseTooLarge: the
-// handler delivers the response unstored and releases the key.
+// handler delivers the response unstored and abandons the key.
 
 // rowHeadroom is what a row needs beyond its body and headers: the path (a
 // TEXT column, at most 64 KiB), the other columns, the statement and the

@@ -37,24 +37,30 @@ func transient(err error) bool {
 // unhandedError; no connection could be opened for it; or the driver said
 // ErrBadConn, which database/sql's contract allows
 // only when nothing was sent; go-sql-driver answers ErrInvalidConn once it
-// has written), or the server answered with an error, which rolls an
-// autocommit statement back (InnoDB's statements are atomic; a combined
-// batch is rolled back on one too, see runBatch). The errors of a session
-// being killed or the server shutting down are left out: they may come
-// when the statement's commit is already through.
+// has written), or the server refused it (see refused).
 func notSent(err error) bool {
 	var unhanded *unhandedError
 	if errors.As(err, &unhanded) || sqlstore.DialFailed(err) || errors.Is(err, driver.ErrBadConn) {
 		return true
 	}
 	var me *mysql.MySQLError
-	if !errors.As(err, &me) {
-		return false
-	}
+	return errors.As(err, &me) && refused(me)
+}
+
+// refused reports whether a server's error reply proves that the statement
+// it answers committed nothing: an error rolls an autocommit statement back
+// (InnoDB's statements are atomic), and a combined batch stops at it before
+// its COMMIT (see runBatch). A session killed (KILL, KILL QUERY), a
+// statement past MariaDB's max_statement_time (the same kill, by a timer)
+// or the server shutting down prove nothing: the server checks for a kill
+// after the statement ran and answers the kill's error in place of its OK,
+// so the error may come when the commit is already through.
+func refused(me *mysql.MySQLError) bool {
 	switch me.Number {
 	case 1053, // ER_SERVER_SHUTDOWN
 		1317, // ER_QUERY_INTERRUPTED
-		1927: // ER_CONNECTION_KILLED (MariaDB)
+		1927, // ER_CONNECTION_KILLED (MariaDB)
+		1969: // ER_STATEMENT_TIMEOUT (MariaDB max_statement_time)
 		return false
 	}
 	return true
