@@ -2,7 +2,6 @@ package icebergidempotency
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -29,15 +28,15 @@ const (
 
 // howMuchSent tells how much of the request err proves did not reach the
 // catalog. reverse_proxy sets the upstream placeholders just before it
-// sends, so without them no upstream was even chosen; a dial error, or a
-// TLS handshake that failed, means no connection existed; "no upstreams
-// available" means none was chosen, and so does the execution timeout (or
-// the call's end) while the transport still waited for its first
-// connection. Any other error (connection broken after sending, the
-// execution timeout after a connection) leaves the outcome unknown, and so
-// does any of these once the call had a connection: with lb_retry_match
-// retrying POSTs after a transport error, reverse_proxy may end with a dial
-// error after an earlier attempt reached the catalog.
+// sends, so without them no upstream was even chosen; "no upstreams
+// available" means none was chosen either; a call whose transport asked
+// for a connection and never got one, or that ended in a dial error, had
+// no connection to send on (see connTrace). Any other error (connection
+// broken after sending, the execution timeout after a connection) leaves
+// the outcome unknown, and so does any error once the call had a
+// connection: with lb_retry_match retrying POSTs after a transport error,
+// reverse_proxy may end with a dial error after an earlier attempt reached
+// the catalog.
 func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 	var herr caddyhttp.HandlerError
 	if errors.As(err, &herr) && herr.Err != nil && herr.Err.Error() == "no upstreams available" && !conns.gotConn.Load() {
@@ -54,15 +53,18 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 		}
 		return sentMaybe
 	}
+	// No attempt got a connection, whatever ended the call: a dial refused
+	// or timed out, a TLS handshake that failed (also one that runs in
+	// reverse_proxy's own dialer, for a tls_server_name with placeholders
+	// or proxy_protocol, whose errors arrive as plain errors), a forward
+	// proxy that refused the CONNECT, a name that did not resolve, a QUIC
+	// dial that another request began and that failed (quic-go dials once
+	// per host and reports the handshake to that request only), or the
+	// execution timeout while the transport still waited for a connection
+	// (lb_try_duration past execution_timeout, a dial_timeout longer than
+	// it, a pool at max_conns_per_host). Nothing was written.
 	var dialErr reverseproxy.DialError
-	if errors.As(err, &dialErr) || conns.onlyFailedHandshakes() {
-		return sentNoConnection
-	}
-	// The execution timeout, or the call's end, came while the transport
-	// still waited for a connection it never got: lb_try_duration past
-	// execution_timeout dialling a catalog that refuses, a dial_timeout
-	// longer than it, or a pool at max_conns_per_host. Nothing was written.
-	if conns.askedConn.Load() && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+	if conns.askedConn.Load() || errors.As(err, &dialErr) {
 		return sentNoConnection
 	}
 	return sentMaybe
@@ -71,15 +73,15 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 // connTrace follows the connections Go's HTTP transport takes for one
 // catalog call (reverse_proxy's own trace composes with it). A request is
 // written only on a connection the transport handed it, which it reports
-// with GotConn first, over HTTP/1 and HTTP/2 alike; the TLS handshake of a
-// connection being dialled comes before that (quic-go reports both for
-// HTTP/3 too). So a call that got no connection and saw handshakes fail,
-// none succeed, sent nothing: the catalog's certificate was not trusted,
-// had the wrong name or expired, or the handshake timed out. A handshake
-// the transport does not report (the TLS dialer reverse_proxy uses for a
-// tls_server_name with placeholders or for proxy_protocol, whose errors
-// arrive as plain errors), or one after a successful one (an HTTPS
-// forward proxy's), leaves the outcome unknown, the safe side.
+// with GotConn first: Go's transport for HTTP/1 (persistConn's write loop
+// runs after getConn reported it) and HTTP/2, over TLS and h2c (its
+// RoundTripOpt reports each connection it takes from the pool before the
+// stream's first frame), and quic-go's for HTTP/3 (before the request's
+// stream opens, also on a 0-RTT connection). So a call that asked for a
+// connection (GetConn) and got none (no GotConn) sent nothing, whatever
+// its error says; tests over each of the four hold a catalog that breaks
+// off after executing to "unknown", which a transport writing before
+// GotConn would turn into a release.
 //
 // The hooks may run after the call returned (a dial the transport goes on
 // with in the background), hence the atomics.
@@ -101,13 +103,12 @@ func howMuchSent(r *http.Request, err error, conns *connTrace) int {
 // The trace cannot tell these apart; reverse_proxy's count of its retries
 // can (see sentAgain).
 type connTrace struct {
-	askedConn, gotConn           atomic.Bool
-	conns                        atomic.Int32 // connections handed to the call's attempts
-	handshakeOK, handshakeFailed atomic.Bool
-	answered, askedAfterAnswer   atomic.Bool
-	pending, resent              atomic.Bool
-	idleFor                      atomic.Int64 // how long the last connection handed over had idled in the pool, in ns
-	trace                        httptrace.ClientTrace
+	askedConn, gotConn         atomic.Bool
+	conns                      atomic.Int32 // connections handed to the call's attempts
+	answered, askedAfterAnswer atomic.Bool
+	pending, resent            atomic.Bool
+	idleFor                    atomic.Int64 // how long the last connection handed over had idled in the pool, in ns
+	trace                      httptrace.ClientTrace
 }
 
 // sentAgain reports whether reverse_proxy sent r again after an attempt
@@ -175,13 +176,6 @@ func (c *connTrace) attach(ctx context.Context) context.Context {
 		Got1xxResponse: func(int, textproto.MIMEHeader) error {
 			c.pending.Store(true)
 			return nil
-		},
-		TLSHandshakeDone: func(_ tls.ConnectionState, err error) {
-			if err != nil {
-				c.handshakeFailed.Store(true)
-			} else {
-				c.handshakeOK.Store(true)
-			}
 		},
 	}
 	return httptrace.WithClientTrace(ctx, &c.trace)
@@ -277,12 +271,6 @@ func unprocessed(err error) bool {
 	_, code, _ := strings.Cut(rest, "; ")
 	code, _, _ = strings.Cut(code, ";")
 	return code == "REFUSED_STREAM"
-}
-
-// onlyFailedHandshakes reports whether the call's TLS handshakes all failed
-// and it never had a connection.
-func (c *connTrace) onlyFailedHandshakes() bool {
-	return c.handshakeFailed.Load() && !c.handshakeOK.Load() && !c.gotConn.Load()
 }
 
 // upstreamVar is where reverse_proxy notes the upstream it chose.
