@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -147,6 +148,78 @@ func TestReserveAfterClockStep(t *testing.T) {
 	res, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long))
 	if err != nil || !res.Reserved {
 		t.Fatalf("Reserve on time after the server's clock stepped forward: %+v, %v; want it reserved", res, err)
+	}
+	if got := s.clock.ahead.Load(); got < learned-1000 {
+		t.Fatalf("offset after the step: %d ms, want about %d (learned again)", got, learned)
+	}
+}
+
+// TestLateTakeOverWritesNothing: a TakeOver held up on its way to the
+// server, as the Reserve above, must not take the record once its caller
+// has given up. It did (only Reserve was bounded): the record went to an
+// owner that never executes, with a lease nobody renews, while the request
+// still executing under the old owner could no longer finalize it, and
+// under `abandoned reexecute` the next retry executed the commit again.
+func TestLateTakeOverWritesNothing(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	late := newLateProxy(t, redistest.Addr(t))
+	s, cfg := openStore(t, func(c *Config) {
+		c.Addrs = []string{late.addr}
+		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = timeout, timeout, timeout
+	})
+	direct, _ := openStore(t, func(c *Config) { c.KeyPrefix = cfg.KeyPrefix })
+	ctx := context.Background()
+	lapsed := func() stores.Reservation {
+		r := storetest.Reservation(storetest.NewKey(t), 50*time.Millisecond, storetest.Long)
+		if res, err := direct.Reserve(ctx, r); err != nil || !res.Reserved {
+			t.Fatalf("Reserve: %+v, %v", res, err)
+		}
+		return r
+	}
+	// A pooled connection, the clock read and the script loaded: the held
+	// write is the one that runs it, as on a busy node.
+	warm := lapsed()
+	time.Sleep(200 * time.Millisecond)
+	if ok, err := s.TakeOver(ctx, warm.Key, warm.Owner, "warm", storetest.Long, storetest.Long); err != nil || !ok {
+		t.Fatalf("TakeOver on time: %v, %v", ok, err)
+	}
+
+	r := lapsed()
+	time.Sleep(200 * time.Millisecond)
+	delivered := late.holdNext([]byte(takeOverScript.Hash()), timeout+clockMargin+time.Second)
+	if _, err := s.TakeOver(ctx, r.Key, r.Owner, "late", storetest.Long, storetest.Long); err == nil {
+		t.Fatal("a TakeOver held up on its way succeeded")
+	}
+	select {
+	case <-delivered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held TakeOver was never delivered")
+	}
+	time.Sleep(200 * time.Millisecond) // for the server to run it
+	rec, err := direct.Load(ctx, r.Key)
+	if err != nil || rec == nil || rec.Owner != r.Owner {
+		t.Fatalf("a TakeOver that reached the server after its caller gave up left %+v, %v; want the record still %q's", rec, err, r.Owner)
+	}
+}
+
+// TestTakeOverAfterClockStep: a live TakeOver is never refused as late,
+// as TestReserveAfterClockStep: sent again with the offset its reply
+// taught, it takes the record.
+func TestTakeOverAfterClockStep(t *testing.T) {
+	s, _ := openStore(t, func(c *Config) {
+		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = time.Second, time.Second, time.Second
+	})
+	ctx := context.Background()
+	r := storetest.Reservation(storetest.NewKey(t), 50*time.Millisecond, storetest.Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve: %+v, %v", res, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	learned := s.clock.ahead.Load()
+	// As if the server's clock had stepped 10 s forward since.
+	s.clock.ahead.Add(-(10 * time.Second).Milliseconds())
+	if ok, err := s.TakeOver(ctx, r.Key, r.Owner, "new-owner", storetest.Long, storetest.Long); err != nil || !ok {
+		t.Fatalf("TakeOver on time after the server's clock stepped forward: %v, %v; want it taken", ok, err)
 	}
 	if got := s.clock.ahead.Load(); got < learned-1000 {
 		t.Fatalf("offset after the step: %d ms, want about %d (learned again)", got, learned)

@@ -119,15 +119,20 @@ return 1
 `)
 
 // takeOverScript hands an in-flight record whose lease lapsed from
-// ARGV[1] to ARGV[2] with a fresh lease, the TTL moved as by extendScript.
-// ARGV: old owner, new owner, lease ms, channel, key, lease plus TTL ms.
+// ARGV[1] to ARGV[2] with a fresh lease, the TTL moved as by extendScript,
+// and returns {1, now}; {0, now} when the record is not ARGV[1]'s or its
+// lease runs; {2, now}, writing nothing, when it runs after not-after, as
+// reserveScript. ARGV: old owner, new owner, lease ms, channel, key, lease
+// plus TTL ms, not-after ms (0: none).
 var takeOverScript = goredis.NewScript(prelude + `
-if not owned(KEYS[1], ARGV[1]) then return 0 end
 local t = now()
+local limit = tonumber(ARGV[7])
+if limit > 0 and t > limit then return {2, t} end
+if not owned(KEYS[1], ARGV[1]) then return {0, t} end
 local lease = tonumber(redis.call('HGET', KEYS[1], 'lease'))
-if lease ~= nil and lease > t then return 0 end
+if lease ~= nil and lease > t then return {0, t} end
 redis.call('HSET', KEYS[1], 'owner', ARGV[2], 'lease', ms(t + tonumber(ARGV[3])))
 outlive(KEYS[1], t, tonumber(ARGV[6]))
 announce(ARGV[4], ARGV[5])
-return 1
+return {1, t}
 `)

@@ -301,42 +301,10 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if err := sqlstore.CheckKey(r.Key); err != nil {
 		return stores.ReserveResult{}, fmt.Errorf("redis reserve: %w", err)
 	}
-	// One deadline for the clock's reading and the script: the call is
-	// bounded by the store's timeout, as any.
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	if err := s.syncClock(ctx); err != nil {
+	out, err := s.runBounded(ctx, "reserve", reserveScript, r.Key,
+		r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, durMS(r.Lease), durMS(r.RecordTTL()))
+	if err != nil {
 		return stores.ReserveResult{}, err
-	}
-	var out []any
-	for try := 1; ; try++ {
-		sent := time.Now()
-		v, err := s.run(ctx, "reserve", reserveScript, r.Key,
-			r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner, durMS(r.Lease), durMS(r.RecordTTL()),
-			s.clock.notAfter(ctx.Deadline()))
-		if err != nil {
-			return stores.ReserveResult{}, err
-		}
-		var ok bool
-		if out, ok = v.([]any); !ok || len(out) < 2 {
-			return stores.ReserveResult{}, fmt.Errorf("redis reserve %s: unexpected reply %T", r.Key, v)
-		}
-		if t, ok := out[1].(int64); ok && !s.resends() {
-			s.clock.learn(t, sent)
-		}
-		if flag, _ := out[0].(int64); flag != 2 {
-			break
-		}
-		// Run after its deadline, it wrote nothing. A call whose deadline
-		// has not passed here was judged late only because a clock
-		// stepped (the server's forward, or this node's back) since the
-		// offset was learned, by more than clockMargin plus the time the
-		// call had left: sent again, it carries the offset the reply just
-		// taught. Until the build after d8c00a9 it was answered 503.
-		if try > 1 || ctx.Err() != nil {
-			return stores.ReserveResult{}, sqlstore.MarkTransient(stores.MarkNotSent(
-				fmt.Errorf("redis reserve %s: the server ran it after its deadline (clock stepped?)", r.Key)))
-		}
 	}
 	if flag, _ := out[0].(int64); flag == 1 {
 		return stores.ReserveResult{Reserved: true}, nil
@@ -513,9 +481,59 @@ func (s *Store) Abandon(ctx context.Context, key, owner string) error {
 	return notOwner(s.cas(ctx, "abandon", abandonScript, key, owner, s.channel, key))
 }
 
-// TakeOver implements stores.Store.
+// TakeOver implements stores.Store. It is bounded as Reserve: one that
+// landed after its caller's undo had ended gave the record to an owner
+// that never executes, with a lease nobody renews, and the request still
+// executing under the old owner could no longer finalize it.
 func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
-	return s.cas(ctx, "take over", takeOverScript, key, oldOwner, newOwner, durMS(lease), s.channel, key, durMS(lease+ttl))
+	out, err := s.runBounded(ctx, "take over", takeOverScript, key, oldOwner, newOwner, durMS(lease), s.channel, key, durMS(lease+ttl))
+	if err != nil {
+		return false, err
+	}
+	flag, _ := out[0].(int64)
+	return flag == 1, nil
+}
+
+// runBounded runs a script that creates a reservation (Reserve, TakeOver),
+// with the end of its call on the server's clock as its last argument (see
+// deadline.go), and returns its reply: a flag, the server's time in
+// milliseconds, and what else the script returns. The flag is never 2, the
+// script's "run after not-after, wrote nothing".
+func (s *Store) runBounded(ctx context.Context, op string, script *goredis.Script, key string, args ...any) ([]any, error) {
+	// One deadline for the clock's reading and the script: the call is
+	// bounded by the store's timeout, as any.
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.syncClock(ctx); err != nil {
+		return nil, err
+	}
+	for try := 1; ; try++ {
+		sent := time.Now()
+		v, err := s.run(ctx, op, script, key, append(args, s.clock.notAfter(ctx.Deadline()))...)
+		if err != nil {
+			return nil, err
+		}
+		out, ok := v.([]any)
+		if !ok || len(out) < 2 {
+			return nil, fmt.Errorf("redis %s %s: unexpected reply %T", op, key, v)
+		}
+		if t, ok := out[1].(int64); ok && !s.resends() {
+			s.clock.learn(t, sent)
+		}
+		if flag, _ := out[0].(int64); flag != 2 {
+			return out, nil
+		}
+		// Run after its deadline, it wrote nothing. A call whose deadline
+		// has not passed here was judged late only because a clock
+		// stepped (the server's forward, or this node's back) since the
+		// offset was learned, by more than clockMargin plus the time the
+		// call had left: sent again, it carries the offset the reply just
+		// taught. Until the build after d8c00a9 it was answered 503.
+		if try > 1 || ctx.Err() != nil {
+			return nil, sqlstore.MarkTransient(stores.MarkNotSent(
+				fmt.Errorf("redis %s %s: the server ran it after its deadline (clock stepped?)", op, key)))
+		}
+	}
 }
 
 // PurgeExpired implements stores.Store. Redis expires records by their key
