@@ -71,8 +71,9 @@ var errBatchTooLarge = errors.New("combined statements exceed the packet limit")
 // the COMMIT: nothing of the batch committed, and the transaction is
 // rolled back before the connection goes back to the pool. A refused
 // COMMIT committed nothing either. A broken connection, or a kill's error,
-// leaves the outcome unknown. Statements of a mergeable kind go merged (see mergeKind); a
-// merged statement the server refuses sends the batch once more unmerged.
+// leaves the outcome unknown. Statements of a mergeable kind go merged
+// (see mergeKind); a merged statement the server refuses sends the batch
+// once more unmerged.
 func (s *Store) execTogether(sts []sqlstore.Statement[write]) ([]int64, bool, error) {
 	rows, rolledBack, err := s.runBatch(sts, true)
 	var me *mysql.MySQLError

@@ -35,7 +35,7 @@ func TestKilledBatchLeavesOutcomeUnknown(t *testing.T) {
 	// The batch's merged INSERT will wait for this row's lock.
 	_, held := holdKey(t, db, cfg.Table)
 	free := storetest.NewKey(t)
-	keys := []string{free, held}
+	keys, names := []string{free, held}, []string{"free", "held"}
 	errs := make([]error, len(keys))
 	var wg sync.WaitGroup
 	for i, key := range keys {
@@ -66,9 +66,9 @@ func TestKilledBatchLeavesOutcomeUnknown(t *testing.T) {
 		var me *mysql.MySQLError
 		if err == nil || stores.NotSent(err) {
 			t.Errorf("Reserve of the %s key in a killed batch: err = %v, NotSent = %v; want an error not marked not sent",
-				[]string{"free", "held"}[i], err, stores.NotSent(err))
+				names[i], err, stores.NotSent(err))
 		} else if !errors.As(err, &me) || me.Number != 1317 {
-			t.Errorf("Reserve of the %s key in a killed batch: err = %v; want the kill's ER_QUERY_INTERRUPTED", []string{"free", "held"}[i], err)
+			t.Errorf("Reserve of the %s key in a killed batch: err = %v; want the kill's ER_QUERY_INTERRUPTED", names[i], err)
 		}
 	}
 	// The kill landed before the COMMIT: nothing of the batch is there.

@@ -41,9 +41,9 @@ func LateRefusal(t *testing.T, what string, err error) {
 
 // ClockSteppedBack checks s, whose reading of the server's clock
 // stepBack makes an hour early (as if the server's clock had jumped
-// forward, or this node's back, by that much since it was read): every statement
-// that creates a reservation then reaches the server after the end of its
-// call on the server's clock. Reserve and TakeOver must write nothing and
+// forward, or this node's back, by that much since it was read): every
+// statement that creates a reservation then reaches the server after the
+// end of its call on the server's clock. Reserve and TakeOver must write nothing and
 // say so (LateRefusal); the store then reads the clock again, and the next
 // call goes through.
 func ClockSteppedBack(t *testing.T, s stores.Store, stepBack func()) {
