@@ -24,25 +24,17 @@ import (
 // HTTP/2, h2c and HTTP/3, show that no transport writes before it reports
 // the connection.)
 
-// An HTTPS catalog behind a forward proxy that refuses the CONNECT (as a
-// proxy answers when the catalog is down, or not allowed): Go's transport
-// returns the proxy's status text as a plain error. The proxy is a stand-in
-// that refuses every request, as a real one does only in that state.
-func TestRefusedConnectReleasesTheKey(t *testing.T) {
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusBadGateway)
-	}))
-	t.Cleanup(proxy.Close)
+// releasedOverTLS sends a keyed commit to an HTTPS catalog through a
+// reverse_proxy configured by failing, which gets no connection to it, and
+// fails t unless the key is released (the module's own 502/504
+// ServiceFailureException, nothing executed) and a retry over a working
+// transport executes once.
+func releasedOverTLS(t *testing.T, failing func(*reverseproxy.Handler)) {
+	t.Helper()
 	catalog := newCountingCatalogTLS(t, answerOK)
-	viaProxy := func(rp *reverseproxy.Handler) {
-		rp.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
-			TLS:             &reverseproxy.TLSConfig{InsecureSkipVerify: true},
-			ForwardProxyURL: proxy.URL,
-		}, "protocol", "http", nil)
-	}
 	h := newTestHandler(t, newMemoryStore(t))
 	key := storetest.NewKey(t)
-	first := serve(t, h, newReverseProxy(t, catalog.addr(), viaProxy), http.MethodPost, commitPath, key, commitBody)
+	first := serve(t, h, newReverseProxy(t, catalog.addr(), failing), http.MethodPost, commitPath, key, commitBody)
 	if first.errorType() != typeServiceFailure || catalog.executed.Load() != 0 {
 		t.Fatalf("first = %d %q %v, catalog executed %d; want %s and nothing executed",
 			first.code(), first.body, first.err, catalog.executed.Load(), typeServiceFailure)
@@ -54,25 +46,29 @@ func TestRefusedConnectReleasesTheKey(t *testing.T) {
 	}
 }
 
+// An HTTPS catalog behind a forward proxy that refuses the CONNECT (as a
+// proxy answers when the catalog is down, or not allowed): Go's transport
+// returns the proxy's status text as a plain error. The proxy is a stand-in
+// that refuses every request, as a real one does only in that state.
+func TestRefusedConnectReleasesTheKey(t *testing.T) {
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusBadGateway)
+	}))
+	t.Cleanup(proxy.Close)
+	releasedOverTLS(t, func(rp *reverseproxy.Handler) {
+		rp.TransportRaw = caddyconfig.JSONModuleObject(&reverseproxy.HTTPTransport{
+			TLS:             &reverseproxy.TLSConfig{InsecureSkipVerify: true},
+			ForwardProxyURL: proxy.URL,
+		}, "protocol", "http", nil)
+	})
+}
+
 // A tls_server_name with placeholders makes reverse_proxy run the TLS
 // handshake in its own dialer, whose failure (here a certificate not
 // trusted) the transport does not report as a handshake: it arrives as a
 // plain error.
 func TestFailedHandshakeInReverseProxysDialerReleasesTheKey(t *testing.T) {
-	catalog := newCountingCatalogTLS(t, answerOK)
-	h := newTestHandler(t, newMemoryStore(t))
-	key := storetest.NewKey(t)
-	placeholderName := withTLS(reverseproxy.TLSConfig{ServerName: "{http.request.host}"})
-	first := serve(t, h, newReverseProxy(t, catalog.addr(), placeholderName), http.MethodPost, commitPath, key, commitBody)
-	if first.errorType() != typeServiceFailure || catalog.executed.Load() != 0 {
-		t.Fatalf("first = %d %q %v, catalog executed %d; want %s and nothing executed",
-			first.code(), first.body, first.err, catalog.executed.Load(), typeServiceFailure)
-	}
-	retry := serve(t, h, newReverseProxy(t, catalog.addr(), overTLS), http.MethodPost, commitPath, key, commitBody)
-	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "" || catalog.executed.Load() != 1 {
-		t.Fatalf("retry = %d %q (replayed %q), catalog executed %d; want it to execute once",
-			retry.code(), retry.body, retry.header.Get(ReplayedHeader), catalog.executed.Load())
-	}
+	releasedOverTLS(t, withTLS(reverseproxy.TLSConfig{ServerName: "{http.request.host}"}))
 }
 
 // Over HTTP/3 a catalog name that does not resolve fails in quic-go

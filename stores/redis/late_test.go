@@ -23,15 +23,24 @@ import (
 // TTL (36 minutes by default).
 func TestLateReserveWritesNothing(t *testing.T) {
 	const timeout = 300 * time.Millisecond
+	late, s, direct := openLate(t, timeout)
+	storetest.LateReserveWritesNothing(t, s, direct, func(string) <-chan struct{} {
+		return late.holdNext([]byte(reserveScript.Hash()), timeout+clockMargin+time.Second)
+	}, 10*time.Second)
+}
+
+// openLate opens a store whose calls time out after timeout and reach the
+// server through a lateProxy, and one on the same records that reaches it
+// directly.
+func openLate(t *testing.T, timeout time.Duration) (*lateProxy, *Store, *Store) {
+	t.Helper()
 	late := newLateProxy(t, redistest.Addr(t))
 	s, cfg := openStore(t, func(c *Config) {
 		c.Addrs = []string{late.addr}
 		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = timeout, timeout, timeout
 	})
 	direct, _ := openStore(t, func(c *Config) { c.KeyPrefix = cfg.KeyPrefix })
-	storetest.LateReserveWritesNothing(t, s, direct, func(string) <-chan struct{} {
-		return late.holdNext([]byte(reserveScript.Hash()), timeout+clockMargin+time.Second)
-	}, 10*time.Second)
+	return late, s, direct
 }
 
 // lateProxy forwards to a server, and can hold the next client write that
@@ -162,12 +171,7 @@ func TestReserveAfterClockStep(t *testing.T) {
 // under `abandoned reexecute` the next retry executed the commit again.
 func TestLateTakeOverWritesNothing(t *testing.T) {
 	const timeout = 300 * time.Millisecond
-	late := newLateProxy(t, redistest.Addr(t))
-	s, cfg := openStore(t, func(c *Config) {
-		c.Addrs = []string{late.addr}
-		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = timeout, timeout, timeout
-	})
-	direct, _ := openStore(t, func(c *Config) { c.KeyPrefix = cfg.KeyPrefix })
+	late, s, direct := openLate(t, timeout)
 	ctx := context.Background()
 	lapsed := func() stores.Reservation {
 		r := storetest.Reservation(storetest.NewKey(t), 50*time.Millisecond, storetest.Long)
