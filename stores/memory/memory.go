@@ -260,15 +260,10 @@ func (s *Store) Load(_ context.Context, key string) (*stores.Record, error) {
 // Abandon, TakeOver and eviction wake it, and a timer covers the lease
 // lapsing.
 func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
-	var woken *change
 	for {
 		s.mu.Lock()
 		now := s.now()
 		e, f := s.live(key, now)
-		if e == nil && f == nil && woken != nil && woken.final != nil {
-			s.mu.Unlock()
-			return woken.final, nil // finalized, then evicted before this ran
-		}
 		if e == nil || !e.leaseUntil.After(now) { // gone, final or abandoned
 			rec := snapshot(e, f, now)
 			s.mu.Unlock()
@@ -285,7 +280,16 @@ func (s *Store) Await(ctx context.Context, key string) (*stores.Record, error) {
 		timer := time.NewTimer(lapse)
 		select {
 		case <-c.ch:
-			woken = c
+			if c.final != nil {
+				// Finalized while this waited: that answer is the one,
+				// whatever the key holds by the time this runs. Evicted
+				// meanwhile (a full store), the key may be free, or
+				// reserved again by a retry that may yet be released:
+				// looked up again, it read as free, and this waiter's
+				// request executed a second time.
+				timer.Stop()
+				return c.final, nil
+			}
 		case <-timer.C:
 		case <-ctx.Done():
 			timer.Stop()

@@ -102,3 +102,78 @@ func TestAwaitGetsTheFinalRecordEvictedBeforeItRan(t *testing.T) {
 		t.Fatalf("Await = %+v, want the final record with its answer", rec)
 	}
 }
+
+// A waiter woken by a Finalize keeps that answer although, by the time it
+// runs, the record was evicted and a retry reserved the key again, whose
+// request then gets no connection and releases it. The waiter used to
+// wait on the retry's reservation, forget the answer it was woken with
+// once the release woke it again, find the key free and execute the
+// request a second time.
+func TestAwaitKeepsTheFinalRecordItWasWokenWith(t *testing.T) {
+	s, err := New(Options{MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	key, other := storetest.NewKey(t), storetest.NewKey(t)
+	r := storetest.Reservation(key, time.Hour, time.Hour)
+	if _, err := s.Reserve(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *stores.Record, 1)
+	go func() {
+		rec, err := s.Await(ctx, key)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- rec
+	}()
+	waiting := func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		_, ok := s.changed[key]
+		return ok
+	}
+	for !waiting() {
+		time.Sleep(time.Millisecond)
+	}
+	// One P: the woken waiter runs only once this goroutine blocks, after
+	// the eviction and the retry's reservation.
+	procs := runtime.GOMAXPROCS(1)
+	if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 200, Body: []byte("the answer")}); err != nil {
+		t.Fatal(err)
+	}
+	o := storetest.Reservation(other, time.Hour, time.Hour)
+	if _, err := s.Reserve(ctx, o); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Finalize(ctx, other, o.Owner, stores.Response{Status: 200}); err != nil {
+		t.Fatal(err)
+	}
+	retry := storetest.Reservation(key, time.Hour, time.Hour)
+	if res, err := s.Reserve(ctx, retry); err != nil || !res.Reserved {
+		t.Fatalf("the retry's Reserve after the eviction: %+v, %v", res, err)
+	}
+	runtime.GOMAXPROCS(procs)
+	// The waiter runs now: it returns, or (as it did) waits on the retry's
+	// reservation.
+	var rec *stores.Record
+	for deadline := time.Now().Add(5 * time.Second); rec == nil && !waiting(); time.Sleep(time.Millisecond) {
+		select {
+		case rec = <-got:
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the woken waiter neither returned nor waited again")
+		}
+	}
+	if err := s.Release(ctx, key, retry.Owner); err != nil {
+		t.Fatal(err)
+	}
+	if rec == nil {
+		rec = <-got
+	}
+	if rec == nil || rec.State != stores.StateFinal || string(rec.Response.Body) != "the answer" {
+		t.Fatalf("Await = %+v, want the final record it was woken with", rec)
+	}
+}
