@@ -365,7 +365,7 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 	for _, rec := range ans.Records {
 		held[rec.Store] = rec
 	}
-	forgotten, kept := 0, 0
+	forgotten, kept, tried := 0, 0, false
 	for _, u := range list {
 		seen, ok := held[u.key]
 		if !ok {
@@ -376,15 +376,23 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 			ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend, Error: "this store cannot forget records"})
 			continue
 		}
-		if forgotten > 0 {
+		if tried {
 			// Two pools on one table (handlers whose pool options
 			// differ) hold the same records: the delete through an
-			// earlier one took this record too, and a retry may have
-			// reserved the key since. Gone is gone; a record made since
-			// the lookup is not the operator's to forget (forced, its
-			// delete would take a live record, and a later retry would
-			// execute the commit while that one runs).
-			if now, err := inspect(ctx, u, key); err == nil && (now == nil || !now.CreatedAt.Equal(seen.CreatedAt)) {
+			// earlier one may have taken this record too (also when its
+			// reply was lost, and it reported an error), and a retry may
+			// have reserved the key since. Gone is gone; a record made
+			// since the lookup is not the operator's to forget (forced,
+			// its delete would take a live record, and a later retry
+			// would execute the commit while that one runs), and
+			// neither is a record that cannot be looked at again.
+			now, err := inspect(ctx, u, key)
+			if err != nil {
+				ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend,
+					Error: "not forgotten: looking the key up again after the delete in an earlier store failed (" + err.Error() + "); look it up again"})
+				continue
+			}
+			if now == nil || !now.CreatedAt.Equal(seen.CreatedAt) {
 				if now != nil {
 					kept++
 					ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend,
@@ -393,6 +401,7 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 				continue
 			}
 		}
+		tried = true
 		deleted, err := f.Forget(ctx, key, force)
 		if err != nil {
 			ans.Errors = append(ans.Errors, storeError{Store: u.key, Backend: u.backend, Error: err.Error()})

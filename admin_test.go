@@ -3,10 +3,12 @@ package icebergidempotency
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -480,5 +482,68 @@ func TestForcedForgetKeepsARecordReservedSince(t *testing.T) {
 	rec, err := s.Load(context.Background(), key)
 	if err != nil || rec == nil || rec.State != stores.StateInFlight || rec.Owner != "the retry" {
 		t.Fatalf("after the forget the key holds %+v (%v); want the retry's live reservation", rec, err)
+	}
+}
+
+// reservedAgainReplyLost is reservedAgain whose delete's reply is lost: it
+// deleted, but reports an error.
+type reservedAgainReplyLost struct{ reservedAgain }
+
+func (s reservedAgainReplyLost) Forget(ctx context.Context, key string, force bool) (bool, error) {
+	if _, err := s.reservedAgain.Forget(ctx, key, force); err != nil {
+		return false, err
+	}
+	return false, errors.New("the reply was lost")
+}
+
+// inspectFailsAfterLookup answers the admin API's first look at a key and
+// fails every later one, as a pool whose connection broke meanwhile.
+type inspectFailsAfterLookup struct {
+	*memory.Store
+	looks *atomic.Int32
+}
+
+func (s inspectFailsAfterLookup) Inspect(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
+	if s.looks.Add(1) > 1 {
+		return nil, 0, errors.New("statement timeout")
+	}
+	return s.Store.Inspect(ctx, key)
+}
+
+// A forced forget through two pools on one table leaves the retry's
+// reservation alone when it cannot tell it from the record it looked up:
+// the earlier pool's delete reported an error although it deleted (its
+// reply was lost), or looking the key up again through the later pool
+// failed. Before, the later pool's forced delete took the retry's live
+// record, and the second case answered 200 with no error.
+func TestForcedForgetKeepsARecordItCannotTellFromTheOneLookedUp(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		first, second func(*memory.Store) stores.Store
+	}{
+		{"earlier delete's reply lost",
+			func(s *memory.Store) stores.Store { return reservedAgainReplyLost{reservedAgain{Store: s, t: t}} },
+			func(s *memory.Store) stores.Store { return s }},
+		{"second look failed",
+			func(s *memory.Store) stores.Store { return reservedAgain{Store: s, t: t} },
+			func(s *memory.Store) stores.Store { return inspectFailsAfterLookup{Store: s, looks: new(atomic.Int32)} }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := newMemory(t)
+			key, _ := reserveKey(t, s, time.Minute)
+			h := adminFixture(t, map[string]stores.Store{
+				"postgres/iceberg_idempotency_records/aaaa": c.first(s),
+				"postgres/iceberg_idempotency_records/bbbb": c.second(s),
+			})
+			time.Sleep(time.Millisecond) // the retry's record is created at another instant
+			code, body := call(t, h, http.MethodDelete, "/iceberg_idempotency/keys/"+key+"?force=true")
+			if !strings.Contains(string(body), `"errors"`) {
+				t.Fatalf("forced forget = %d %s; want an error saying what was not forgotten", code, body)
+			}
+			rec, err := s.Load(context.Background(), key)
+			if err != nil || rec == nil || rec.State != stores.StateInFlight || rec.Owner != "the retry" {
+				t.Fatalf("after the forget (%d %s) the key holds %+v (%v); want the retry's live reservation", code, body, rec, err)
+			}
+		})
 	}
 }
