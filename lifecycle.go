@@ -228,7 +228,7 @@ func (g *guarded) run() error {
 		switch {
 		case rec.State == stores.StateFinal:
 			return g.replay(rec)
-		case h.Abandoned == abandonedReexecute:
+		case h.Abandoned == abandonedReexecute || rerunnable(g.binding.Operation):
 			sent := time.Now()
 			ok, err := h.store.TakeOver(g.detached, g.key, rec.Owner, g.owner, h.executionLease(), g.recordTTL(h.executionLease()))
 			if err != nil {
@@ -428,6 +428,12 @@ func (g *guarded) execute() error {
 		// answer at once.
 		g.warnStaleConnection(err)
 		g.markUnknown(detached, err)
+		if rerunnable(g.binding.Operation) {
+			writeError(g.w, status, typeFor(status),
+				"The request reached the catalog but no response came back; it changes nothing, so retry with the same Idempotency-Key.",
+				retryAfterFor(status, g.retryAfterSeconds()))
+			return nil
+		}
 		writeError(g.w, status, typeCommitStateUnknown,
 			"The request reached the catalog but no response came back; its outcome is unknown. Check the catalog's state before retrying.", 0)
 		return nil
@@ -945,6 +951,14 @@ func (g *guarded) markUnknown(ctx context.Context, cause error) {
 	// A renewal landing after the Abandon would make the record read as
 	// in flight again for a whole lease.
 	lostRenewal := g.hb.stop()
+	if rerunnable(g.binding.Operation) {
+		if cause != nil {
+			g.log(zapcore.WarnLevel, "the request may have reached the catalog but no response came back: key released, as "+
+				g.binding.Operation+" changes nothing and a retry runs it again", zap.Error(cause))
+		}
+		g.release(ctx, "outcome unknown, but "+g.binding.Operation+" changes nothing")
+		return
+	}
 	executionCounters.inc(g.binding.Operation, resultUnknown)
 	if cause != nil {
 		g.log(zapcore.WarnLevel, "the request may have reached the catalog but no response came back: outcome unknown",

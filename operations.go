@@ -38,6 +38,21 @@ var mutations = []operation{
 	{"POST", seg("namespaces/*/register-view"), "registerView"},
 }
 
+// rerunnable reports whether running op twice changes nothing a client
+// reads: scan planning plans a table's scan (a plan the catalog may keep
+// until it expires or is cancelled) and hands out its tasks, changing no
+// table, view or namespace. Where another operation's outcome would be
+// unknown (the request may have reached the catalog, and no answer came
+// back), its key is released, and an abandoned one is taken over: a retry
+// runs it again, as it would without this module. Under the "unknown"
+// answer, iceberg-go's retries of a scan plan whose answer was lost (it
+// retries 5xx with the same key) each got 500 CommitStateUnknownException,
+// and the scan failed. cancelPlanning is left out: run again after it
+// succeeded, it answers 404.
+func rerunnable(op string) bool {
+	return op == "planTableScan" || op == "fetchScanTasks"
+}
+
 // mutationMethod reports whether some operation in mutations uses method
 // (TestMutationMethodCoversMutations keeps the two in step): a request with
 // any other method is no mutation, whatever its path.
