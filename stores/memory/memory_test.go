@@ -53,11 +53,13 @@ func TestNewRejectsNegativeBounds(t *testing.T) {
 	}
 }
 
-// A duplicate waiting on a key is woken by the key's Finalize. If other
-// keys' Finalizes evict the record before the waiter runs (a store at its
-// bounds), the waiter still gets the final record: before, it found the
-// key free, and its request executed the commit a second time.
-func TestAwaitGetsTheFinalRecordEvictedBeforeItRan(t *testing.T) {
+// evictedUnderAWaiter reserves key in a store of one entry, starts an
+// Await on it, and, on one P so that the woken waiter runs only once the
+// caller blocks, finalizes key with "the answer" and evicts it by
+// finalizing another key. It returns what the Await returns, whether it
+// waits (again), and what gives the P back.
+func evictedUnderAWaiter(t *testing.T) (s *Store, key string, got <-chan *stores.Record, waiting func() bool, restore func()) {
+	t.Helper()
 	s, err := New(Options{MaxEntries: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -68,33 +70,49 @@ func TestAwaitGetsTheFinalRecordEvictedBeforeItRan(t *testing.T) {
 	if _, err := s.Reserve(ctx, r); err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *stores.Record, 1)
+	out := make(chan *stores.Record, 1)
 	go func() {
 		rec, err := s.Await(ctx, key)
 		if err != nil {
 			t.Error(err)
 		}
-		got <- rec
+		out <- rec
 	}()
-	for waiting := false; !waiting; time.Sleep(time.Millisecond) {
+	waiting = func() bool {
 		s.mu.Lock()
-		_, waiting = s.changed[key]
-		s.mu.Unlock()
+		defer s.mu.Unlock()
+		_, ok := s.changed[key]
+		return ok
 	}
-	// One P: the woken waiter runs only once this goroutine blocks, after
-	// the eviction.
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	for !waiting() {
+		time.Sleep(time.Millisecond)
+	}
+	procs := runtime.GOMAXPROCS(1)
+	restore = func() { runtime.GOMAXPROCS(procs) }
 	if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 200, Body: []byte("the answer")}); err != nil {
+		restore()
 		t.Fatal(err)
 	}
 	o := storetest.Reservation(other, time.Hour, time.Hour)
 	if _, err := s.Reserve(ctx, o); err != nil {
+		restore()
 		t.Fatal(err)
 	}
 	if err := s.Finalize(ctx, other, o.Owner, stores.Response{Status: 200}); err != nil {
+		restore()
 		t.Fatal(err)
 	}
-	if rec, _ := s.Load(ctx, key); rec != nil {
+	return s, key, out, waiting, restore
+}
+
+// A duplicate waiting on a key is woken by the key's Finalize. If other
+// keys' Finalizes evict the record before the waiter runs (a store at its
+// bounds), the waiter still gets the final record: before, it found the
+// key free, and its request executed the commit a second time.
+func TestAwaitGetsTheFinalRecordEvictedBeforeItRan(t *testing.T) {
+	s, key, got, _, restore := evictedUnderAWaiter(t)
+	defer restore()
+	if rec, _ := s.Load(t.Context(), key); rec != nil {
 		t.Fatalf("the key's record was not evicted: %+v", rec)
 	}
 	rec := <-got
@@ -110,51 +128,14 @@ func TestAwaitGetsTheFinalRecordEvictedBeforeItRan(t *testing.T) {
 // once the release woke it again, find the key free and execute the
 // request a second time.
 func TestAwaitKeepsTheFinalRecordItWasWokenWith(t *testing.T) {
-	s, err := New(Options{MaxEntries: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, key, got, waiting, restore := evictedUnderAWaiter(t)
 	ctx := t.Context()
-	key, other := storetest.NewKey(t), storetest.NewKey(t)
-	r := storetest.Reservation(key, time.Hour, time.Hour)
-	if _, err := s.Reserve(ctx, r); err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan *stores.Record, 1)
-	go func() {
-		rec, err := s.Await(ctx, key)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- rec
-	}()
-	waiting := func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		_, ok := s.changed[key]
-		return ok
-	}
-	for !waiting() {
-		time.Sleep(time.Millisecond)
-	}
-	// One P: the woken waiter runs only once this goroutine blocks, after
-	// the eviction and the retry's reservation.
-	procs := runtime.GOMAXPROCS(1)
-	if err := s.Finalize(ctx, key, r.Owner, stores.Response{Status: 200, Body: []byte("the answer")}); err != nil {
-		t.Fatal(err)
-	}
-	o := storetest.Reservation(other, time.Hour, time.Hour)
-	if _, err := s.Reserve(ctx, o); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Finalize(ctx, other, o.Owner, stores.Response{Status: 200}); err != nil {
-		t.Fatal(err)
-	}
 	retry := storetest.Reservation(key, time.Hour, time.Hour)
 	if res, err := s.Reserve(ctx, retry); err != nil || !res.Reserved {
+		restore()
 		t.Fatalf("the retry's Reserve after the eviction: %+v, %v", res, err)
 	}
-	runtime.GOMAXPROCS(procs)
+	restore()
 	// The waiter runs now: it returns, or (as it did) waits on the retry's
 	// reservation.
 	var rec *stores.Record
