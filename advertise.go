@@ -98,7 +98,10 @@ func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyht
 
 // setTopLevelField sets name to the JSON string value in the object doc,
 // replacing an existing value in place or appending the member, so that every
-// other byte of the document is kept as the catalog wrote it.
+// other byte of the document is kept as the catalog wrote it. A name the
+// catalog sent more than once has each of its values replaced: decoders
+// differ on which one counts (Go's and Jackson's take the last), and one left
+// as it was could be the one read.
 func setTopLevelField(doc []byte, name, value string) ([]byte, error) {
 	encoded, err := json.Marshal(value)
 	if err != nil {
@@ -109,6 +112,7 @@ func setTopLevelField(doc []byte, name, value string) ([]byte, error) {
 		return nil, errors.New("not a JSON object")
 	}
 	members := 0
+	var values [][2]int64 // where each of name's values starts and ends
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
@@ -128,9 +132,7 @@ func setTopLevelField(doc []byte, name, value string) ([]byte, error) {
 		if valStart < keyEnd || !bytes.Equal(doc[valStart:valEnd], raw) {
 			return nil, fmt.Errorf("cannot locate the value of %q", name)
 		}
-		out := append([]byte(nil), doc[:valStart]...)
-		out = append(out, encoded...)
-		return append(out, doc[valEnd:]...), nil
+		values = append(values, [2]int64{valStart, valEnd})
 	}
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
 		return nil, errors.New("malformed JSON object")
@@ -138,6 +140,15 @@ func setTopLevelField(doc []byte, name, value string) ([]byte, error) {
 	end := dec.InputOffset() - 1 // the closing brace
 	if _, err := dec.Token(); err == nil {
 		return nil, errors.New("trailing data after the JSON object")
+	}
+	if len(values) > 0 {
+		var out []byte
+		from := int64(0)
+		for _, v := range values {
+			out = append(append(out, doc[from:v[0]]...), encoded...)
+			from = v[1]
+		}
+		return append(out, doc[from:]...), nil
 	}
 	member, _ := json.Marshal(name)
 	member = append(append(member, ':'), encoded...)

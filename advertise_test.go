@@ -74,6 +74,11 @@ func TestSetTopLevelField(t *testing.T) {
 			`{"defaults":{"idempotency-key-lifetime":"PT1M"},"idempotency-key-lifetime":"PT30M"}`},
 		{"empty object", "{}\n", `{"idempotency-key-lifetime":"PT30M"}` + "\n"},
 		{"non-string backend value replaced", `{"idempotency-key-lifetime":null}`, `{"idempotency-key-lifetime":"PT30M"}`},
+		// Go's decoder, and Jackson's, read the last of duplicate names:
+		// only the first was replaced, and clients read the catalog's.
+		{"every duplicate replaced",
+			`{"idempotency-key-lifetime":"PT1M","defaults":{},"idempotency-key-lifetime":"PT2M"}`,
+			`{"idempotency-key-lifetime":"PT30M","defaults":{},"idempotency-key-lifetime":"PT30M"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

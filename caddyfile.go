@@ -359,7 +359,7 @@ func parseSize(d *caddyfile.Dispenser, into *int64) error {
 	}
 	n, err := humanize.ParseBytes(arg)
 	if err != nil || n == 0 || n > 1<<40 {
-		return d.Errf("%s must be a positive size like 16MiB, got %q", opt, arg)
+		return d.Errf("%s must be a positive size of at most 1TiB, like 16MiB, got %q", opt, arg)
 	}
 	*into = int64(n)
 	return nil

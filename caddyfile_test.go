@@ -181,6 +181,11 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"bad size", "iceberg_idempotency {\n\t\tmax_response_size lots\n\t}", `max_response_size must be a positive size`, "at Caddyfile:3"},
 		{"bad status", "iceberg_idempotency {\n\t\trelease_statuses 5xx 7xx\n\t}", `release_statuses: invalid status "7xx"`, "at Caddyfile:3"},
 		{"base path", "iceberg_idempotency {\n\t\tbase_path api/\n\t}", `base_path must start with /`, "at Caddyfile:3"},
+		// Taken literally, it matched no path: the mutations under the
+		// prefix meant passed unguarded.
+		{"base path placeholder", "iceberg_idempotency {\n\t\tbase_path /{env.PREFIX}\n\t}", `base_path is compared with request paths as written and takes no placeholders`, "at Caddyfile:3"},
+		// The error said "positive" of a positive size.
+		{"size past 1TiB", "iceberg_idempotency {\n\t\tmax_request_size 2TiB\n\t}", `max_request_size must be a positive size of at most 1TiB`, "at Caddyfile:3"},
 		{"unknown store", "iceberg_idempotency {\n\t\tstore rediss\n\t}", `unknown store "rediss": want one of memory`, "at Caddyfile:3"},
 		{"memory store option", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entrys 5\n\t\t}\n\t}", `unknown memory store option "max_entrys"`, "at Caddyfile:4"},
 		{"memory store size", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entries 0\n\t\t}\n\t}", `max_entries must be a positive integer`, "at Caddyfile:4"},
@@ -255,7 +260,7 @@ func TestCaddyfileErrors(t *testing.T) {
 	}
 	for _, tt := range []struct{ name, global, want, at string }{
 		{"bad value", "iceberg_idempotency {\n\t\tcleanup_batch none\n\t}", "cleanup_batch must be a positive integer", "at Caddyfile:3"},
-		{"no body budget", "iceberg_idempotency {\n\t\tmax_buffered_bytes 0\n\t}", `max_buffered_bytes must be a positive size like 16MiB, got "0"`, "at Caddyfile:3"},
+		{"no body budget", "iceberg_idempotency {\n\t\tmax_buffered_bytes 0\n\t}", `max_buffered_bytes must be a positive size of at most 1TiB, like 16MiB, got "0"`, "at Caddyfile:3"},
 		// 1ns kept PostgreSQL at 15,000 purge statements/s.
 		{"interval below a second", "iceberg_idempotency {\n\t\tcleanup_interval 500ms\n\t}", "cleanup_interval must be at least 1s, got 500ms", "at Caddyfile:3"},
 		// Past 265 years the jitter wrapped the timer negative: purges ran

@@ -489,6 +489,12 @@ func (h *Handler) validateOption(opt string) error {
 		if h.BasePath == "" {
 			break
 		}
+		// Compared with request paths as written: a placeholder in it was
+		// taken literally, no path was below it, and the mutations under
+		// the prefix meant passed unguarded.
+		if strings.ContainsAny(h.BasePath, "{}") {
+			return fmt.Errorf("base_path is compared with request paths as written and takes no placeholders, got %q: write the prefix itself", h.BasePath)
+		}
 		switch normal := normalizePath(h.BasePath); {
 		case normal == "/":
 			return fmt.Errorf("base_path must be a clean path (no //, . or .. segments), got %q", h.BasePath)

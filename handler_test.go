@@ -494,6 +494,9 @@ func TestValidateNamesTheOption(t *testing.T) {
 		// below "/api/V1", and its mutations passed unguarded.
 		{func(h *Handler) { h.BasePath = "/api/V1" }, `base_path is the part of the path before /v1, got "/api/V1": leave /v1 out`},
 		{func(h *Handler) { h.BasePath = "/." }, `base_path must be a clean path (no //, . or .. segments), got "/."`},
+		// Taken literally, a placeholder matched no path: the mutations
+		// under the prefix meant passed unguarded.
+		{func(h *Handler) { h.BasePath = "/{env.PREFIX}" }, `base_path is compared with request paths as written and takes no placeholders, got "/{env.PREFIX}"`},
 		{func(h *Handler) { h.ReleaseStatuses = []string{"7xx"} }, "release_statuses: invalid status"},
 		// JSON can give what the Caddyfile cannot: an empty list.
 		{func(h *Handler) { h.FinalizeStatuses = []string{} }, "finalize_statuses: empty list: every success would be executed again on retry"},

@@ -43,7 +43,7 @@ func TestMemoryStoreCaddyfileBounds(t *testing.T) {
 // A bad bound is refused at its line.
 func TestMemoryStoreCaddyfileErrors(t *testing.T) {
 	for _, tc := range []struct{ line, want string }{
-		{"max_bytes lots", `max_bytes must be a positive size like 16MiB, got "lots"`},
+		{"max_bytes lots", `max_bytes must be a positive size of at most 1TiB, like 16MiB, got "lots"`},
 		{"max_bytes 0", `max_bytes must be a positive size`},
 		{"max_bytes", `max_bytes needs a value`},
 		{"max_bytes 1MiB 2MiB", `max_bytes takes a single value`},
