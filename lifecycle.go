@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
 
 // ReplayedHeader marks a response served from the store.
@@ -1485,6 +1486,16 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		// a commit that landed. Neither fail_open nor a 503 that the
 		// client would retry until the record expires.
 		return g.unreadable("", err)
+	}
+	var schemaErr *sqlstore.SchemaError
+	if failOpen && errors.As(err, &schemaErr) {
+		// Not an outage: the store cannot serve until someone migrates
+		// its table, and this node would pass every keyed request
+		// unguarded for as long, beside nodes of the older build that
+		// guard them (a rolling upgrade whose migration a DBA runs): a
+		// commit whose answer it lost was executed again by the retry
+		// another node took.
+		failOpen = false
 	}
 	if failOpen {
 		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
