@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -272,18 +273,42 @@ var processExiting = caddy.Exiting
 // drainForExit waits, until exitDeadline, for p and every store a reload
 // dropped to be idle.
 func drainForExit(p *pooledStore) {
+	at := exitDeadlineAt()
+	p.drainUntil(at)
+	drainDropped(at)
+}
+
+// exitDeadlineAt returns exitDeadline, setting it on the first call.
+func exitDeadlineAt() time.Time {
 	exitDeadline.Lock()
+	defer exitDeadline.Unlock()
 	if exitDeadline.at.IsZero() {
 		exitDeadline.at = time.Now().Add(time.Duration(longestRepair.Load()))
 	}
-	at := exitDeadline.at
-	exitDeadline.Unlock()
-	p.drainUntil(at)
+	return exitDeadline.at
+}
+
+// drainDropped waits, until at, for every store a reload dropped to be
+// idle.
+func drainDropped(at time.Time) {
 	lingering.Range(func(k, _ any) bool {
 		k.(*pooledStore).drainUntil(at)
 		return true
 	})
 }
+
+// drainDroppedAtExit is registered with caddy.OnExit, which Caddy runs
+// once it has stopped the running config (whose stores drainForExit
+// drained). A running config without this module's handlers (a reload took
+// them out, or moved them to another store) cleans up no pooled store, and
+// the stores a reload dropped were cut off with their repairs: a lost
+// reservation's release left its key in flight, then "unknown", for a
+// commit the catalog never received.
+func drainDroppedAtExit(context.Context) {
+	drainDropped(exitDeadlineAt())
+}
+
+func init() { caddy.OnExit(drainDroppedAtExit) }
 
 // drainUntil waits, until at, for nothing to use the store, and says what
 // it waits for and what it leaves.

@@ -156,3 +156,28 @@ func exitNow(t *testing.T) {
 		exitDeadline.Unlock()
 	})
 }
+
+// An exit whose running config has no handler of this module (a reload
+// took it out) still waits for the repairs of a store that reload
+// dropped: Caddy runs drainDroppedAtExit, registered with caddy.OnExit,
+// after it stopped the config. Before, no pooled store of the running
+// config was cleaned up, nothing waited, and the repair was cut off.
+func TestExitWithoutTheModuleWaitsForADroppedStore(t *testing.T) {
+	lingerFor(t, time.Hour)
+	dropped := newPooledStore(&closeCounter{Store: newMemoryStore(t)})
+	if err := dropped.Destruct(); err != nil { // the reload
+		t.Fatal(err)
+	}
+	leave := dropped.enter() // a repair still under way
+	var repaired atomic.Bool
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		repaired.Store(true)
+		leave()
+	}()
+	exitNow(t)
+	drainDroppedAtExit(context.Background())
+	if !repaired.Load() {
+		t.Fatal("the exit did not wait for the dropped store's repair")
+	}
+}
