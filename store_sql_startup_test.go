@@ -169,23 +169,11 @@ func TestSQLStoreStartsWithDatabaseDown(t *testing.T) {
 
 			table := sqltest.TableName(t)
 			t.Cleanup(func() { b.drop(t, dsn, table) })
-			cfg := SQLStoreConfig{DSN: proxied, Table: table, StatementTimeout: caddy.Duration(time.Second)}
-			var provider StoreProvider
-			switch b.name {
-			case "postgres":
-				provider = &PostgresStore{SQLStoreConfig: cfg}
-			default:
-				provider = &MySQLStore{SQLStoreConfig: cfg}
-			}
 			ctx := newCaddyContext(t)
-			if err := provider.(caddy.Provisioner).Provision(ctx); err != nil {
-				t.Fatal(err)
-			}
-			ps, err := acquireStore(ctx, provider)
+			provider, ps, err := openSQLStore(t, ctx, b.name, SQLStoreConfig{DSN: proxied, Table: table, StatementTimeout: caddy.Duration(time.Second)})
 			if err != nil {
 				t.Fatalf("opening the store with the database down: %v", err)
 			}
-			t.Cleanup(func() { _ = (&Handler{storeKey: provider.StoreKey()}).Cleanup() })
 			app := &App{}
 			if err := app.Provision(ctx); err != nil {
 				t.Fatal(err)
@@ -230,23 +218,11 @@ func TestFailOpenDoesNotPassAStoreWhoseSchemaIsBehind(t *testing.T) {
 			table := sqltest.TableName(t)
 			t.Cleanup(func() { b.drop(t, dsn, table) })
 			off := false
-			cfg := SQLStoreConfig{DSN: dsn, Table: table, AutoMigrate: &off, StatementTimeout: caddy.Duration(time.Second)}
-			var provider StoreProvider
-			switch b.name {
-			case "postgres":
-				provider = &PostgresStore{SQLStoreConfig: cfg}
-			default:
-				provider = &MySQLStore{SQLStoreConfig: cfg}
-			}
-			ctx := newCaddyContext(t)
-			if err := provider.(caddy.Provisioner).Provision(ctx); err != nil {
-				t.Fatal(err)
-			}
-			ps, err := acquireStore(ctx, provider)
+			_, ps, err := openSQLStore(t, newCaddyContext(t), b.name,
+				SQLStoreConfig{DSN: dsn, Table: table, AutoMigrate: &off, StatementTimeout: caddy.Duration(time.Second)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _ = (&Handler{storeKey: provider.StoreKey()}).Cleanup() })
 			h := newTestHandler(t, ps)
 			h.FailOpen = true
 			up := answering(200, "{}")
@@ -257,4 +233,27 @@ func TestFailOpenDoesNotPassAStoreWhoseSchemaIsBehind(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openSQLStore provisions the store of backend (postgres or mysql) that
+// cfg describes and takes it from the pool, as a handler does; the pool
+// lets it go when t ends.
+func openSQLStore(t *testing.T, ctx caddy.Context, backend string, cfg SQLStoreConfig) (StoreProvider, *pooledStore, error) {
+	t.Helper()
+	var provider StoreProvider
+	switch backend {
+	case "postgres":
+		provider = &PostgresStore{SQLStoreConfig: cfg}
+	default:
+		provider = &MySQLStore{SQLStoreConfig: cfg}
+	}
+	if err := provider.(caddy.Provisioner).Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := acquireStore(ctx, provider)
+	if err != nil {
+		return nil, nil, err
+	}
+	t.Cleanup(func() { _ = (&Handler{storeKey: provider.StoreKey()}).Cleanup() })
+	return provider, ps, nil
 }

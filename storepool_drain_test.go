@@ -119,18 +119,8 @@ func TestExitWaitsForBackgroundRepairs(t *testing.T) {
 // that still runs a repair: before, only the stores of the running config
 // were waited for.
 func TestExitWaitsForAStoreAReloadDropped(t *testing.T) {
-	lingerFor(t, time.Hour)
-	dropped, current := newPooledStore(&closeCounter{Store: newMemoryStore(t)}), newPooledStore(&closeCounter{Store: newMemoryStore(t)})
-	if err := dropped.Destruct(); err != nil { // the reload
-		t.Fatal(err)
-	}
-	leave := dropped.enter() // a repair still under way
-	var repaired atomic.Bool
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		repaired.Store(true)
-		leave()
-	}()
+	current := newPooledStore(&closeCounter{Store: newMemoryStore(t)})
+	repaired := droppedWithARepair(t)
 	exitNow(t)
 	if err := current.Destruct(); err != nil {
 		t.Fatal(err)
@@ -138,6 +128,26 @@ func TestExitWaitsForAStoreAReloadDropped(t *testing.T) {
 	if !repaired.Load() {
 		t.Fatal("the exit did not wait for the dropped store's repair")
 	}
+}
+
+// droppedWithARepair drops a store in a reload (it lingers, for an hour
+// here) while a repair on it is under way, which ends 100 ms later and
+// sets what it returns.
+func droppedWithARepair(t *testing.T) *atomic.Bool {
+	t.Helper()
+	lingerFor(t, time.Hour)
+	dropped := newPooledStore(&closeCounter{Store: newMemoryStore(t)})
+	if err := dropped.Destruct(); err != nil { // the reload
+		t.Fatal(err)
+	}
+	leave := dropped.enter() // a repair still under way
+	repaired := new(atomic.Bool)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		repaired.Store(true)
+		leave()
+	}()
+	return repaired
 }
 
 // exitNow makes the process read as exiting, with a fresh exit deadline
@@ -163,18 +173,7 @@ func exitNow(t *testing.T) {
 // after it stopped the config. Before, no pooled store of the running
 // config was cleaned up, nothing waited, and the repair was cut off.
 func TestExitWithoutTheModuleWaitsForADroppedStore(t *testing.T) {
-	lingerFor(t, time.Hour)
-	dropped := newPooledStore(&closeCounter{Store: newMemoryStore(t)})
-	if err := dropped.Destruct(); err != nil { // the reload
-		t.Fatal(err)
-	}
-	leave := dropped.enter() // a repair still under way
-	var repaired atomic.Bool
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		repaired.Store(true)
-		leave()
-	}()
+	repaired := droppedWithARepair(t)
 	exitNow(t)
 	drainDroppedAtExit(context.Background())
 	if !repaired.Load() {
