@@ -1460,8 +1460,15 @@ func (g *guarded) stillInFlight() error {
 }
 
 // storeFailed fails closed (503 + Retry-After) unless fail_open is set.
+// A SQL store whose table is behind this build's schema is no outage: it
+// cannot serve until someone migrates the table, and fail_open would pass
+// every keyed request unguarded for as long, beside nodes of the older
+// build that guard them (a rolling upgrade whose migration a DBA runs): a
+// commit whose answer it lost was executed again by the retry another node
+// took.
 func (g *guarded) storeFailed(step string, err error) error {
-	return g.storeError(step, err, g.h.FailOpen)
+	var schemaErr *sqlstore.SchemaError
+	return g.storeError(step, err, g.h.FailOpen && !errors.As(err, &schemaErr))
 }
 
 // storeFailedOnHeldKey is storeFailed for a key the store has shown to be
@@ -1486,16 +1493,6 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		// a commit that landed. Neither fail_open nor a 503 that the
 		// client would retry until the record expires.
 		return g.unreadable("", err)
-	}
-	var schemaErr *sqlstore.SchemaError
-	if failOpen && errors.As(err, &schemaErr) {
-		// Not an outage: the store cannot serve until someone migrates
-		// its table, and this node would pass every keyed request
-		// unguarded for as long, beside nodes of the older build that
-		// guard them (a rolling upgrade whose migration a DBA runs): a
-		// commit whose answer it lost was executed again by the retry
-		// another node took.
-		failOpen = false
 	}
 	if failOpen {
 		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
