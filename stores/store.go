@@ -212,7 +212,11 @@ type Store interface {
 	// ExtendLease renews the lease of an in-flight record owned by owner,
 	// and moves the record's expiry to ttl past the lease's end if it came
 	// sooner (see Reservation.RecordTTL): a record does not expire while
-	// its owner still renews it, nor for ttl after the renewals stop.
+	// its owner still renews it, nor for ttl after the renewals stop. A
+	// renewal that reaches the store after its call ended renews nothing,
+	// and says it was not sent (NotSent): landing after its owner marked
+	// the record abandoned, it would make the record read as in flight
+	// for a whole lease more.
 	ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error
 
 	// Abandon ends the lease of an in-flight record owned by owner now, so

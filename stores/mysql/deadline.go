@@ -14,12 +14,12 @@ import (
 
 // innodb_lock_wait_timeout bounds a statement's lock waits once the server
 // has it, not a statement held up on its way there: Reserve's INSERT and
-// TakeOver's UPDATE carry the end of their call on the server's clock, and
-// the server refuses them after it (see sqlstore.SendDeadline and
-// inTime).
+// the UPDATEs of TakeOver and ExtendLease carry the end of their call on
+// the server's clock, and the server refuses them after it (see
+// sqlstore.SendDeadline and inTime).
 
 // syncClock reads the server's clock at the first contact, and again
-// before a Reserve or TakeOver once the reading is old or was dropped (see
+// before a Reserve, TakeOver or ExtendLease once the reading is old or was dropped (see
 // sqlstore.ServerClock.Sync). A reading that could not be had leaves the
 // statement unsent.
 func (s *Store) syncClock(ctx context.Context) error {
@@ -54,7 +54,7 @@ func lateRefusal(err error) bool {
 	return errors.As(err, &me) && me.Number == errOutOfRange
 }
 
-// lateError is the error of a Reserve or TakeOver that failed with err
+// lateError is the error of a Reserve, TakeOver or ExtendLease that failed with err
 // (wrapped), late when the server refused it as run after the end of its
 // call: a server whose clock is not where the last reading put it
 // (stepped back, or another server after a failover). The reading is then

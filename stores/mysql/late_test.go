@@ -26,6 +26,16 @@ func TestLateReserveWritesNothing(t *testing.T) {
 	}
 }
 
+// TestLateRenewalRevivesNothing: nor does innodb_lock_wait_timeout bound a
+// lease renewal held up in the network; see sqltest.LateRenewalRevivesNothing.
+func TestLateRenewalRevivesNothing(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	proxy, dsn := proxiedDSN(t)
+	s, cfg := openStore(t, func(c *Config) { c.DSN, c.StatementTimeout = dsn, timeout })
+	direct, _ := openStore(t, func(c *Config) { c.Table = cfg.Table })
+	sqltest.LateRenewalRevivesNothing(t, s, direct, proxy, timeout)
+}
+
 // stepBack makes s's reading of the server's clock an hour early.
 func stepBack(s *Store) func() {
 	return func() { s.clock.Learn(time.Now().Add(-time.Hour), time.Now()) }

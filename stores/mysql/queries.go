@@ -135,8 +135,11 @@ func newQueries(table string) queries {
 		// A record outlives its lease by its TTL (the second argument is
 		// lease plus TTL): one whose owner still renews it does not expire
 		// under it, and one whose renewals stop reads as abandoned for its
-		// TTL (see stores.Reservation.RecordTTL).
-		extend: fmt.Sprintf("UPDATE %s SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND,\n"+
+		// TTL (see stores.Reservation.RecordTTL). Bounded by the end of its
+		// call as a reservation is (the first argument): a renewal run
+		// after it fails instead of reviving the lease of a record its
+		// owner marked abandoned meanwhile.
+		extend: fmt.Sprintf("UPDATE %s SET lease_until = IF("+inTime+", UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, NULL),\n"+
 			"expires_at = GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)\n"+
 			"WHERE `key` = ? AND owner = ? AND state = 'in_flight' AND expires_at > UTC_TIMESTAMP(6)", table),
 

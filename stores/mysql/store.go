@@ -521,14 +521,28 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 	return nil
 }
 
-// ExtendLease implements stores.Store. MySQL counts changed, not matched,
-// rows: renewing a lease to the very microsecond it already ends at changes
-// nothing and reports 0. Only then a second statement tells that apart from
-// a lost ownership.
+// ExtendLease implements stores.Store. It is bounded as Reserve: a
+// renewal held up on its way past its owner's mark of the record as
+// abandoned (the execution ended meanwhile) made the record read as in
+// flight for a whole lease more, every retry hearing 503 instead of the
+// outcome. MySQL counts changed, not matched, rows: renewing a lease to
+// the very microsecond it already ends at changes nothing and reports 0.
+// Only then a second statement tells that apart from a lost ownership.
 func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
-	n, err := s.exec(ctx, "extend lease", &s.stmts.extend, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, owner)
-	if err != nil {
+	if err := s.ready(ctx); err != nil {
 		return err
+	}
+	if err := s.syncClock(ctx); err != nil {
+		return err
+	}
+	var late bool
+	n, err := s.retry(ctx, "extend lease", func(ctx context.Context) (int64, error) {
+		n, err := s.execOnce(ctx, s.stmts.extend, sqlstore.SendDeadline, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, owner)
+		late = lateRefusal(err)
+		return n, err
+	})
+	if err != nil {
+		return s.lateError(late, err)
 	}
 	if n > 0 {
 		return nil

@@ -14,12 +14,13 @@ import (
 )
 
 // statement_timeout bounds a statement from when the server receives it,
-// not one held up on its way there: Reserve's INSERT and TakeOver's UPDATE
-// carry the end of their call on the server's clock, and the server
-// refuses them after it (see sqlstore.SendDeadline and lateGuard).
+// not one held up on its way there: Reserve's INSERT and the UPDATEs of
+// TakeOver and ExtendLease carry the end of their call on the server's
+// clock, and the server refuses them after it (see sqlstore.SendDeadline
+// and lateGuard).
 
 // syncClock reads the server's clock at the first contact, and again
-// before a Reserve or TakeOver once the reading is old or was dropped (see
+// before a Reserve, TakeOver or ExtendLease once the reading is old or was dropped (see
 // sqlstore.ServerClock.Sync). A reading that could not be had leaves the
 // statement unsent.
 func (s *Store) syncClock(ctx context.Context) error {
@@ -55,7 +56,7 @@ func lateRefusal(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "21000"
 }
 
-// wrapLate is wrap for Reserve and TakeOver. A refusal as late was made by
+// wrapLate is wrap for Reserve, TakeOver and ExtendLease. A refusal as late was made by
 // a server whose clock is not where the last reading put it (stepped
 // back, or another server after a failover): the reading is dropped, and
 // the error is transient and not sent (nothing was written), as Redis's

@@ -68,10 +68,14 @@ WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, t
 		// A record outlives its lease by its TTL ($4 is lease plus TTL):
 		// one whose owner still renews it does not expire under it, and
 		// one whose renewals stop reads as abandoned for its TTL (see
-		// stores.Reservation.RecordTTL).
-		extend: fmt.Sprintf(`UPDATE %s SET lease_until = now() + $3::bigint * interval '1 microsecond',
+		// stores.Reservation.RecordTTL). $5 is the end of its call, as for
+		// reserve: a renewal run after it fails instead of reviving the
+		// lease of a record its owner marked abandoned meanwhile. The
+		// owner is written back unchanged, to evaluate the guard on the
+		// row it renews.
+		extend: fmt.Sprintf(`UPDATE %s SET owner = COALESCE(%s, owner), lease_until = now() + $3::bigint * interval '1 microsecond',
 	expires_at = GREATEST(expires_at, now() + $4::bigint * interval '1 microsecond')
-WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table),
+WHERE key = $1 AND owner = $2 AND state = 'in_flight' AND expires_at > now()`, table, lateGuard(5)),
 
 		// The lease ends at the statement's now(): every later statement
 		// sees it lapsed.

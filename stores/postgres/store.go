@@ -504,13 +504,25 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 	return nil
 }
 
-// ExtendLease implements stores.Store.
+// ExtendLease implements stores.Store. It is bounded as Reserve: a
+// renewal held up on its way past its owner's mark of the record as
+// abandoned (the execution ended meanwhile) made the record read as in
+// flight for a whole lease more, every retry hearing 503 instead of the
+// outcome.
 func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
-	n, err := s.exec(ctx, "extend lease", s.q.extend, key, owner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl))
-	if err != nil {
+	if err := s.lazy.Ready(ctx); err != nil {
 		return err
 	}
-	if n == 0 {
+	if err := s.syncClock(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	tag, err := s.poolExec(ctx, s.q.extend, key, owner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), sqlstore.SendDeadline)
+	if err != nil {
+		return s.wrapLate("extend lease", err)
+	}
+	if tag.RowsAffected() == 0 {
 		return stores.ErrNotOwner
 	}
 	return nil

@@ -24,9 +24,11 @@ import (
 // heard "unknown" for the record's whole TTL. So a Reserve carries the
 // moment, on the server's clock, after which it does nothing: the end of
 // its call there. So does a TakeOver, which landing so would hand the
-// record to an owner that never executes (see Store.TakeOver). Only on a
-// single address: the nodes of a Cluster each have a clock, and a key's
-// node need not be the one whose clock was read.
+// record to an owner that never executes (see Store.TakeOver), and a
+// lease renewal, which would revive the lease of a record its owner had
+// marked abandoned (see Store.ExtendLease). Only on a single address: the
+// nodes of a Cluster each have a clock, and a key's node need not be the
+// one whose clock was read.
 
 // clockMargin is added to a call's end on the server's clock, for a clock
 // stepped back (NTP) since the offset was last measured: a live call must

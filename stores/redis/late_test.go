@@ -229,3 +229,43 @@ func TestTakeOverAfterClockStep(t *testing.T) {
 		t.Fatalf("offset after the step: %d ms, want about %d (learned again)", got, learned)
 	}
 }
+
+// TestLateRenewalRevivesNothing: a lease renewal held up on its way to
+// the server, as the Reserve above, must renew nothing once its caller has
+// given up. It did (only Reserve and TakeOver were bounded): landing after
+// the owner had marked the record abandoned, it made the record read as
+// in flight for a whole lease more.
+func TestLateRenewalRevivesNothing(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	late, s, direct := openLate(t, timeout)
+	storetest.LateRenewalRevivesNothing(t, s, direct, func(string) <-chan struct{} {
+		return late.holdNext([]byte(extendScript.Hash()), timeout+clockMargin+time.Second)
+	}, 10*time.Second)
+}
+
+// TestExtendLeaseAfterClockStep: a live renewal is never refused as late,
+// as TestReserveAfterClockStep: sent again with the offset its reply
+// taught, it renews the lease.
+func TestExtendLeaseAfterClockStep(t *testing.T) {
+	s, _ := openStore(t, func(c *Config) {
+		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = time.Second, time.Second, time.Second
+	})
+	ctx := context.Background()
+	r := storetest.Reservation(storetest.NewKey(t), 50*time.Millisecond, storetest.Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve: %+v, %v", res, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	learned := s.clock.ahead.Load()
+	// As if the server's clock had stepped 10 s forward since.
+	s.clock.ahead.Add(-(10 * time.Second).Milliseconds())
+	if err := s.ExtendLease(ctx, r.Key, r.Owner, storetest.Long, storetest.Long); err != nil {
+		t.Fatalf("ExtendLease on time after the server's clock stepped forward: %v", err)
+	}
+	if rec, err := s.Load(ctx, r.Key); err != nil || rec == nil || rec.Abandoned {
+		t.Fatalf("after the renewal: %+v, %v; want the lease live", rec, err)
+	}
+	if got := s.clock.ahead.Load(); got < learned-1000 {
+		t.Fatalf("offset after the step: %d ms, want about %d (learned again)", got, learned)
+	}
+}

@@ -97,14 +97,18 @@ return 1
 // past the lease's end when it would end sooner: a record whose owner
 // still renews it does not expire under it, and one whose renewals stop
 // reads as abandoned for its TTL (see stores.Reservation.RecordTTL).
-// ARGV: owner, lease ms, lease plus TTL ms. No message: a waiter has
-// nothing to learn from a renewed lease.
+// Returns {1, now}; {0, now} when the record is not ARGV[1]'s; {2, now},
+// writing nothing, when it runs after not-after, as reserveScript. ARGV:
+// owner, lease ms, lease plus TTL ms, not-after ms (0: none). No message:
+// a waiter has nothing to learn from a renewed lease.
 var extendScript = goredis.NewScript(prelude + `
-if not owned(KEYS[1], ARGV[1]) then return 0 end
 local t = now()
+local limit = tonumber(ARGV[4])
+if limit > 0 and t > limit then return {2, t} end
+if not owned(KEYS[1], ARGV[1]) then return {0, t} end
 redis.call('HSET', KEYS[1], 'lease', ms(t + tonumber(ARGV[2])))
 outlive(KEYS[1], t, tonumber(ARGV[3]))
-return 1
+return {1, t}
 `)
 
 // abandonScript ends the lease now (never extends it). ARGV: owner,

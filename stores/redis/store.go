@@ -471,9 +471,18 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 	return notOwner(s.cas(ctx, "release", releaseScript, key, owner, s.channel, key))
 }
 
-// ExtendLease implements stores.Store.
+// ExtendLease implements stores.Store. It is bounded as Reserve: a
+// renewal held up on its way past its owner's mark of the record as
+// abandoned (the execution ended meanwhile) made the record read as in
+// flight for a whole lease more, every retry hearing 503 instead of the
+// outcome.
 func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
-	return notOwner(s.cas(ctx, "extend lease", extendScript, key, owner, durMS(lease), durMS(lease+ttl)))
+	out, err := s.runBounded(ctx, "extend lease", extendScript, key, owner, durMS(lease), durMS(lease+ttl))
+	if err != nil {
+		return err
+	}
+	flag, _ := out[0].(int64)
+	return notOwner(flag == 1, nil)
 }
 
 // Abandon implements stores.Store.
@@ -494,10 +503,11 @@ func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, le
 	return flag == 1, nil
 }
 
-// runBounded runs a script that creates a reservation (Reserve, TakeOver),
-// with the end of its call on the server's clock as its last argument (see
-// deadline.go), and returns its reply: a flag, the server's time in
-// milliseconds, and what else the script returns. The flag is never 2, the
+// runBounded runs a script that creates a reservation (Reserve, TakeOver)
+// or renews one (ExtendLease), with the end of its call on the server's
+// clock as its last argument (see deadline.go), and returns its reply: a
+// flag, the server's time in milliseconds, and what else the script
+// returns. The flag is never 2, the
 // script's "run after not-after, wrote nothing".
 func (s *Store) runBounded(ctx context.Context, op string, script *goredis.Script, key string, args ...any) ([]any, error) {
 	// One deadline for the clock's reading and the script: the call is

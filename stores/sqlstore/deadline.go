@@ -9,19 +9,22 @@ import (
 )
 
 // A write that creates a reservation (Reserve's INSERT, TakeOver's UPDATE)
-// must not land long after its caller gave up. The server's
-// statement_timeout (PostgreSQL) or innodb_lock_wait_timeout (MySQL) does
-// not bound that: it counts from when the server receives the statement,
-// and a statement held up in the network (a partition that drops packets,
-// after which the kernel delivers what it had accepted, even from a socket
-// its caller closed) runs whenever it arrives. Landing after the handler's
-// undo of the lost write had ended (its settle window), it left a record
-// in flight that nothing had sent to the catalog, and the key's retries
-// heard "unknown" for the record's whole TTL. So such a statement carries
-// the end of the call that sends it, on the server's clock (SendDeadline,
-// which the store fills in as it sends), and the server refuses it after
-// that, with an error: nothing is written, and a combined batch holding it
-// rolls back as for any refused statement.
+// or renews one (ExtendLease's UPDATE) must not land long after its caller
+// gave up. The server's statement_timeout (PostgreSQL) or
+// innodb_lock_wait_timeout (MySQL) does not bound that: it counts from when
+// the server receives the statement, and a statement held up in the
+// network (a partition that drops packets, after which the kernel delivers
+// what it had accepted, even from a socket its caller closed) runs
+// whenever it arrives. Landing after the handler's undo of the lost write
+// had ended (its settle window), a reservation left a record in flight
+// that nothing had sent to the catalog, and the key's retries heard
+// "unknown" for the record's whole TTL; a renewal revived the lease of a
+// record its owner had marked abandoned, and the retries heard "in
+// flight" for a whole lease. So such a statement carries the end of the
+// call that sends it, on the server's clock (SendDeadline, which the store
+// fills in as it sends), and the server refuses it after that, with an
+// error: nothing is written, and a combined batch holding it rolls back as
+// for any refused statement.
 
 // ClockMargin is added to a call's end on the server's clock, for a clock
 // stepped back (NTP) since the offset was last measured: a live call must

@@ -54,3 +54,48 @@ func LateReserveWritesNothing(t *testing.T, s, direct stores.Store, hold func(ke
 		t.Fatalf("Reserve on time: %+v, %v", res, err)
 	}
 }
+
+// LateRenewalRevivesNothing checks that a lease renewal held up on its way
+// to the server, as the Reserve of LateReserveWritesNothing, renews
+// nothing once its caller has given up. Without a bound of its own, it
+// landed after the owner, its execution over, had marked the record
+// abandoned, and the record read as in flight for a whole lease more:
+// every retry heard "still in flight" instead of the outcome. hold makes
+// s's proxy keep back the next renewal of key until its caller has given
+// up; direct reads and marks the record without the proxy.
+func LateRenewalRevivesNothing(t *testing.T, s, direct stores.Store, hold func(key string) <-chan struct{}, wait time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	r := Reservation(NewKey(t), Long, Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve: %+v, %v", res, err)
+	}
+	// A renewal on time first: the held one then goes on a pooled
+	// connection, with the statement prepared or the script loaded.
+	if err := s.ExtendLease(ctx, r.Key, r.Owner, Long, TTL); err != nil {
+		t.Fatalf("ExtendLease on time: %v", err)
+	}
+
+	delivered := hold(r.Key)
+	if err := s.ExtendLease(ctx, r.Key, r.Owner, Long, TTL); err == nil {
+		t.Fatal("a renewal held up on its way succeeded")
+	}
+	// The execution ended meanwhile: its owner marks the record abandoned,
+	// as the handler does.
+	if err := direct.Abandon(ctx, r.Key, r.Owner); err != nil {
+		t.Fatalf("Abandon: %v", err)
+	}
+	select {
+	case <-delivered:
+	case <-time.After(wait):
+		t.Fatal("the held renewal was never delivered")
+	}
+	time.Sleep(200 * time.Millisecond) // for the server to run it
+	rec, err := direct.Load(ctx, r.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec == nil || rec.State != stores.StateInFlight || !rec.Abandoned {
+		t.Fatalf("a renewal that reached the server after its caller gave up left %+v; want the record in flight and abandoned", rec)
+	}
+}

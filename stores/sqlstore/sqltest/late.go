@@ -23,6 +23,16 @@ func LateReserveWritesNothing(t *testing.T, s, direct stores.Store, proxy *Proxy
 	}, 20*time.Second)
 }
 
+// LateRenewalRevivesNothing runs storetest.LateRenewalRevivesNothing on s,
+// a store reaching its server through proxy with a statement timeout of
+// timeout, as LateReserveWritesNothing.
+func LateRenewalRevivesNothing(t *testing.T, s, direct stores.Store, proxy *Proxy, timeout time.Duration) {
+	t.Helper()
+	storetest.LateRenewalRevivesNothing(t, s, direct, func(key string) <-chan struct{} {
+		return proxy.HoldNext([]byte(key), timeout+sqlstore.ClockMargin+time.Second)
+	}, 20*time.Second)
+}
+
 // LateRefusal checks err, the answer to a call the server ran after the
 // end of its call: nothing was written, and the handler must neither undo
 // it nor take it for final (not sent, transient), as Redis's answer to a
@@ -43,9 +53,9 @@ func LateRefusal(t *testing.T, what string, err error) {
 // stepBack makes an hour early (as if the server's clock had jumped
 // forward, or this node's back, by that much since it was read): every
 // statement that creates a reservation then reaches the server after the
-// end of its call on the server's clock. Reserve and TakeOver must write nothing and
-// say so (LateRefusal); the store then reads the clock again, and the next
-// call goes through.
+// end of its call on the server's clock. Reserve, TakeOver and ExtendLease
+// must write nothing and say so (LateRefusal); the store then reads the
+// clock again, and the next call goes through.
 func ClockSteppedBack(t *testing.T, s stores.Store, stepBack func()) {
 	t.Helper()
 	ctx := context.Background()
@@ -75,6 +85,25 @@ func ClockSteppedBack(t *testing.T, s stores.Store, stepBack func()) {
 	}
 	if ok, err := s.TakeOver(ctx, old.Key, old.Owner, "new-owner", storetest.Long, storetest.Long); err != nil || !ok {
 		t.Fatalf("TakeOver after the clock was read again: %v, %v", ok, err)
+	}
+
+	// A renewal of an abandoned record, which would make it live again.
+	lapsed := storetest.Reservation(storetest.NewKey(t), 50*time.Millisecond, storetest.Long)
+	if res, err := s.Reserve(ctx, lapsed); err != nil || !res.Reserved {
+		t.Fatalf("Reserve: %+v, %v", res, err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	stepBack()
+	err = s.ExtendLease(ctx, lapsed.Key, lapsed.Owner, storetest.Long, storetest.Long)
+	LateRefusal(t, "ExtendLease", err)
+	if rec, err := s.Load(ctx, lapsed.Key); err != nil || rec == nil || !rec.Abandoned {
+		t.Fatalf("a renewal refused as late changed the record: %+v, %v", rec, err)
+	}
+	if err := s.ExtendLease(ctx, lapsed.Key, lapsed.Owner, storetest.Long, storetest.Long); err != nil {
+		t.Fatalf("ExtendLease after the clock was read again: %v", err)
+	}
+	if rec, err := s.Load(ctx, lapsed.Key); err != nil || rec == nil || rec.Abandoned {
+		t.Fatalf("a renewal after the clock was read again left %+v, %v; want the lease live", rec, err)
 	}
 }
 
