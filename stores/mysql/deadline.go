@@ -19,9 +19,9 @@ import (
 // sqlstore.SendDeadline and inTime).
 
 // syncClock reads the server's clock at the first contact, and again
-// before a Reserve, TakeOver or ExtendLease once the reading is old or was dropped (see
-// sqlstore.ServerClock.Sync). A reading that could not be had leaves the
-// statement unsent.
+// before a Reserve, TakeOver or ExtendLease once the reading is old or was
+// dropped (see sqlstore.ServerClock.Sync). A reading that could not be had
+// leaves the statement unsent.
 func (s *Store) syncClock(ctx context.Context) error {
 	return s.clock.Sync(ctx, func(ctx context.Context) (time.Time, time.Time, error) {
 		ctx, cancel := s.opCtx(ctx)
@@ -54,9 +54,9 @@ func lateRefusal(err error) bool {
 	return errors.As(err, &me) && me.Number == errOutOfRange
 }
 
-// lateError is the error of a Reserve, TakeOver or ExtendLease that failed with err
-// (wrapped), late when the server refused it as run after the end of its
-// call: a server whose clock is not where the last reading put it
+// lateError is the error of a Reserve, TakeOver or ExtendLease that failed
+// with err (wrapped), late when the server refused it as run after the end
+// of its call: a server whose clock is not where the last reading put it
 // (stepped back, or another server after a failover). The reading is then
 // dropped, and the error is transient and not sent (nothing was written),
 // as Redis's answer to a late Reserve.

@@ -20,9 +20,9 @@ import (
 // and lateGuard).
 
 // syncClock reads the server's clock at the first contact, and again
-// before a Reserve, TakeOver or ExtendLease once the reading is old or was dropped (see
-// sqlstore.ServerClock.Sync). A reading that could not be had leaves the
-// statement unsent.
+// before a Reserve, TakeOver or ExtendLease once the reading is old or was
+// dropped (see sqlstore.ServerClock.Sync). A reading that could not be had
+// leaves the statement unsent.
 func (s *Store) syncClock(ctx context.Context) error {
 	return s.clock.Sync(ctx, func(ctx context.Context) (time.Time, time.Time, error) {
 		ctx, cancel := s.opCtx(ctx)
@@ -56,11 +56,11 @@ func lateRefusal(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "21000"
 }
 
-// wrapLate is wrap for Reserve, TakeOver and ExtendLease. A refusal as late was made by
-// a server whose clock is not where the last reading put it (stepped
-// back, or another server after a failover): the reading is dropped, and
-// the error is transient and not sent (nothing was written), as Redis's
-// answer to a late Reserve.
+// wrapLate is wrap for Reserve, TakeOver and ExtendLease. A refusal as late
+// was made by a server whose clock is not where the last reading put it
+// (stepped back, or another server after a failover): the reading is
+// dropped, and the error is transient and not sent (nothing was written),
+// as Redis's answer to a late Reserve.
 func (s *Store) wrapLate(op string, err error) error {
 	if !lateRefusal(err) {
 		return s.wrap(op, err)
