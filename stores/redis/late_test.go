@@ -210,21 +210,30 @@ func TestLateTakeOverWritesNothing(t *testing.T) {
 // as TestReserveAfterClockStep: sent again with the offset its reply
 // taught, it takes the record.
 func TestTakeOverAfterClockStep(t *testing.T) {
+	afterClockStep(t, func(s *Store, r stores.Reservation) {
+		if ok, err := s.TakeOver(context.Background(), r.Key, r.Owner, "new-owner", storetest.Long, storetest.Long); err != nil || !ok {
+			t.Fatalf("TakeOver on time after the server's clock stepped forward: %v, %v; want it taken", ok, err)
+		}
+	})
+}
+
+// afterClockStep runs call on an abandoned record (its lease lapsed) of a
+// store whose offset to the server's clock is off as if that clock had
+// stepped 10 s forward since it was learned, and checks that the call's
+// reply taught the offset again.
+func afterClockStep(t *testing.T, call func(s *Store, r stores.Reservation)) {
+	t.Helper()
 	s, _ := openStore(t, func(c *Config) {
 		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = time.Second, time.Second, time.Second
 	})
-	ctx := context.Background()
 	r := storetest.Reservation(storetest.NewKey(t), 50*time.Millisecond, storetest.Long)
-	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+	if res, err := s.Reserve(context.Background(), r); err != nil || !res.Reserved {
 		t.Fatalf("Reserve: %+v, %v", res, err)
 	}
 	time.Sleep(200 * time.Millisecond)
 	learned := s.clock.ahead.Load()
-	// As if the server's clock had stepped 10 s forward since.
 	s.clock.ahead.Add(-(10 * time.Second).Milliseconds())
-	if ok, err := s.TakeOver(ctx, r.Key, r.Owner, "new-owner", storetest.Long, storetest.Long); err != nil || !ok {
-		t.Fatalf("TakeOver on time after the server's clock stepped forward: %v, %v; want it taken", ok, err)
-	}
+	call(s, r)
 	if got := s.clock.ahead.Load(); got < learned-1000 {
 		t.Fatalf("offset after the step: %d ms, want about %d (learned again)", got, learned)
 	}
@@ -247,25 +256,13 @@ func TestLateRenewalRevivesNothing(t *testing.T) {
 // as TestReserveAfterClockStep: sent again with the offset its reply
 // taught, it renews the lease.
 func TestExtendLeaseAfterClockStep(t *testing.T) {
-	s, _ := openStore(t, func(c *Config) {
-		c.DialTimeout, c.ReadTimeout, c.WriteTimeout = time.Second, time.Second, time.Second
+	afterClockStep(t, func(s *Store, r stores.Reservation) {
+		ctx := context.Background()
+		if err := s.ExtendLease(ctx, r.Key, r.Owner, storetest.Long, storetest.Long); err != nil {
+			t.Fatalf("ExtendLease on time after the server's clock stepped forward: %v", err)
+		}
+		if rec, err := s.Load(ctx, r.Key); err != nil || rec == nil || rec.Abandoned {
+			t.Fatalf("after the renewal: %+v, %v; want the lease live", rec, err)
+		}
 	})
-	ctx := context.Background()
-	r := storetest.Reservation(storetest.NewKey(t), 50*time.Millisecond, storetest.Long)
-	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
-		t.Fatalf("Reserve: %+v, %v", res, err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	learned := s.clock.ahead.Load()
-	// As if the server's clock had stepped 10 s forward since.
-	s.clock.ahead.Add(-(10 * time.Second).Milliseconds())
-	if err := s.ExtendLease(ctx, r.Key, r.Owner, storetest.Long, storetest.Long); err != nil {
-		t.Fatalf("ExtendLease on time after the server's clock stepped forward: %v", err)
-	}
-	if rec, err := s.Load(ctx, r.Key); err != nil || rec == nil || rec.Abandoned {
-		t.Fatalf("after the renewal: %+v, %v; want the lease live", rec, err)
-	}
-	if got := s.clock.ahead.Load(); got < learned-1000 {
-		t.Fatalf("offset after the step: %d ms, want about %d (learned again)", got, learned)
-	}
 }
