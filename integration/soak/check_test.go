@@ -129,6 +129,8 @@ func (s *soak) check() {
 				allowed["second execution: memory store, node killed in between (README: a restart forgets)"]++
 			case prev.status/100 == 5 && prev.fault != faultResetAfter && prev.fault != faultStallAfter && !(r.op == "updateTable" && (prev.status == 500 || prev.status == 502 || prev.status == 504)):
 				allowed["second execution: the catalog's own 5xx released it"]++
+			case s.reexecute && s.abandonedAfter(r, prev, cur.at) != "":
+				allowed["second execution under abandoned reexecute: "+s.abandonedAfter(r, prev, cur.at)]++
 			default:
 				violations = append(violations, "executed again:\n"+s.describe(r, ex))
 			}
@@ -209,7 +211,12 @@ func (s *soak) check() {
 	sweep := s.sweep(lastKill)
 	after, _ := s.cat.snapshot()
 	for _, r := range s.runs {
-		if len(after[r.key]) != len(execs[r.key]) {
+		if len(after[r.key]) == len(execs[r.key]) {
+			continue
+		}
+		if why := s.sweptAgain(r, execs[r.key], after[r.key]); why != "" {
+			allowed["replay sweep executed it again under abandoned reexecute: "+why]++
+		} else {
 			violations = append(violations, "the replay sweep executed it again:\n"+s.describe(r, after[r.key]))
 		}
 	}
@@ -243,7 +250,11 @@ func (s *soak) check() {
 	s.cat.mu.Unlock()
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "soak store=%s seed=%d duration=%.0fs nodes=%d\n", s.store, s.seed, s.since().Seconds(), len(s.nodes))
+	policy := "unknown"
+	if s.reexecute {
+		policy = "reexecute"
+	}
+	fmt.Fprintf(&b, "soak store=%s abandoned=%s seed=%d duration=%.0fs nodes=%d\n", s.store, policy, s.seed, s.since().Seconds(), len(s.nodes))
 	fmt.Fprintf(&b, "keys %d, attempts %d, unkeyed mutations at the catalog %d\n", len(s.runs), attempts, unkeyed)
 	fmt.Fprintf(&b, "process faults fired:\n%s", evs)
 	fmt.Fprintf(&b, "catalog faults drawn (per keyed arrival):\n%s", cf)
@@ -338,6 +349,13 @@ func (s *soak) sweep(lastKill time.Duration) sweepResult {
 					default:
 						ok = isUnknown(a) && a.status == 500 || a.status == ex[0].status && bytes.Equal(a.body, ex[0].body)
 					}
+					if !ok && s.reexecute {
+						// The key may have been taken over and executed
+						// again, this sweep included: its answer is then
+						// one of its executions', or unknown when the
+						// catalog reset or stalled the newest.
+						ok = isFinal(a.status) && s.someExecutionsAnswer(r.key, a) || isUnknown(a) && s.newestExecutionLost(r.key)
+					}
 					if !ok && isFinal(last.status) && isUnknown(a) && s.finalizeCutOff(last) {
 						res.allowed++
 					} else if !ok {
@@ -356,6 +374,81 @@ func (s *soak) sweep(lastKill time.Duration) sweepResult {
 	wg.Wait()
 	res.summary = "answers:\n" + got.String()
 	return res
+}
+
+// abandonedAfter says why, under abandoned reexecute, a retry may have
+// taken key r over after its execution prev and executed it again at
+// again: the README's abandoned cases ("Abandoned requests"). "" when
+// nothing abandoned it, which is a violation.
+func (s *soak) abandonedAfter(r *keyRun, prev execution, again time.Duration) string {
+	switch {
+	case prev.fault == faultResetAfter || prev.fault == faultStallAfter:
+		return "the first's outcome unknown (catalog " + faultNames[prev.fault] + ")"
+	case r.op == "updateTable" && (prev.status == 500 || prev.status == 502 || prev.status == 504):
+		return "the catalog's 5xx to a commit (outcome unknown)"
+	case len(s.eventsBetween(prev.at, again, "kill -9 node")) > 0:
+		return "a node killed in between (its owner's lease lapsed)"
+	case len(s.eventsBetween(prev.at, again, "kill -9 database", "SIGSTOP database")) > 0:
+		return "a database fault in between (renewals or the Finalize failed)"
+	}
+	return ""
+}
+
+// sweptAgain says why, under abandoned reexecute, the replay sweep may
+// have executed key r again (before: its executions during the run; all:
+// after the sweep): its record was abandoned when the run ended, and each
+// further execution in the sweep followed one whose outcome was lost. ""
+// otherwise, which is a violation.
+func (s *soak) sweptAgain(r *keyRun, before, all []execution) string {
+	if !s.reexecute {
+		return ""
+	}
+	last := r.attempts[len(r.attempts)-1]
+	var why string
+	switch {
+	case isUnknown(last):
+		why = "it ended unknown"
+	case isFinal(last.status) && s.finalizeCutOff(last):
+		why = "its Finalize died with its node"
+	case !isFinal(last.status) && len(before) > 0:
+		why = "its client gave up after it executed"
+	default:
+		return ""
+	}
+	for i := len(before) + 1; i < len(all); i++ {
+		if s.abandonedAfter(r, all[i-1], all[i].at) == "" {
+			return ""
+		}
+	}
+	return why
+}
+
+// someExecutionsAnswer reports whether a is the answer of one of key's
+// executions so far.
+func (s *soak) someExecutionsAnswer(key string, a attempt) bool {
+	s.cat.mu.Lock()
+	defer s.cat.mu.Unlock()
+	for _, e := range s.cat.execs[key] {
+		if a.status == e.status && bytes.Equal(a.body, e.body) {
+			return true
+		}
+	}
+	return false
+}
+
+// newestExecutionLost reports whether the catalog reset or stalled the
+// answer of key's newest execution, or reset an arrival of key after it
+// before executing (it may have read it).
+func (s *soak) newestExecutionLost(key string) bool {
+	s.cat.mu.Lock()
+	defer s.cat.mu.Unlock()
+	ex, resets := s.cat.execs[key], s.cat.resetAt[key]
+	if len(ex) == 0 {
+		return len(resets) > 0
+	}
+	newest := ex[len(ex)-1]
+	return newest.fault == faultResetAfter || newest.fault == faultStallAfter ||
+		len(resets) > 0 && resets[len(resets)-1] > newest.at
 }
 
 // finalizeCutOff reports whether a final answer may have been delivered

@@ -110,6 +110,11 @@ type soak struct {
 
 	gaveUpNotes []string
 	allNodes    []*caddyproc.Instance // every process started, for their logs
+
+	// reexecute runs the nodes with `abandoned reexecute`: a retry of an
+	// abandoned key executes it again, which check allows only where the
+	// README says a key is abandoned.
+	reexecute bool
 }
 
 func (s *soak) since() time.Duration { return time.Since(s.start) }
@@ -118,6 +123,9 @@ func (s *soak) site(variant int) string {
 	store := "store memory"
 	if s.db != nil {
 		store = s.db.storeBlock(variant)
+	}
+	if s.reexecute {
+		store += "\nabandoned reexecute"
 	}
 	// The reload changes in_flight_wait and the store's pool size (a new
 	// pool on the same records).
@@ -407,6 +415,14 @@ func TestSoak(t *testing.T) {
 	dur := envDur("ICEBERG_IDEMPOTENCY_SOAK_DURATION", 2*time.Minute)
 	clients := envInt("ICEBERG_IDEMPOTENCY_SOAK_CLIENTS", 8)
 	base := envInt("ICEBERG_IDEMPOTENCY_SOAK_PORT", 25600)
+	var reexecute bool
+	switch policy := os.Getenv("ICEBERG_IDEMPOTENCY_SOAK_ABANDONED"); policy {
+	case "", "unknown":
+	case "reexecute":
+		reexecute = true
+	default:
+		t.Fatalf("ICEBERG_IDEMPOTENCY_SOAK_ABANDONED=%q: want unknown (the default) or reexecute", policy)
+	}
 
 	dir, err := os.MkdirTemp("", "iceberg-soak-"+store+"-")
 	if err != nil {
@@ -418,7 +434,7 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s := &soak{t: t, store: store, seed: seed, keyIdx: map[string]int{}}
+	s := &soak{t: t, store: store, seed: seed, reexecute: reexecute, keyIdx: map[string]int{}}
 	s.catPort = base
 	s.ports = [2][2]int{{base + 1, base + 2}, {base + 3, base + 4}}
 	if store != "memory" {
