@@ -124,13 +124,17 @@ func (s *soak) check() {
 		// Second executions.
 		for i := 1; i < len(ex); i++ {
 			prev, cur := ex[i-1], ex[i]
+			var abandoned string
+			if s.reexecute {
+				abandoned = s.abandonedAfter(r, prev, cur.at)
+			}
 			switch {
 			case s.db == nil && len(s.eventsBetween(r.attempts[0].at, cur.at, "kill -9 node")) > 0:
 				allowed["second execution: memory store, node killed in between (README: a restart forgets)"]++
 			case prev.status/100 == 5 && prev.fault != faultResetAfter && prev.fault != faultStallAfter && !(r.op == "updateTable" && (prev.status == 500 || prev.status == 502 || prev.status == 504)):
 				allowed["second execution: the catalog's own 5xx released it"]++
-			case s.reexecute && s.abandonedAfter(r, prev, cur.at) != "":
-				allowed["second execution under abandoned reexecute: "+s.abandonedAfter(r, prev, cur.at)]++
+			case abandoned != "":
+				allowed["second execution under abandoned reexecute: "+abandoned]++
 			default:
 				violations = append(violations, "executed again:\n"+s.describe(r, ex))
 			}
