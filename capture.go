@@ -22,6 +22,9 @@ type captureWriter struct {
 	wroteHeader bool
 	buf         bytes.Buffer
 	overflowed  bool
+	// clientGone is set when a write or flush of an overflowed answer to
+	// the client failed: the client went away while it was streamed.
+	clientGone bool
 }
 
 func newCaptureWriter(w http.ResponseWriter, limit int64) *captureWriter {
@@ -56,18 +59,27 @@ func (c *captureWriter) Write(p []byte) (int, error) {
 		c.WriteHeader(http.StatusOK)
 	}
 	if c.overflowed {
-		return c.w.Write(p)
+		return c.passOn(p)
 	}
 	if int64(c.buf.Len()+len(p)) > c.limit {
 		c.overflowed = true
 		c.w.WriteHeader(c.status)
-		if _, err := c.w.Write(c.buf.Bytes()); err != nil {
+		if _, err := c.passOn(c.buf.Bytes()); err != nil {
 			return 0, err
 		}
 		c.buf = bytes.Buffer{}
-		return c.w.Write(p)
+		return c.passOn(p)
 	}
 	return c.buf.Write(p)
+}
+
+// passOn writes p of an overflowed answer to the client.
+func (c *captureWriter) passOn(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	if err != nil {
+		c.clientGone = true
+	}
+	return n, err
 }
 
 // FlushError keeps reverse_proxy's periodic flushes from sending headers
@@ -75,7 +87,11 @@ func (c *captureWriter) Write(p []byte) (int, error) {
 // finds it before it looks at Unwrap.
 func (c *captureWriter) FlushError() error {
 	if c.overflowed {
-		return http.NewResponseController(c.w).Flush()
+		err := http.NewResponseController(c.w).Flush()
+		if err != nil {
+			c.clientGone = true
+		}
+		return err
 	}
 	return nil
 }

@@ -551,6 +551,8 @@ func (g *guarded) execute() error {
 // is marked unknown before the panic goes on to Caddy's server, which
 // recovers from it. Left alone, the record would stay in flight under a
 // lease nobody renews, and its retries would wait for the lease to lapse.
+// Only an answer the key is released for, cut off by its client leaving,
+// releases it (see releasedAnswerCutOffByClient).
 func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached context.Context) error {
 	executing.Inc()
 	defer executing.Dec()
@@ -573,17 +575,40 @@ func (g *guarded) callUpstream(w http.ResponseWriter, r *http.Request, detached 
 	defer func() {
 		if v := recover(); v != nil {
 			g.hb.stop()
-			if upstreamChosen(r) {
-				g.markUnknown(detached, fmt.Errorf("the handlers after iceberg_idempotency panicked: %v", v))
-			} else {
+			switch {
+			case !upstreamChosen(r):
 				// A handler before reverse_proxy broke the request off
 				// (Caddy's abort): nothing reached the catalog.
 				g.release(detached, "broken off before reaching the catalog")
+			case g.releasedAnswerCutOffByClient():
+				g.release(detached, "status "+strconv.Itoa(g.cw.status)+", its delivery cut off by the client")
+			default:
+				g.markUnknown(detached, fmt.Errorf("the handlers after iceberg_idempotency panicked: %v", v))
 			}
 			panic(v)
 		}
 	}()
 	return g.next.ServeHTTP(w, r)
+}
+
+// releasedAnswerCutOffByClient reports whether the handlers after this one
+// broke off because the client went away while the catalog's answer was
+// streamed to it (one over max_response_size, which is not captured), and
+// that answer is one its key is released for: the catalog's own status,
+// not rewritten, its one answer, not a commit's 500, 502 or 504. Had the
+// client stayed, execute would have released the key (an answer that
+// large is not read for a CommitStateUnknownException body); marked
+// unknown instead, every retry heard "outcome unknown" for the key's
+// lifetime where the catalog had said it did not execute (found by the
+// handler model: a 503 with a large body whose client left).
+func (g *guarded) releasedAnswerCutOffByClient() bool {
+	cw := &g.cw
+	if !cw.overflowed || !cw.clientGone || g.conns.sentAgain(g.r) {
+		return false
+	}
+	answer, ok := g.soleAnswer()
+	return ok && answer == cw.status && !g.h.shouldFinalize(answer) &&
+		!commitStateUnknown(g.binding.Operation, answer, "", nil, false)
 }
 
 // mayHaveReachedCatalog reports whether the answer being delivered may

@@ -813,3 +813,85 @@ func TestStaleKeepAliveConnectionIsNamed(t *testing.T) {
 		})
 	}
 }
+
+// A catalog's answer that releases its key (here 503) and is too large to
+// capture is streamed to the client; the client leaves in its middle, and
+// reverse_proxy panics with http.ErrAbortHandler. The catalog said it did
+// not execute, and had the client stayed the key would have been released:
+// so it is now. Before, the panic marked the key unknown, and the client's
+// retry heard 500 CommitStateUnknownException for the key's lifetime,
+// where without the module it would have executed (found by the handler
+// model, a 503 with a large body whose client left). A real front server
+// and client over TCP: the client's departure is a failed write.
+func TestClientLeavingAReleasedAnswerReleasesTheKey(t *testing.T) {
+	var calls atomic.Int32
+	chunk := strings.Repeat("x", 32<<10)
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) > 1 {
+			answerOK(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"error":{"type":"ServiceUnavailableException","code":503,"message":"`)
+		// Until reverse_proxy gives up on the client and stops reading.
+		for range 1024 {
+			if _, err := io.WriteString(w, chunk); err != nil {
+				return
+			}
+			if http.NewResponseController(w).Flush() != nil || r.Context().Err() != nil {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	})
+	h := newTestHandler(t, newMemoryStore(t))
+	h.MaxResponseSize = 16 << 10
+	proxy := newReverseProxy(t, catalog.addr())
+	ended := make(chan any, 2)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			v := recover()
+			ended <- v
+			if v != nil {
+				panic(v)
+			}
+		}()
+		r = caddyhttp.PrepareRequest(r, caddy.NewReplacer(), w, &caddyhttp.Server{})
+		_ = h.ServeHTTP(w, r, proxy)
+	}))
+	t.Cleanup(front.Close)
+	key := storetest.NewKey(t)
+	send := func() *http.Response {
+		req, _ := http.NewRequest(http.MethodPost, front.URL+"/v1/namespaces", strings.NewReader(nsBody))
+		req.Header.Set(IdempotencyKeyHeader, key)
+		res, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+
+	first := send()
+	if first.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("first answer %d, want the catalog's 503 streamed", first.StatusCode)
+	}
+	_, _ = io.ReadFull(first.Body, make([]byte, 1024))
+	_ = first.Body.Close() // the client leaves mid-answer
+	if v := <-ended; v != http.ErrAbortHandler {
+		t.Fatalf("the first request ended with %v, want reverse_proxy's http.ErrAbortHandler", v)
+	}
+	if rec, err := h.store.Load(t.Context(), key); err != nil || rec != nil {
+		t.Fatalf("record after the catalog's 503 whose client left = %+v, %v; want none (released)", rec, err)
+	}
+
+	retry := send()
+	body, _ := io.ReadAll(retry.Body)
+	_ = retry.Body.Close()
+	if retry.StatusCode != http.StatusOK {
+		t.Fatalf("retry = %d %s, want the catalog's 200 (executed again)", retry.StatusCode, body)
+	}
+	if n := catalog.executed.Load(); n != 2 {
+		t.Fatalf("the catalog executed %d times, want 2 (its 503 said the first did not)", n)
+	}
+}
