@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"bytes"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -88,7 +89,7 @@ func (c *captureWriter) passOn(p []byte) (int, error) {
 func (c *captureWriter) FlushError() error {
 	if c.overflowed {
 		err := http.NewResponseController(c.w).Flush()
-		if err != nil {
+		if err != nil && !errors.Is(err, http.ErrNotSupported) {
 			c.clientGone = true
 		}
 		return err
