@@ -383,16 +383,22 @@ func (s *soak) sweep(lastKill time.Duration) sweepResult {
 // abandonedAfter says why, under abandoned reexecute, a retry may have
 // taken key r over after its execution prev and executed it again at
 // again: the README's abandoned cases ("Abandoned requests"). "" when
-// nothing abandoned it, which is a violation.
+// nothing abandoned it, which is a violation. A fault counts from when
+// the owner may have sent the request prev executed, up to
+// execution_timeout before it: the catalog runs what it has read to its
+// end, so an owner whose node was killed while its request was on its way
+// or in a slow catalog (a Redis run had the kill 0.46 s before the
+// execution) leaves its record to lapse just the same.
 func (s *soak) abandonedAfter(r *keyRun, prev execution, again time.Duration) string {
+	sent := prev.at - execTimeout
 	switch {
 	case prev.fault == faultResetAfter || prev.fault == faultStallAfter:
 		return "the first's outcome unknown (catalog " + faultNames[prev.fault] + ")"
 	case r.op == "updateTable" && (prev.status == 500 || prev.status == 502 || prev.status == 504):
 		return "the catalog's 5xx to a commit (outcome unknown)"
-	case len(s.eventsBetween(prev.at, again, "kill -9 node")) > 0:
+	case len(s.eventsBetween(sent, again, "kill -9 node")) > 0:
 		return "a node killed in between (its owner's lease lapsed)"
-	case len(s.eventsBetween(prev.at, again, "kill -9 database", "SIGSTOP database")) > 0:
+	case len(s.eventsBetween(sent, again, "kill -9 database", "SIGSTOP database")) > 0:
 		return "a database fault in between (renewals or the Finalize failed)"
 	}
 	return ""
