@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -67,4 +68,27 @@ func (s *Store) lateError(late bool, err error) error {
 	s.clock.Forget()
 	return sqlstore.MarkTransient(stores.MarkNotSent(
 		fmt.Errorf("the server ran it after the end of its call (a clock stepped?), writing nothing: %w", err)))
+}
+
+// execBounded runs stmt, bounded by the end of its call (its args carry
+// sqlstore.SendDeadline: TakeOver's, ExtendLease's), with the server's
+// clock read first when needed, and returns the rows it changed. stmt is
+// read once the store is ready, which prepares it, as exec does.
+func (s *Store) execBounded(ctx context.Context, op string, stmt **sql.Stmt, args ...any) (int64, error) {
+	if err := s.ready(ctx); err != nil {
+		return 0, err
+	}
+	if err := s.syncClock(ctx); err != nil {
+		return 0, err
+	}
+	var late bool
+	n, err := s.retry(ctx, op, func(ctx context.Context) (int64, error) {
+		n, err := s.execOnce(ctx, *stmt, args...)
+		late = lateRefusal(err)
+		return n, err
+	})
+	if err != nil {
+		return 0, s.lateError(late, err)
+	}
+	return n, nil
 }

@@ -529,20 +529,9 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 // the very microsecond it already ends at changes nothing and reports 0.
 // Only then a second statement tells that apart from a lost ownership.
 func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
-	if err := s.ready(ctx); err != nil {
-		return err
-	}
-	if err := s.syncClock(ctx); err != nil {
-		return err
-	}
-	var late bool
-	n, err := s.retry(ctx, "extend lease", func(ctx context.Context) (int64, error) {
-		n, err := s.execOnce(ctx, s.stmts.extend, sqlstore.SendDeadline, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, owner)
-		late = lateRefusal(err)
-		return n, err
-	})
+	n, err := s.execBounded(ctx, "extend lease", &s.stmts.extend, sqlstore.SendDeadline, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, owner)
 	if err != nil {
-		return s.lateError(late, err)
+		return err
 	}
 	if n > 0 {
 		return nil
@@ -587,20 +576,9 @@ func (s *Store) confirmOwned(ctx context.Context, op, key, owner string) error {
 // TakeOver implements stores.Store. The row always changes when it matches
 // (a new owner, or a lease moved from the past into the future).
 func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
-	if err := s.ready(ctx); err != nil {
-		return false, err
-	}
-	if err := s.syncClock(ctx); err != nil {
-		return false, err
-	}
-	var late bool
-	n, err := s.retry(ctx, "take over", func(ctx context.Context) (int64, error) {
-		n, err := s.execOnce(ctx, s.stmts.takeOver, sqlstore.SendDeadline, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, oldOwner)
-		late = lateRefusal(err)
-		return n, err
-	})
+	n, err := s.execBounded(ctx, "take over", &s.stmts.takeOver, sqlstore.SendDeadline, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), key, oldOwner)
 	if err != nil {
-		return false, s.lateError(late, err)
+		return false, err
 	}
 	if n == 1 {
 		s.wakers.Wake(key)

@@ -69,3 +69,22 @@ func (s *Store) wrapLate(op string, err error) error {
 	return sqlstore.MarkTransient(stores.MarkNotSent(s.wrap(op,
 		fmt.Errorf("the server ran it after the end of its call (a clock stepped?), writing nothing: %w", err))))
 }
+
+// execBounded runs a statement bounded by the end of its call (its args
+// carry sqlstore.SendDeadline: TakeOver's, ExtendLease's) with the server's
+// clock read first when needed, and returns the rows it changed.
+func (s *Store) execBounded(ctx context.Context, op, sql string, args ...any) (int64, error) {
+	if err := s.lazy.Ready(ctx); err != nil {
+		return 0, err
+	}
+	if err := s.syncClock(ctx); err != nil {
+		return 0, err
+	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
+	tag, err := s.poolExec(ctx, sql, args...)
+	if err != nil {
+		return 0, s.wrapLate(op, err)
+	}
+	return tag.RowsAffected(), nil
+}

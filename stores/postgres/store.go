@@ -510,19 +510,11 @@ func (s *Store) Release(ctx context.Context, key, owner string) error {
 // flight for a whole lease more, every retry hearing 503 instead of the
 // outcome.
 func (s *Store) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
-	if err := s.lazy.Ready(ctx); err != nil {
-		return err
-	}
-	if err := s.syncClock(ctx); err != nil {
-		return err
-	}
-	ctx, cancel := s.opCtx(ctx)
-	defer cancel()
-	tag, err := s.poolExec(ctx, s.q.extend, key, owner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), sqlstore.SendDeadline)
+	n, err := s.execBounded(ctx, "extend lease", s.q.extend, key, owner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), sqlstore.SendDeadline)
 	if err != nil {
-		return s.wrapLate("extend lease", err)
+		return err
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return stores.ErrNotOwner
 	}
 	return nil
@@ -542,19 +534,8 @@ func (s *Store) Abandon(ctx context.Context, key, owner string) error {
 
 // TakeOver implements stores.Store.
 func (s *Store) TakeOver(ctx context.Context, key, oldOwner, newOwner string, lease, ttl time.Duration) (bool, error) {
-	if err := s.lazy.Ready(ctx); err != nil {
-		return false, err
-	}
-	if err := s.syncClock(ctx); err != nil {
-		return false, err
-	}
-	ctx, cancel := s.opCtx(ctx)
-	defer cancel()
-	tag, err := s.poolExec(ctx, s.q.takeOver, key, oldOwner, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), sqlstore.SendDeadline)
-	if err != nil {
-		return false, s.wrapLate("take over", err)
-	}
-	return tag.RowsAffected() == 1, nil
+	n, err := s.execBounded(ctx, "take over", s.q.takeOver, key, oldOwner, newOwner, sqlstore.Micros(lease), sqlstore.Micros(lease+ttl), sqlstore.SendDeadline)
+	return n == 1, err
 }
 
 // PurgeExpired implements stores.Store.
