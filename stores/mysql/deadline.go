@@ -73,11 +73,18 @@ func (s *Store) lateError(late bool, err error) error {
 // execBounded runs stmt, bounded by the end of its call (its args carry
 // sqlstore.SendDeadline: TakeOver's, ExtendLease's), with the server's
 // clock read first when needed, and returns the rows it changed. stmt is
-// read once the store is ready, which prepares it, as exec does.
+// read once the store is ready, which prepares it, as exec does. The read
+// and the statement, re-runs after a deadlock included, share one
+// statement_timeout: the lease counts a renewal as one call of at most
+// that (see checkLease), and with a timeout each, a slow refresh of an old
+// reading and a slow statement after it ended a renewal and its retry
+// past the lease they renewed.
 func (s *Store) execBounded(ctx context.Context, op string, stmt **sql.Stmt, args ...any) (int64, error) {
 	if err := s.ready(ctx); err != nil {
 		return 0, err
 	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
 	if err := s.syncClock(ctx); err != nil {
 		return 0, err
 	}

@@ -72,16 +72,20 @@ func (s *Store) wrapLate(op string, err error) error {
 
 // execBounded runs a statement bounded by the end of its call (its args
 // carry sqlstore.SendDeadline: TakeOver's, ExtendLease's) with the server's
-// clock read first when needed, and returns the rows it changed.
+// clock read first when needed, and returns the rows it changed. The read
+// and the statement share one statement_timeout: the lease counts a
+// renewal as one call of at most that (see checkLease), and with a
+// timeout each, a slow refresh of an old reading and a slow statement
+// after it ended a renewal and its retry past the lease they renewed.
 func (s *Store) execBounded(ctx context.Context, op, sql string, args ...any) (int64, error) {
 	if err := s.lazy.Ready(ctx); err != nil {
 		return 0, err
 	}
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
 	if err := s.syncClock(ctx); err != nil {
 		return 0, err
 	}
-	ctx, cancel := s.opCtx(ctx)
-	defer cancel()
 	tag, err := s.poolExec(ctx, sql, args...)
 	if err != nil {
 		return 0, s.wrapLate(op, err)

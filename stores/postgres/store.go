@@ -337,6 +337,10 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	if err := s.lazy.Ready(ctx); err != nil {
 		return stores.ReserveResult{}, err
 	}
+	// One statement_timeout for the clock's read and the statements, as
+	// for every call (see execBounded).
+	ctx, cancel := s.opCtx(ctx)
+	defer cancel()
 	if err := s.syncClock(ctx); err != nil {
 		return stores.ReserveResult{}, err
 	}

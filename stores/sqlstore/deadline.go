@@ -82,6 +82,17 @@ func (c *ServerClock) Forget() {
 	c.readAt = time.Time{}
 }
 
+// Expire makes the reading as old as ClockMaxAge, as a minute without a
+// bounded call does: the next call refreshes it first, and keeps it if the
+// refresh fails. Tests use it.
+func (c *ServerClock) Expire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.readAt.IsZero() {
+		c.readAt = time.Now().Add(-ClockMaxAge)
+	}
+}
+
 // Sync reads the server's clock with read when no reading is known, or
 // when the known one is older than ClockMaxAge. Without a reading, the
 // callers share one read (under the ctx of the caller that started it) and
