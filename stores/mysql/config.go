@@ -9,6 +9,8 @@ import (
 	"math"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
@@ -104,6 +106,13 @@ func (c *Config) setDefaults() error {
 	// not get what the Caddyfile cannot.
 	if c.StatementTimeout < time.Millisecond {
 		return fmt.Errorf("mysql: statement_timeout must be at least 1ms, got %v", c.StatementTimeout)
+	}
+	// A DSN that does not parse is Open's to report, with the driver's
+	// words.
+	if mc, err := mysql.ParseDSN(c.DSN); err == nil {
+		if _, err := dsnLockWaitSeconds(mc.Params); err != nil {
+			return err
+		}
 	}
 	if c.PollMin == 0 {
 		c.PollMin = sqlstore.DefaultPollMin

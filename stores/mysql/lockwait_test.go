@@ -2,6 +2,8 @@ package mysql
 
 import (
 	"context"
+	"database/sql"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,15 +82,75 @@ func TestLockWaitBound(t *testing.T) {
 		{"root@tcp(127.0.0.1:3306)/db", 1500 * time.Millisecond, "2"},
 		{"root@tcp(127.0.0.1:3306)/db", 100 * time.Millisecond, "1"},
 		{"root@tcp(127.0.0.1:3306)/db?innodb_lock_wait_timeout=20", 5 * time.Second, "20"},
+		// The server's names are not case-sensitive: no second one.
+		{"root@tcp(127.0.0.1:3306)/db?INNODB_LOCK_WAIT_TIMEOUT=20", 5 * time.Second, "20"},
 	} {
 		mc, err := mysql.ParseDSN(c.dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
 		lockWaitBound(mc, c.timeout)
-		if got := mc.Params[lockWaitVar]; got != c.want {
-			t.Errorf("%s with timeout %v: %s=%q, want %q", c.dsn, c.timeout, lockWaitVar, got, c.want)
+		if _, got, _ := dsnLockWait(mc.Params); got != c.want || len(mc.Params) != 1 {
+			t.Errorf("%s with timeout %v: %s=%q in %v, want %q alone", c.dsn, c.timeout, lockWaitVar, got, mc.Params, c.want)
 		}
+	}
+}
+
+// A DSN's innodb_lock_wait_timeout in capitals is the one every connection
+// gets. The store used to add its own bound in lower case beside it, and
+// the driver sent both in one SET, in the order of a map: on about half
+// the connections the server waited the store's bound, on the others the
+// DSN's, which the undo of a lost reservation did not wait for.
+func TestDSNLockWaitInCapitalsIsKept(t *testing.T) {
+	s, _ := openStore(t, func(c *Config) {
+		sep := "?"
+		if strings.Contains(c.DSN, "?") {
+			sep = "&"
+		}
+		c.DSN += sep + "INNODB_LOCK_WAIT_TIMEOUT=7"
+		c.StatementTimeout = 2 * time.Second
+	})
+	ctx := context.Background()
+	// Connections held at once, so that each is a new one: with both
+	// names, all eight agreed by chance once in 128 runs.
+	var conns []*sql.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range 8 {
+		c, err := s.db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		var wait int
+		if err := c.QueryRowContext(ctx, "SELECT @@SESSION.innodb_lock_wait_timeout").Scan(&wait); err != nil {
+			t.Fatal(err)
+		}
+		if wait != 7 {
+			t.Fatalf("connection %d waits %d s for a lock, want the DSN's 7", i, wait)
+		}
+	}
+	if got := s.cfg.ServerLockWait(); got != 7*time.Second {
+		t.Errorf("ServerLockWait = %v, want the DSN's 7s", got)
+	}
+}
+
+// A DSN's innodb_lock_wait_timeout that is not a whole number of seconds
+// leaves the undo of a lost reservation nothing to wait by: it is refused,
+// naming it. It used to be taken as the statement timeout, and DEFAULT
+// (the server's 50 s) outlasted the undo ten times.
+func TestDSNLockWaitNotInSecondsRefused(t *testing.T) {
+	for _, v := range []string{"DEFAULT", "0", "1.5", "@@global.innodb_lock_wait_timeout"} {
+		_, err := Config{DSN: "root@tcp(127.0.0.1:1)/db?innodb_lock_wait_timeout=" + v}.WithDefaults()
+		if err == nil || !strings.Contains(err.Error(), "innodb_lock_wait_timeout="+v+" must be a whole number of seconds") {
+			t.Errorf("innodb_lock_wait_timeout=%s: %v, want it refused, naming it", v, err)
+		}
+	}
+	if _, err := (Config{DSN: "root@tcp(127.0.0.1:1)/db?innodb_lock_wait_timeout='20'"}).WithDefaults(); err != nil {
+		t.Errorf("a quoted whole number: %v", err)
 	}
 }
 

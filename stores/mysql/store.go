@@ -174,7 +174,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 // settling within its store call's bound. A DSN that sets
 // innodb_lock_wait_timeout keeps its own.
 func lockWaitBound(mc *mysql.Config, timeout time.Duration) {
-	if _, set := mc.Params[lockWaitVar]; set {
+	if _, _, set := dsnLockWait(mc.Params); set {
 		return
 	}
 	if mc.Params == nil {
@@ -184,6 +184,37 @@ func lockWaitBound(mc *mysql.Config, timeout time.Duration) {
 }
 
 const lockWaitVar = "innodb_lock_wait_timeout"
+
+// dsnLockWait finds the DSN's own innodb_lock_wait_timeout, whatever the
+// case of its name (the server's is not case-sensitive): a bound added
+// beside INNODB_LOCK_WAIT_TIMEOUT went out in one SET with it, in the
+// order of a map, so half the connections waited the DSN's time and the
+// undo of a lost reply stopped after the other's.
+func dsnLockWait(params map[string]string) (name, value string, set bool) {
+	for k, v := range params {
+		if strings.EqualFold(k, lockWaitVar) {
+			return k, v, true
+		}
+	}
+	return "", "", false
+}
+
+// dsnLockWaitSeconds is the DSN's innodb_lock_wait_timeout in seconds (0
+// when it sets none), or an error when it sets one that is not a whole
+// number of seconds: the store's undo of a lost reservation keeps trying
+// as long as a statement may wait for a lock, which DEFAULT or an
+// expression would leave it to guess.
+func dsnLockWaitSeconds(params map[string]string) (int, error) {
+	name, v, set := dsnLockWait(params)
+	if !set {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(strings.Trim(v, "'\""))
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("mysql: the DSN's %s=%s must be a whole number of seconds, at least 1 (the undo of a lost reservation waits as long as a statement may wait for a lock)", name, v)
+	}
+	return n, nil
+}
 
 // storeSessionVars are the session variables the store's statements need
 // whatever a DSN sets, which the driver sends as SET on each connection
@@ -215,10 +246,8 @@ func sessionVars(mc *mysql.Config) {
 // else the statement timeout rounded up to whole seconds (lockWaitBound).
 func (c Config) ServerLockWait() time.Duration {
 	if mc, err := mysql.ParseDSN(c.DSN); err == nil {
-		if v, set := mc.Params[lockWaitVar]; set {
-			if n, err := strconv.Atoi(strings.Trim(v, "'\"")); err == nil && n > 0 {
-				return time.Duration(n) * time.Second
-			}
+		if n, err := dsnLockWaitSeconds(mc.Params); err == nil && n > 0 {
+			return time.Duration(n) * time.Second
 		}
 	}
 	return time.Duration(max(1, int(math.Ceil(c.StatementTimeout.Seconds())))) * time.Second
