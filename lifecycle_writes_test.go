@@ -227,6 +227,11 @@ func TestSettleWindowFollowsStatementTimeout(t *testing.T) {
 		{&PostgresStore{SQLStoreConfig: SQLStoreConfig{DSN: "postgres://nobody@127.0.0.1:1/none"}}, 11 * time.Second},
 		{&PostgresStore{SQLStoreConfig: long}, 61 * time.Second},
 		{&MySQLStore{SQLStoreConfig: long}, 61 * time.Second},
+		// Redis: twice the longest of its timeouts plus the second a
+		// script may run after its call's end (until the build after
+		// c0abdb8, 10 s whatever they were).
+		{&RedisStore{Addresses: []string{"127.0.0.1:1"}}, 11 * time.Second},
+		{&RedisStore{Addresses: []string{"127.0.0.1:1"}, ReadTimeout: caddy.Duration(2 * time.Second), DialTimeout: caddy.Duration(12 * time.Second)}, 25 * time.Second},
 		// A DSN's own innodb_lock_wait_timeout is kept, and a statement
 		// may wait that long for a row lock on the server, then commit:
 		// the window used to stay at 10 s with 50 here.

@@ -93,14 +93,20 @@ func (q *repairQueue) push(j *repairJob) {
 // try makes one undo try; it reports whether the job is over (see
 // undoLostReply).
 func (j *repairJob) try() bool {
+	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), storeOpTimeout)
 	err := j.undo(ctx, j.store, j.key, j.owner)
 	cancel()
-	since := time.Since(j.failed)
 	switch {
-	case err == nil, since > max(j.repair, j.settle):
+	case err == nil, time.Since(j.failed) > max(j.repair, j.settle):
 		return true
-	case errors.Is(err, stores.ErrNotOwner) && since >= j.settle:
+	// Nothing there settles it only for a try that began once the window
+	// was over: its statement read the key at some moment after it began,
+	// and a write that lands late lands within the window. Counted from
+	// its reply, a try sent just before the end whose reply came back
+	// after it ended the job, and a write landing in between held its key
+	// unknown.
+	case errors.Is(err, stores.ErrNotOwner) && began.Sub(j.failed) >= j.settle:
 		return true
 	}
 	return false

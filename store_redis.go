@@ -117,6 +117,24 @@ func (r *RedisStore) Provision(caddy.Context) error {
 	return nil
 }
 
+// writeSettle implements writeSettler: a script that reserves, takes over
+// or renews runs on the server no later than the end of its call plus
+// redis.ClockMargin on the server's clock, read by a call that may have
+// overstated the server's lead by its own length, up to the longest
+// timeout; and a call fails before its end when a shorter read_timeout
+// or write_timeout fires. A script runs as it arrives (Redis takes no
+// locks), so twice the longest timeout plus the margin bounds it. The
+// default window of 10 s used to apply whatever the timeouts: with
+// timeout 12s, a Reserve held up on its way could land after the undo had
+// ended, and hold its key unknown.
+func (r *RedisStore) writeSettle() time.Duration {
+	var longest time.Duration
+	for _, t := range r.callTimeouts() {
+		longest = max(longest, t.timeout)
+	}
+	return 2*longest + redis.ClockMargin
+}
+
 // callTimeouts implements callBounder: the store bounds each call by the
 // largest of the three timeouts.
 func (r *RedisStore) callTimeouts() []namedTimeout {

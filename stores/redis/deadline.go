@@ -30,11 +30,11 @@ import (
 // nodes of a Cluster each have a clock, and a key's node need not be the
 // one whose clock was read.
 
-// clockMargin is added to a call's end on the server's clock, for a clock
+// ClockMargin is added to a call's end on the server's clock, for a clock
 // stepped back (NTP) since the offset was last measured: a live call must
 // never be refused as late. A larger step makes the server refuse one all
 // the same, and Reserve sends it again with the offset the refusal read.
-const clockMargin = time.Second
+const ClockMargin = time.Second
 
 // serverClock tracks how far the server's clock is ahead of this node's.
 type serverClock struct {
@@ -59,7 +59,7 @@ func (c *serverClock) notAfter(deadline time.Time, ok bool) int64 {
 	if !ok || !c.known.Load() {
 		return 0
 	}
-	return deadline.Add(clockMargin).UnixMilli() + c.ahead.Load()
+	return deadline.Add(ClockMargin).UnixMilli() + c.ahead.Load()
 }
 
 // syncClock reads the server's clock once, before the first Reserve: the

@@ -25,7 +25,7 @@ func TestLateReserveWritesNothing(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	late, s, direct := openLate(t, timeout)
 	storetest.LateReserveWritesNothing(t, s, direct, func(string) <-chan struct{} {
-		return late.holdNext([]byte(reserveScript.Hash()), timeout+clockMargin+time.Second)
+		return late.holdNext([]byte(reserveScript.Hash()), timeout+ClockMargin+time.Second)
 	}, 10*time.Second)
 }
 
@@ -138,7 +138,7 @@ func (p *lateProxy) pipe(c net.Conn, target string) {
 
 // TestReserveAfterClockStep: a live Reserve is never refused as late. The
 // server's clock stepped forward (or this node's back) since the offset
-// was learned, by more than clockMargin plus the call's timeout, made the
+// was learned, by more than ClockMargin plus the call's timeout, made the
 // server judge a Reserve on time as late: it wrote nothing and the handler
 // answered 503 (an audit stepping a Redis's clock 10 s forward saw it on
 // the first keyed request after each step). Now the Reserve is sent again
@@ -190,7 +190,7 @@ func TestLateTakeOverWritesNothing(t *testing.T) {
 
 	r := lapsed()
 	time.Sleep(200 * time.Millisecond)
-	delivered := late.holdNext([]byte(takeOverScript.Hash()), timeout+clockMargin+time.Second)
+	delivered := late.holdNext([]byte(takeOverScript.Hash()), timeout+ClockMargin+time.Second)
 	if _, err := s.TakeOver(ctx, r.Key, r.Owner, "late", storetest.Long, storetest.Long); err == nil {
 		t.Fatal("a TakeOver held up on its way succeeded")
 	}
@@ -248,7 +248,7 @@ func TestLateRenewalRevivesNothing(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	late, s, direct := openLate(t, timeout)
 	storetest.LateRenewalRevivesNothing(t, s, direct, func(string) <-chan struct{} {
-		return late.holdNext([]byte(extendScript.Hash()), timeout+clockMargin+time.Second)
+		return late.holdNext([]byte(extendScript.Hash()), timeout+ClockMargin+time.Second)
 	}, 10*time.Second)
 }
 

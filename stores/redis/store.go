@@ -536,7 +536,7 @@ func (s *Store) runBounded(ctx context.Context, op string, script *goredis.Scrip
 		// Run after its deadline, it wrote nothing. A call whose deadline
 		// has not passed here was judged late only because a clock
 		// stepped (the server's forward, or this node's back) since the
-		// offset was learned, by more than clockMargin plus the time the
+		// offset was learned, by more than ClockMargin plus the time the
 		// call had left: sent again, it carries the offset the reply just
 		// taught. Until the build after d8c00a9 it was answered 503.
 		if try > 1 || ctx.Err() != nil {
