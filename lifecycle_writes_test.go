@@ -239,6 +239,10 @@ func TestSettleWindowFollowsStatementTimeout(t *testing.T) {
 		// Whatever the case of its name (until the build after 0aecb25,
 		// 11 s: the window of the store's own bound).
 		{&MySQLStore{SQLStoreConfig: SQLStoreConfig{DSN: "nobody@tcp(127.0.0.1:1)/none?INNODB_LOCK_WAIT_TIMEOUT=50"}}, 56 * time.Second},
+		// A DSN's readTimeout below statement_timeout ends a call before
+		// the end its statement carries (until the build after f2207cc,
+		// 11 s).
+		{&MySQLStore{SQLStoreConfig: SQLStoreConfig{DSN: "nobody@tcp(127.0.0.1:1)/none?readTimeout=1s"}}, 15 * time.Second},
 		// A TakeOver held on its way until just before its bound (0.95 s
 		// after its caller's failure at 500 ms), then 11.8 s on a row
 		// lock, committed 12.80 s after the failure: the window was 12.5 s.

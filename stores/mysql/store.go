@@ -253,6 +253,26 @@ func (c Config) ServerLockWait() time.Duration {
 	return time.Duration(max(1, int(math.Ceil(c.StatementTimeout.Seconds())))) * time.Second
 }
 
+// DriverCutsShort is how long before the end of its call the driver may
+// give up on a statement it sent: statement_timeout minus the DSN's
+// readTimeout or writeTimeout, the shorter, when one is below it (0
+// otherwise). The call then fails that much before the end its statement
+// carries as its send bound, and the statement may land that much later
+// after the failure than one whose call ran to its end.
+func (c Config) DriverCutsShort() time.Duration {
+	mc, err := mysql.ParseDSN(c.DSN)
+	if err != nil {
+		return 0
+	}
+	cut := time.Duration(0)
+	for _, t := range []time.Duration{mc.ReadTimeout, mc.WriteTimeout} {
+		if t > 0 && t < c.StatementTimeout {
+			cut = max(cut, c.StatementTimeout-t)
+		}
+	}
+	return cut
+}
+
 // Warm starts connecting in the background (see sqlstore.Lazy.Warm). The
 // Caddy app calls it from Start: never at provisioning, so that `caddy
 // validate` does not migrate.
