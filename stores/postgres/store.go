@@ -354,9 +354,8 @@ func (s *Store) Reserve(ctx context.Context, r stores.Reservation) (stores.Reser
 	return stores.ReserveResult{}, fmt.Errorf("postgres reserve %s: key kept changing under %d attempts", r.Key, maxReserveAttempts)
 }
 
+// reserveOnce is one attempt of Reserve, under Reserve's deadline.
 func (s *Store) reserveOnce(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
-	ctx, cancel := s.opCtx(ctx)
-	defer cancel()
 	n, err := s.write(ctx, r.Key, s.q.reserve,
 		r.Key, r.Operation, r.Path, r.Principal, r.Fingerprint, r.Owner,
 		sqlstore.Micros(r.Lease), sqlstore.Micros(r.RecordTTL()), sqlstore.SendDeadline,
