@@ -389,3 +389,43 @@ func TestMemoryStoreWhenFullRefuse(t *testing.T) {
 		})
 	}
 }
+
+// A catalog that leaves every commit's outcome unknown (500 to
+// updateTable) fills the memory store with records that may not be
+// evicted: at max_entries of them, a new keyed request is answered 503 +
+// Retry-After without reaching the catalog, as a full store under
+// when_full refuse, and the unknown keys' retries still hear "unknown".
+// Before, those records grew the store without a bound, outside max_bytes,
+// until they expired (lifetime + grace + lease: 36.5 minutes by default).
+func TestMemoryStoreRefusesPastMaxEntriesUnknown(t *testing.T) {
+	m := &MemoryStore{MaxEntries: 2}
+	if err := m.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := openMemoryStore(m.limits(), nil, zap.NewNop(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newTestHandler(t, s)
+	catalog := newCountingCatalog(t, answerStatus(http.StatusInternalServerError, "InternalServerError"))
+	proxy := newReverseProxy(t, catalog.addr())
+	var unknown []string
+	for range 2 {
+		key := storetest.NewKey(t)
+		if r := serve(t, h, proxy, http.MethodPost, commitPath, key, commitBody); r.code() != http.StatusInternalServerError {
+			t.Fatalf("commit the catalog failed = %d %q", r.code(), r.body)
+		}
+		unknown = append(unknown, key)
+	}
+	next := serve(t, h, proxy, http.MethodPost, commitPath, storetest.NewKey(t), commitBody)
+	if next.code() != http.StatusServiceUnavailable || next.header.Get("Retry-After") == "" {
+		t.Fatalf("a new key with max_entries keys unknown = %d %q, want 503 with Retry-After", next.code(), next.body)
+	}
+	if n := catalog.executed.Load(); n != 2 {
+		t.Fatalf("catalog executed %d requests, want 2: the refused one must not reach it", n)
+	}
+	retry := serve(t, h, proxy, http.MethodPost, commitPath, unknown[0], commitBody)
+	if retry.code() != http.StatusInternalServerError || !strings.Contains(retry.body, "CommitStateUnknownException") {
+		t.Fatalf("retry of an unknown key = %d %q, want 500 CommitStateUnknownException", retry.code(), retry.body)
+	}
+}

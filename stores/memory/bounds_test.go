@@ -404,3 +404,53 @@ func TestKeepUnexpiredRefusesInsteadOfEvicting(t *testing.T) {
 		t.Fatalf("Reserve once the records expired = %+v, %v", res, err)
 	}
 }
+
+// Records whose outcome is unknown are never evicted, so max_entries
+// bounds them on their own: at it a new key is refused, not sent, whatever
+// when_full says, and room comes back as they expire or are taken over.
+// Records of requests executing do not count. Before, a catalog that left
+// every commit's outcome unknown grew the store by about 530 bytes a key
+// until the records expired, outside max_bytes.
+func TestUnknownRecordsBoundedByMaxEntries(t *testing.T) {
+	clock := storetest.NewFakeClock()
+	s, err := New(Options{MaxEntries: 2, Now: clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	reserve := func(ttl time.Duration) stores.Reservation {
+		t.Helper()
+		r := storetest.Reservation(storetest.NewKey(t), time.Minute, ttl)
+		if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+			t.Fatalf("Reserve = %+v, %v", res, err)
+		}
+		return r
+	}
+	// More executing than max_entries: all admitted.
+	for range 5 {
+		reserve(time.Hour)
+	}
+	soon, late := reserve(time.Hour), reserve(3*time.Hour)
+	for _, r := range []stores.Reservation{soon, late} {
+		if err := s.Abandon(ctx, r.Key, r.Owner); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(unknownScanGap) // the last count, with none unknown, stood a second
+	next := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
+	if _, err := s.Reserve(ctx, next); !errors.Is(err, ErrTooManyUnknown) || !stores.NotSent(err) {
+		t.Fatalf("Reserve with max_entries records unknown = %v, want ErrTooManyUnknown, not sent", err)
+	}
+	// A duplicate of a held key still finds it.
+	if res, err := s.Reserve(ctx, late); err != nil || res.Existing == nil || !res.Existing.Abandoned {
+		t.Fatalf("duplicate of an unknown key = %+v, %v; want its abandoned record", res, err)
+	}
+	// One expires: a Reserve drops it, without waiting for the purge.
+	clock.Advance(2 * time.Hour)
+	if res, err := s.Reserve(ctx, next); err != nil || !res.Reserved {
+		t.Fatalf("Reserve once an unknown record expired = %+v, %v", res, err)
+	}
+	if rec, _ := s.Load(ctx, soon.Key); rec != nil {
+		t.Fatalf("expired record still held: %+v", rec)
+	}
+}

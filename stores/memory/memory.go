@@ -46,8 +46,9 @@ const (
 
 // Limits bounds the final records a Store holds.
 type Limits struct {
-	// MaxEntries bounds the number of final records. Default
-	// DefaultMaxEntries.
+	// MaxEntries bounds the number of final records, and on its own the
+	// number of records whose outcome is unknown (see ErrTooManyUnknown).
+	// Default DefaultMaxEntries.
 	MaxEntries int
 	// MaxBytes bounds the final records' counted bytes (see recordSize).
 	// A single response that does not fit is refused with
@@ -61,6 +62,21 @@ type Limits struct {
 	// evicts all the same.
 	KeepUnexpired bool
 }
+
+// ErrTooManyUnknown is Reserve's error when the records whose outcome is
+// unknown (abandoned: kept until they expire, since a retry must not
+// execute what may have executed) number MaxEntries or more. None of them
+// may be evicted, and without a bound a catalog that left every commit's
+// outcome unknown (500 to updateTable) grew the store by about 530 bytes
+// a key for the records' whole lifetime, outside max_bytes. The
+// reservation was not made. Records of requests still executing do not
+// count: the requests running bound them.
+var ErrTooManyUnknown = errors.New("memory store holds max_entries records whose outcome is unknown, kept until they expire")
+
+// unknownScanGap is how long a count of the records whose outcome is
+// unknown stands: the count walks every record that is not final, under
+// the store's lock, and is taken only while they number max_entries.
+const unknownScanGap = time.Second
 
 // ErrFull is Reserve's error when the store keeps unexpired records
 // (Limits.KeepUnexpired) and its bounds are reached: the reservation was
@@ -115,11 +131,13 @@ type entry struct {
 // Store is an in-memory stores.Store. The zero value is not usable; use New.
 //
 // In-flight records live in their own map, outside the bounds: evicting one
-// would let its duplicate execute again, and their number is bounded by the
-// requests running plus those whose outcome is unknown (abandoned), which
-// must also survive until they expire. Only final records compete for
-// max_entries and max_bytes, so a flood of reservations (even ones that end
-// released, storing nothing) never evicts anything.
+// would let its duplicate execute again, and those whose outcome is
+// unknown (abandoned) must survive until they expire. Those are bounded
+// by MaxEntries on their own (at it, Reserve refuses new keys), the others
+// by the requests running. Only
+// final records compete for max_entries and max_bytes, so a flood of
+// reservations (even ones that end released, storing nothing) never evicts
+// anything.
 type Store struct {
 	mu       sync.Mutex
 	inflight map[string]*entry
@@ -131,6 +149,11 @@ type Store struct {
 	changed  map[string]*change // a key's waiters, woken when its record changes state
 	now      func() time.Time
 	onEvict  func(Eviction)
+	// countedAt is when the records whose outcome is unknown were last
+	// counted, and unknownFull whether they reached MaxEntries then (see
+	// tooManyUnknown).
+	countedAt   time.Time
+	unknownFull bool
 }
 
 var _ stores.Store = (*Store)(nil)
@@ -228,6 +251,11 @@ func (s *Store) Reserve(_ context.Context, r stores.Reservation) (stores.Reserve
 	if e, f := s.live(r.Key, now); e != nil || f != nil {
 		return stores.ReserveResult{Existing: snapshot(e, f, now)}, nil
 	}
+	if len(s.inflight) >= s.limits.MaxEntries && s.tooManyUnknown(now) {
+		// Whatever when_full says: evicting one would let its retry
+		// execute again. Nothing was reserved.
+		return stores.ReserveResult{}, stores.MarkNotSent(ErrTooManyUnknown)
+	}
 	if s.limits.KeepUnexpired && !s.makeRoom(1, now) {
 		// Nothing was reserved: the request may be retried, or passed
 		// on by fail_open.
@@ -245,6 +273,28 @@ func (s *Store) Reserve(_ context.Context, r stores.Reservation) (stores.Reserve
 		leaseUntil: now.Add(r.Lease),
 	}
 	return stores.ReserveResult{Reserved: true}, nil
+}
+
+// tooManyUnknown reports whether the records whose outcome is unknown
+// number MaxEntries or more, counting them at most once an unknownScanGap;
+// the count drops the records that are not final and have expired, as the
+// purge would at its next run. s.mu is held.
+func (s *Store) tooManyUnknown(now time.Time) bool {
+	if since := now.Sub(s.countedAt); !s.countedAt.IsZero() && since >= 0 && since < unknownScanGap {
+		return s.unknownFull
+	}
+	unknown := 0
+	for key, e := range s.inflight {
+		switch {
+		case !e.rec.ExpiresAt.After(now):
+			delete(s.inflight, key)
+			s.notify(key)
+		case !e.leaseUntil.After(now):
+			unknown++
+		}
+	}
+	s.countedAt, s.unknownFull = now, unknown >= s.limits.MaxEntries
+	return s.unknownFull
 }
 
 // Load implements stores.Store.
