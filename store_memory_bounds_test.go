@@ -347,6 +347,20 @@ func startMemoryApp(t *testing.T, ctx caddy.Context, s stores.Store) *App {
 	return app
 }
 
+// handlerOnMemoryStore is a handler on a memory store of its own that m
+// configures.
+func handlerOnMemoryStore(t *testing.T, m *MemoryStore) *Handler {
+	t.Helper()
+	if err := m.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := openMemoryStore(m.limits(), nil, zap.NewNop(), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return newTestHandler(t, s)
+}
+
 // when_full refuse: on a store full of records that have not expired, a
 // new keyed request is answered 503 + Retry-After without reaching the
 // catalog, and the retry of a stored one is still replayed. With the
@@ -363,15 +377,7 @@ func TestMemoryStoreWhenFullRefuse(t *testing.T) {
 		{whenFullEvict, http.StatusOK, false},
 	} {
 		t.Run(c.whenFull, func(t *testing.T) {
-			m := &MemoryStore{MaxEntries: 1, WhenFull: c.whenFull}
-			if err := m.Provision(newCaddyContext(t)); err != nil {
-				t.Fatal(err)
-			}
-			s, err := openMemoryStore(m.limits(), nil, zap.NewNop(), nil, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			h := newTestHandler(t, s)
+			h := handlerOnMemoryStore(t, &MemoryStore{MaxEntries: 1, WhenFull: c.whenFull})
 			catalog := newCountingCatalog(t, answerOK)
 			proxy := newReverseProxy(t, catalog.addr())
 			first := storetest.NewKey(t)
@@ -398,15 +404,7 @@ func TestMemoryStoreWhenFullRefuse(t *testing.T) {
 // Before, those records grew the store without a bound, outside max_bytes,
 // until they expired (lifetime + grace + lease: 36.5 minutes by default).
 func TestMemoryStoreRefusesPastMaxEntriesUnknown(t *testing.T) {
-	m := &MemoryStore{MaxEntries: 2}
-	if err := m.Provision(newCaddyContext(t)); err != nil {
-		t.Fatal(err)
-	}
-	s, err := openMemoryStore(m.limits(), nil, zap.NewNop(), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := newTestHandler(t, s)
+	h := handlerOnMemoryStore(t, &MemoryStore{MaxEntries: 2})
 	catalog := newCountingCatalog(t, answerStatus(http.StatusInternalServerError, "InternalServerError"))
 	proxy := newReverseProxy(t, catalog.addr())
 	var unknown []string

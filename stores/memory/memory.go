@@ -132,12 +132,11 @@ type entry struct {
 //
 // In-flight records live in their own map, outside the bounds: evicting one
 // would let its duplicate execute again, and those whose outcome is
-// unknown (abandoned) must survive until they expire. Those are bounded
-// by MaxEntries on their own (at it, Reserve refuses new keys), the others
-// by the requests running. Only
-// final records compete for max_entries and max_bytes, so a flood of
-// reservations (even ones that end released, storing nothing) never evicts
-// anything.
+// unknown (abandoned) must survive until they expire. Those are bounded by
+// MaxEntries on their own (at it, Reserve refuses new keys), the others by
+// the requests running. Only final records compete for max_entries and
+// max_bytes, so a flood of reservations (even ones that end released,
+// storing nothing) never evicts anything.
 type Store struct {
 	mu       sync.Mutex
 	inflight map[string]*entry
