@@ -98,16 +98,18 @@ func (j *repairJob) try() bool {
 	err := j.undo(ctx, j.store, j.key, j.owner)
 	cancel()
 	switch {
-	case err == nil, time.Since(j.failed) > max(j.repair, j.settle):
+	case err == nil:
 		return true
 	// Nothing there settles it only for a try that began once the window
 	// was over: its statement read the key at some moment after it began,
 	// and a write that lands late lands within the window. Counted from
 	// its reply, a try sent just before the end whose reply came back
 	// after it ended the job, and a write landing in between held its key
-	// unknown.
-	case errors.Is(err, stores.ErrNotOwner) && began.Sub(j.failed) >= j.settle:
-		return true
+	// unknown; so did one answered after the repair window, when the
+	// settle window was as long (a lock wait of 2 minutes or more). The
+	// next try begins after the window.
+	case errors.Is(err, stores.ErrNotOwner):
+		return began.Sub(j.failed) >= j.settle
 	}
-	return false
+	return time.Since(j.failed) > max(j.repair, j.settle)
 }
