@@ -139,18 +139,22 @@ func TestDSNLockWaitInCapitalsIsKept(t *testing.T) {
 }
 
 // A DSN's innodb_lock_wait_timeout that is not a whole number of seconds
-// leaves the undo of a lost reservation nothing to wait by: it is refused,
-// naming it. It used to be taken as the statement timeout, and DEFAULT
-// (the server's 50 s) outlasted the undo ten times.
+// the servers take leaves the undo of a lost reservation nothing to wait
+// by: it is refused, naming it. It used to be taken as the statement
+// timeout, and DEFAULT (the server's 50 s) outlasted the undo ten times; a
+// number past the maximum overflowed the wait, and the undo used 11 s.
+// MariaDB's 0 (do not wait) and quoted numbers are kept.
 func TestDSNLockWaitNotInSecondsRefused(t *testing.T) {
-	for _, v := range []string{"DEFAULT", "0", "1.5", "@@global.innodb_lock_wait_timeout"} {
+	for _, v := range []string{"DEFAULT", "-1", "1.5", "@@global.innodb_lock_wait_timeout", "10000000000"} {
 		_, err := Config{DSN: "root@tcp(127.0.0.1:1)/db?innodb_lock_wait_timeout=" + v}.WithDefaults()
 		if err == nil || !strings.Contains(err.Error(), "innodb_lock_wait_timeout="+v+" must be a whole number of seconds") {
 			t.Errorf("innodb_lock_wait_timeout=%s: %v, want it refused, naming it", v, err)
 		}
 	}
-	if _, err := (Config{DSN: "root@tcp(127.0.0.1:1)/db?innodb_lock_wait_timeout='20'"}).WithDefaults(); err != nil {
-		t.Errorf("a quoted whole number: %v", err)
+	for _, v := range []string{"'20'", "0", "1073741824"} {
+		if _, err := (Config{DSN: "root@tcp(127.0.0.1:1)/db?innodb_lock_wait_timeout=" + v}).WithDefaults(); err != nil {
+			t.Errorf("innodb_lock_wait_timeout=%s: %v", v, err)
+		}
 	}
 }
 

@@ -200,21 +200,26 @@ func dsnLockWait(params map[string]string) (name, value string, set bool) {
 }
 
 // dsnLockWaitSeconds is the DSN's innodb_lock_wait_timeout in seconds (0
-// when it sets none), or an error when it sets one that is not a whole
-// number of seconds: the store's undo of a lost reservation keeps trying
-// as long as a statement may wait for a lock, which DEFAULT or an
-// expression would leave it to guess.
+// when it sets none, or 0: MariaDB's "do not wait"), or an error when it
+// sets one that is not a whole number of seconds the servers take: the
+// store's undo of a lost reservation keeps trying as long as a statement
+// may wait for a lock, which DEFAULT or an expression would leave it to
+// guess, and a number past the servers' maximum would overflow the wait.
 func dsnLockWaitSeconds(params map[string]string) (int, error) {
 	name, v, set := dsnLockWait(params)
 	if !set {
 		return 0, nil
 	}
 	n, err := strconv.Atoi(strings.Trim(v, "'\""))
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("mysql: the DSN's %s=%s must be a whole number of seconds, at least 1 (the undo of a lost reservation waits as long as a statement may wait for a lock)", name, v)
+	if err != nil || n < 0 || n > maxLockWait {
+		return 0, fmt.Errorf("mysql: the DSN's %s=%s must be a whole number of seconds from 0 to %d (the undo of a lost reservation waits as long as a statement may wait for a lock)", name, v, maxLockWait)
 	}
 	return n, nil
 }
+
+// maxLockWait is the largest innodb_lock_wait_timeout MySQL and MariaDB
+// take, in seconds (about 34 years).
+const maxLockWait = 1073741824
 
 // storeSessionVars are the session variables the store's statements need
 // whatever a DSN sets, which the driver sends as SET on each connection
