@@ -909,7 +909,15 @@ func (g *guarded) tryFinalize(ctx context.Context, resp stores.Response, attempt
 		executionCounters.inc(g.binding.Operation, resultRefused)
 		return finalizeDone
 	default:
-		g.log(zapcore.WarnLevel, "finalize failed: will retry", zap.Int("attempt", attempt), zap.Error(err))
+		// Logged once a request: retried every 2 s for the finalize
+		// window, a store outage logged a line every 2 s for each request
+		// that was executing when it began (4,000 lines a second from
+		// 8,000 of them). Its end is logged either way.
+		level := zapcore.WarnLevel
+		if attempt > 1 {
+			level = zapcore.DebugLevel
+		}
+		g.log(level, "finalize failed: will retry", zap.Int("attempt", attempt), zap.Error(err))
 		return finalizeRetry
 	}
 	executionCounters.inc(g.binding.Operation, resultFinalized)

@@ -20,6 +20,9 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/google/uuid"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
@@ -416,6 +419,8 @@ func finalizeThroughOutage(t *testing.T, failures int32, lease time.Duration) {
 	s := &flakyStore{Store: newMemoryStore(t)}
 	s.finalizeFailures.Store(failures)
 	h := newTestHandler(t, s)
+	core, logs := observer.New(zapcore.WarnLevel)
+	h.logger = zap.New(core)
 	if lease > 0 {
 		h.Lease = caddy.Duration(lease)
 	}
@@ -429,6 +434,11 @@ func finalizeThroughOutage(t *testing.T, failures int32, lease time.Duration) {
 	retry := serve(t, h, proxy, "POST", commitPath, key, commitBody)
 	if retry.code() != http.StatusOK || retry.header.Get(ReplayedHeader) != "true" || catalog.executed.Load() != 1 {
 		t.Fatalf("retry = %d %s replayed=%q executed=%d; want the stored 200", retry.code(), retry.body, retry.header.Get(ReplayedHeader), catalog.executed.Load())
+	}
+	// One warning for the request, not one a try (until the build after
+	// 408cb36, one for each of the failures).
+	if n := logs.FilterMessage("finalize failed: will retry").Len(); n != 1 {
+		t.Errorf("%d Finalize failures logged %d warnings, want 1", failures, n)
 	}
 }
 
