@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 )
 
@@ -1527,6 +1528,9 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		// client would retry until the record expires.
 		return g.unreadable("", err)
 	}
+	if errors.Is(err, memory.ErrTooManyUnknown) && !failOpen {
+		return g.unknownFull()
+	}
 	if failOpen {
 		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
 		g.count(outcomeFailOpen)
@@ -1548,6 +1552,30 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		"Idempotency store is unavailable; retry with the same Idempotency-Key", g.retryAfterSeconds())
 	return nil
 }
+
+// unknownFull answers a new key while the memory store holds max_entries
+// records whose outcome is unknown (memory.ErrTooManyUnknown): nothing was
+// reserved or sent. The store is healthy, so neither the log line nor the
+// outcome of an outage: a catalog that left a burst of commits unknown
+// had every later one logged at error level and counted as
+// store_unavailable, for as long as the records lived (36.5 minutes by
+// default), sending whoever was paged to look at the store.
+func (g *guarded) unknownFull() error {
+	g.count(outcomeUnknownFull)
+	now := time.Now().UnixNano()
+	if last := atomic.LoadInt64(&g.h.unknownFullWarned); now-last >= int64(unknownFullWarnGap) && atomic.CompareAndSwapInt64(&g.h.unknownFullWarned, last, now) {
+		g.log(zapcore.WarnLevel, "keyed requests refused with 503: the memory store holds max_entries records whose outcome is unknown, "+
+			"kept until they expire (counted in requests_total{outcome=\"unknown_full\"}; warned once a minute)")
+	}
+	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable,
+		"The proxy holds as many keys of unknown outcome as it may; the request was not executed. Retry with the same Idempotency-Key.",
+		g.retryAfterSeconds())
+	return nil
+}
+
+// unknownFullWarnGap spaces unknownFull's warnings: the condition lasts
+// until records expire, and a line a request said nothing new.
+const unknownFullWarnGap = time.Minute
 
 func (g *guarded) retryAfterSeconds() int { return g.h.retryAfterSeconds() }
 

@@ -146,6 +146,7 @@ const (
 	outcomeFailOpen         = "fail_open"
 	outcomeNoPrincipal      = "no_principal"
 	outcomeOverloaded       = "overloaded"
+	outcomeUnknownFull      = "unknown_full"
 )
 
 // collectors are the collectors registerMetrics registers.

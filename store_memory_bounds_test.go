@@ -403,8 +403,15 @@ func TestMemoryStoreWhenFullRefuse(t *testing.T) {
 // when_full refuse, and the unknown keys' retries still hear "unknown".
 // Before, those records grew the store without a bound, outside max_bytes,
 // until they expired (lifetime + grace + lease: 36.5 minutes by default).
+//
+// The refusal is its own outcome, unknown_full, warned of at most once a
+// minute: the store is healthy, and until the build after f09fc92 every
+// refused request was logged at error level as "store failed" and counted
+// as store_unavailable, which sends whoever is paged to the store.
 func TestMemoryStoreRefusesPastMaxEntriesUnknown(t *testing.T) {
 	h := handlerOnMemoryStore(t, &MemoryStore{MaxEntries: 2})
+	core, logs := observer.New(zap.WarnLevel)
+	h.logger = zap.New(core)
 	catalog := newCountingCatalog(t, answerStatus(http.StatusInternalServerError, "InternalServerError"))
 	proxy := newReverseProxy(t, catalog.addr())
 	var unknown []string
@@ -415,12 +422,29 @@ func TestMemoryStoreRefusesPastMaxEntriesUnknown(t *testing.T) {
 		}
 		unknown = append(unknown, key)
 	}
-	next := serve(t, h, proxy, http.MethodPost, commitPath, storetest.NewKey(t), commitBody)
-	if next.code() != http.StatusServiceUnavailable || next.header.Get("Retry-After") == "" {
-		t.Fatalf("a new key with max_entries keys unknown = %d %q, want 503 with Retry-After", next.code(), next.body)
+	fullBefore := value(t, decisions, "operation", "updateTable", "outcome", outcomeUnknownFull)
+	outageBefore := value(t, decisions, "operation", "updateTable", "outcome", outcomeStoreUnavailable)
+	for range 3 {
+		next := serve(t, h, proxy, http.MethodPost, commitPath, storetest.NewKey(t), commitBody)
+		if next.code() != http.StatusServiceUnavailable || next.header.Get("Retry-After") == "" ||
+			!strings.Contains(next.body, "ServiceUnavailableException") || !strings.Contains(next.body, "unknown outcome") {
+			t.Fatalf("a new key with max_entries keys unknown = %d %q, want 503 ServiceUnavailableException with Retry-After", next.code(), next.body)
+		}
 	}
 	if n := catalog.executed.Load(); n != 2 {
-		t.Fatalf("catalog executed %d requests, want 2: the refused one must not reach it", n)
+		t.Fatalf("catalog executed %d requests, want 2: the refused ones must not reach it", n)
+	}
+	if got := value(t, decisions, "operation", "updateTable", "outcome", outcomeUnknownFull) - fullBefore; got != 3 {
+		t.Fatalf("requests_total{outcome=unknown_full} rose by %v, want 3", got)
+	}
+	if got := value(t, decisions, "operation", "updateTable", "outcome", outcomeStoreUnavailable) - outageBefore; got != 0 {
+		t.Fatalf("requests_total{outcome=store_unavailable} rose by %v, want 0: the store is healthy", got)
+	}
+	if n := logs.FilterMessageSnippet("store failed").Len(); n != 0 {
+		t.Fatalf("%d \"store failed\" lines, want none: %v", n, logs.All())
+	}
+	if n := logs.FilterMessageSnippet("records whose outcome is unknown").Len(); n != 1 {
+		t.Fatalf("%d warnings for 3 refused requests, want 1: %v", n, logs.All())
 	}
 	retry := serve(t, h, proxy, http.MethodPost, commitPath, unknown[0], commitBody)
 	if retry.code() != http.StatusInternalServerError || !strings.Contains(retry.body, "CommitStateUnknownException") {

@@ -1,5 +1,7 @@
 package memory
 
+import "time"
+
 // Stats is a point-in-time view of a Store's contents and bounds.
 type Stats struct {
 	Final    int   // final records held
@@ -36,5 +38,8 @@ func (s *Store) Resize(l Limits) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.limits = l
+	// A count taken under the old bound no longer says whether the store
+	// is full of records whose outcome is unknown.
+	s.countedAt = time.Time{}
 	return s.fit(s.now()), nil
 }

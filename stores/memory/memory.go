@@ -75,7 +75,8 @@ var ErrTooManyUnknown = errors.New("memory store holds max_entries records whose
 
 // unknownScanGap is how long a count of the records whose outcome is
 // unknown stands: the count walks every record that is not final, under
-// the store's lock, and is taken only while they number max_entries.
+// the store's lock, and is taken only while those (executing ones
+// included) number max_entries. Resize drops the count.
 const unknownScanGap = time.Second
 
 // ErrFull is Reserve's error when the store keeps unexpired records
