@@ -354,10 +354,10 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 			switch rec.State {
 			case string(stores.StateInFlight):
 				return caddy.APIError{HTTPStatus: http.StatusConflict,
-					Err: fmt.Errorf("idempotency key %s is in flight in store %s with a live lease: its request is executing; add force=true to forget it anyway", key, rec.Store)}
+					Err: fmt.Errorf("idempotency key %s is in flight in store %s with a live lease: its request is executing; add force=true (the CLI's --force) to forget it anyway", key, rec.Store)}
 			case string(stores.StateFinal):
 				return caddy.APIError{HTTPStatus: http.StatusConflict,
-					Err: fmt.Errorf("idempotency key %s is final in store %s: its answer is stored and replayed to retries, and forgetting it lets a retry execute the request again; add force=true to forget it anyway", key, rec.Store)}
+					Err: fmt.Errorf("idempotency key %s is final in store %s: its answer is stored and replayed to retries, and forgetting it lets a retry execute the request again; add force=true (the CLI's --force) to forget it anyway", key, rec.Store)}
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -85,7 +86,7 @@ func adminRequest(fl caddycmd.Flags, method, uri string) ([]byte, error) {
 	}
 	resp, err := caddycmd.AdminAPIRequest(addr, method, uri, nil, nil)
 	if err != nil {
-		return nil, err
+		return nil, plainAPIError(err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
@@ -93,6 +94,27 @@ func adminRequest(fl caddycmd.Flags, method, uri string) ([]byte, error) {
 		return nil, fmt.Errorf("reading the admin API's answer: %w", err)
 	}
 	return body, nil
+}
+
+// apiErrorText is how caddycmd.AdminAPIRequest words an error status: the
+// admin API's JSON answer, quoted whole.
+var apiErrorText = regexp.MustCompile(`(?s)^caddy responded with error: HTTP (\d+): (.*)$`)
+
+// plainAPIError gives an error status's message as text: in the JSON
+// answer, inside the JSON line Caddy's CLI logs it with, its quotes came
+// out escaped and its advice hard to read.
+func plainAPIError(err error) error {
+	m := apiErrorText.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	var ans struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal([]byte(m[2]), &ans) != nil || ans.Error == "" {
+		return err
+	}
+	return fmt.Errorf("admin API answered HTTP %s: %s", m[1], ans.Error)
 }
 
 // keyURI is the admin path of a key; the key is checked by the server, and
