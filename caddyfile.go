@@ -71,7 +71,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("iceberg_idempotency takes no arguments but a matcher (a path beginning with /, or a named @matcher), then a block of options; got %q", d.Val())
 	}
 	given := givenOptions{}
 	var store caddyfile.Unmarshaler
@@ -83,7 +83,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		switch opt {
 		case "store":
 			if !d.NextArg() {
-				return d.ArgErr()
+				return d.Errf("store needs a name: one of %s", strings.Join(storeNames(), ", "))
 			}
 			name := d.Val()
 			if _, err := caddy.GetModule("iceberg_idempotency.stores." + name); err != nil {

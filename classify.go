@@ -25,7 +25,7 @@ func (h *Handler) warnKeyBelowPrefix(r *http.Request) {
 		}
 		i += j
 		if classify(r.Method, path[i:]) != "" {
-			h.warnBelowPrefix(&h.keyBelowPrefixWarned, r, "a keyed mutation")
+			h.warnBelowPrefix(&h.keyBelowPrefixWarned, r, "a keyed mutation passes unguarded")
 			return
 		}
 	}
@@ -35,7 +35,7 @@ func (h *Handler) warnKeyBelowPrefix(r *http.Request) {
 // handler does not know passes unguarded.
 func (h *Handler) warnBelowPrefix(flag *int32, r *http.Request, what string) {
 	if atomic.CompareAndSwapInt32(flag, 0, 1) {
-		h.logger.Warn(what+" below a prefix iceberg_idempotency does not know passes unguarded (no lifetime advertised for a config): "+
+		h.logger.Warn(what+" below a prefix iceberg_idempotency does not know: "+
 			"if the catalog is mounted under that prefix here, set base_path to it",
 			zap.String("method", r.Method), zap.String("path", r.URL.EscapedPath()), zap.String("base_path", h.BasePath))
 	}
@@ -224,7 +224,7 @@ func (h *Handler) isConfigRequest(r *http.Request) bool {
 		return true
 	}
 	if strings.HasSuffix(path, "/v1/config") && atomic.LoadInt32(&h.configBelowPrefixWarned) == 0 {
-		h.warnBelowPrefix(&h.configBelowPrefixWarned, r, "a config request")
+		h.warnBelowPrefix(&h.configBelowPrefixWarned, r, "a config request gets the catalog's answer, no idempotency-key-lifetime added,")
 	}
 	return false
 }

@@ -332,9 +332,12 @@ func classifyByList(method, rest string) string {
 // cannot fix but says once, naming base_path. Before, nothing was logged,
 // and every commit behind it ran unguarded.
 func TestUnrecognisedPrefixIsWarnedOf(t *testing.T) {
-	for _, tt := range []struct{ method, path, key string }{
-		{"POST", "/api/catalog/v1/namespaces", storetest.NewKey(t)},
-		{"GET", "/api/catalog/v1/config", ""},
+	// Each says what it means for its request: until the build after
+	// 797bdb9 both said "passes unguarded (no lifetime advertised for a
+	// config)", which fits neither a mutation nor a read.
+	for _, tt := range []struct{ method, path, key, says string }{
+		{"POST", "/api/catalog/v1/namespaces", storetest.NewKey(t), "a keyed mutation passes unguarded below a prefix"},
+		{"GET", "/api/catalog/v1/config", "", "a config request gets the catalog's answer, no idempotency-key-lifetime added, below a prefix"},
 	} {
 		h := newTestHandler(t, newMemoryStore(t))
 		core, logs := observer.New(zapcore.WarnLevel)
@@ -349,7 +352,8 @@ func TestUnrecognisedPrefixIsWarnedOf(t *testing.T) {
 				t.Fatalf("%s %s = %d (replayed %q), want it passed through", tt.method, tt.path, res.code(), res.header.Get(ReplayedHeader))
 			}
 		}
-		if warned := logs.FilterMessageSnippet("set base_path"); warned.Len() != 1 || warned.All()[0].ContextMap()["path"] != tt.path {
+		if warned := logs.FilterMessageSnippet("set base_path"); warned.Len() != 1 || warned.All()[0].ContextMap()["path"] != tt.path ||
+			!strings.HasPrefix(warned.All()[0].Message, tt.says) {
 			t.Fatalf("%s %s: log = %v; want one warning naming the path and base_path", tt.method, tt.path, logs.All())
 		}
 	}

@@ -55,3 +55,23 @@ func TestOpenErrorsHideThePassword(t *testing.T) {
 		t.Logf("%v", err)
 	}
 }
+
+// A DSN written as a URL, or without tcp(...) around the address, is the
+// common mistake: the driver's error ("default addr for network
+// '127.0.0.1:3306' unknown") named neither, until the build after 797bdb9.
+// The error now shows the form wanted, and still hides the password.
+func TestOpenErrorShowsTheDSNForm(t *testing.T) {
+	const pw = "S3cret-Passw0rd"
+	for _, dsn := range []string{
+		"root@127.0.0.1:3306/iceberg",
+		"mysql://root:" + pw + "@127.0.0.1:3306/iceberg",
+	} {
+		_, err := Open(context.Background(), Config{DSN: dsn}, nil)
+		if err == nil || !strings.Contains(err.Error(), "user:password@tcp(host:3306)/dbname") {
+			t.Errorf("Open(%q) = %v, want the form wanted named", dsn, err)
+		}
+		if err != nil && strings.Contains(err.Error(), pw) {
+			t.Errorf("password in error: %v", err)
+		}
+	}
+}
