@@ -458,6 +458,10 @@ type slowReserveStore struct {
 	then    func(r stores.Reservation)
 	slowed  atomic.Bool
 	extends atomic.Int32
+	// extendDelay slows each ExtendLease; firstExtendBack is when the
+	// first one returned.
+	extendDelay     time.Duration
+	firstExtendBack atomic.Pointer[time.Time]
 }
 
 func (s *slowReserveStore) Reserve(ctx context.Context, r stores.Reservation) (stores.ReserveResult, error) {
@@ -473,8 +477,13 @@ func (s *slowReserveStore) Reserve(ctx context.Context, r stores.Reservation) (s
 
 func (s *slowReserveStore) ExtendLease(ctx context.Context, key, owner string, lease, ttl time.Duration) error {
 	s.extends.Add(1)
-	return s.Store.ExtendLease(ctx, key, owner, lease, ttl)
+	time.Sleep(s.extendDelay)
+	err := s.Store.ExtendLease(ctx, key, owner, lease, ttl)
+	s.firstExtendBack.CompareAndSwap(nil, ptrTo(time.Now()))
+	return err
 }
+
+func ptrTo[T any](v T) *T { return &v }
 
 // A reservation that came back after its lease had run out, and that
 // another node took over meanwhile (abandoned reexecute), is not executed:
@@ -501,24 +510,30 @@ func TestReservationBackAfterItsLeaseDoesNotExecute(t *testing.T) {
 	}
 }
 
-// A reservation that took a third of its lease to come back has its lease
-// renewed before the request executes, so that a heartbeat due a third of
-// a lease later still finds it.
+// A reservation that took more than a renewal interval (a quarter of its
+// lease) to come back has its lease renewed, and the renewal back, before
+// the request executes, so that a heartbeat due a renewal interval later
+// still finds it. The renewal takes 50 ms here: the heartbeat, which
+// starts due at once after such a reservation, also renews early, but
+// beside the call, whose catalog then hears the request first (until the
+// build after 0ce489d the test counted renewals begun, which the heartbeat
+// alone satisfied).
 func TestSlowReservationRenewsItsLeaseFirst(t *testing.T) {
-	lease := 30 * time.Millisecond
-	s := &slowReserveStore{Store: newMemoryStore(t), delay: lease / 2}
+	lease := 400 * time.Millisecond
+	s := &slowReserveStore{Store: newMemoryStore(t), delay: lease / 2, extendDelay: 50 * time.Millisecond}
 	h := newTestHandler(t, s)
 	h.Lease = caddy.Duration(lease)
-	var extendsBefore atomic.Int32
+	var called atomic.Pointer[time.Time]
 	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
-		extendsBefore.Store(s.extends.Load())
+		called.CompareAndSwap(nil, ptrTo(time.Now()))
 		answerOK(w, r)
 	})
 	if r := serve(t, h, newReverseProxy(t, catalog.addr()), "POST", commitPath, storetest.NewKey(t), commitBody); r.code() != http.StatusOK {
 		t.Fatalf("answer = %d %q, want 200", r.code(), r.body)
 	}
-	if extendsBefore.Load() < 1 {
-		t.Fatal("the lease of a reservation that took half of it was not renewed before the catalog was called")
+	back, at := s.firstExtendBack.Load(), called.Load()
+	if back == nil || at == nil || !back.Before(*at) {
+		t.Fatalf("renewal back at %v, catalog called at %v: the lease of a reservation that took half of it was not renewed before the catalog was called", back, at)
 	}
 }
 

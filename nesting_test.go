@@ -141,11 +141,16 @@ func TestInFlightConflictIsNotStoredByTheGuardAround(t *testing.T) {
 	}
 }
 
-// The mark is put back when the catalog call panics (reverse_proxy does,
-// when an answer breaks off), so a handler that recovered and served the
-// request on through another iceberg_idempotency handler would not find
-// the abandoned record passed on as its own: with the mark left, it was,
-// and the commit ran again.
+// When the catalog call panics (reverse_proxy does, when an answer breaks
+// off), a handler around the directive that recovers and serves the
+// request on through another iceberg_idempotency handler finds the record
+// abandoned, not passed on as its own: the mark that lets a nested guard
+// pass a request through rides only on the request the handlers after the
+// directive were given, never on the one the handlers around it hold. In
+// the build of 16bba05 the mark was the handler's own state, put back by a
+// deferred call; with it left, the commit ran again. (A handler *after* the
+// directive that recovers and serves the request on resends it, as
+// lb_retry_match does: see "The guarantee, and its limits".)
 func TestMarkPutBackWhenTheCallPanics(t *testing.T) {
 	s := newMemoryStore(t)
 	a, d := newTestHandler(t, s), newTestHandler(t, s)

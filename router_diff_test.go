@@ -611,6 +611,11 @@ func TestRouterDiff(t *testing.T) {
 		}
 	}
 	t.Logf("%d generated requests, %d accepted by Go's server", n, accepted)
+	// A generator or a forwarded() that let nothing through would leave
+	// every count at 0, and the test passing with nothing compared.
+	if accepted < n/10 {
+		t.Fatalf("only %d of %d generated requests accepted by Go's server: the comparison below would be empty", accepted, n)
+	}
 	failed := false
 	for i, m := range routerModels {
 		st := stats[i]
@@ -620,6 +625,9 @@ func TestRouterDiff(t *testing.T) {
 		}
 		if st.unguarded+st.notCommit > 0 {
 			failed = true
+		}
+		if st.reads == 0 {
+			t.Errorf("%s read none of %d paths as a mutation: nothing of it was compared", m.name, st.paths)
 		}
 	}
 	if failed && os.Getenv("ROUTER_DIFF_REPORT") == "" {
