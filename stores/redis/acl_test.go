@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -26,7 +28,7 @@ func aclUser(t *testing.T, rules ...string) (user, password string) {
 	ctx := context.Background()
 	args := append([]any{"ACL", "SETUSER", user, "on", ">" + password}, anys(rules)...)
 	if err := c.Do(ctx, args...).Err(); err != nil {
-		t.Skipf("the test server refuses ACL SETUSER: %v", err)
+		sqltest.Unsupported(t, fmt.Sprintf("the test server refuses ACL SETUSER: %v", err))
 	}
 	t.Cleanup(func() { c.Do(context.Background(), "ACL", "DELUSER", user) })
 	return user, password

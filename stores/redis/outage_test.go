@@ -137,9 +137,13 @@ func TestStartWithServerDown(t *testing.T) {
 	proxy.Stop()
 	const pw = "S3cr?t-startup"
 	core, logs := observer.New(zap.DebugLevel)
+	// The fallback poll a minute apart: at 1 s, its sixth poll landed just
+	// after the Finalize 6 s on, and the wake-up check passed with the
+	// subscription turned off.
 	cfg := Config{
 		Addrs: []string{proxy.Addr()}, KeyPrefix: redistest.Prefix(t),
 		DialTimeout: outageTimeout, ReadTimeout: outageTimeout, WriteTimeout: outageTimeout,
+		NotifyFallback: time.Minute,
 	}
 	// The test server has no password; send one only to check it is never
 	// shown, on a store that is not used once the server answers.

@@ -59,11 +59,22 @@ func TestLazyOneAttemptForConcurrentCallers(t *testing.T) {
 }
 
 // A caller whose context ends stops waiting; the attempt goes on detached
-// and its success makes the store ready for everyone.
+// and its success makes the store ready for everyone. The attempt ends
+// with its context, as a real one does: until the build after 80fc55f it
+// did not, and an attempt cancelled with its first caller passed.
 func TestLazyAttemptOutlivesAnImpatientCaller(t *testing.T) {
 	release := make(chan struct{})
+	var calls atomic.Int32
 	l := &Lazy{Name: "test", AttemptTimeout: time.Minute,
-		Attempt: func(ctx context.Context) error { <-release; return nil }}
+		Attempt: func(ctx context.Context) error {
+			calls.Add(1)
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}}
 	defer l.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
@@ -78,6 +89,9 @@ func TestLazyAttemptOutlivesAnImpatientCaller(t *testing.T) {
 	}
 	if !l.IsReady() {
 		t.Fatal("not ready after a successful attempt")
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("%d attempts, want the one the impatient caller began", n)
 	}
 }
 

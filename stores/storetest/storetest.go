@@ -610,6 +610,14 @@ func Run(t *testing.T, open Open) {
 				rec, err := h.Store.Await(actx, key)
 				done <- result{rec, err}
 			}()
+			// Await waiting before the write, as AwaitWakesOnAbandon's:
+			// written at once, the record was final or gone before Await
+			// read it, and a store whose Finalize and Release woke
+			// nobody passed (the memory store with its wake-ups
+			// removed, 35 runs in 35). For the stores that also poll
+			// this checks the answer; their notify tests check how soon
+			// it comes.
+			time.Sleep(50 * time.Millisecond)
 			var err error
 			if finalize {
 				err = h.Store.Finalize(ctx, key, r.Owner, sample)
