@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"bytes"
 	"encoding/json"
 	"regexp"
 	"strconv"
@@ -78,8 +79,19 @@ func FuzzUnmarshalCaddyfile(f *testing.F) {
 			}
 			return
 		}
-		if _, err := json.Marshal(h); err != nil {
+		// What Caddy loads is the JSON: it must read back as it was
+		// written. Until the build after 28dfe25 only the marshalling was
+		// checked, which nearly cannot fail.
+		raw, err := json.Marshal(h)
+		if err != nil {
 			t.Fatalf("parsed handler does not marshal: %v\ninput: %q", err, input)
+		}
+		var back Handler
+		if err := json.Unmarshal(raw, &back); err != nil {
+			t.Fatalf("parsed handler's JSON does not load: %v\njson: %s\ninput: %q", err, raw, input)
+		}
+		if again, err := json.Marshal(&back); err != nil || !bytes.Equal(again, raw) {
+			t.Fatalf("parsed handler's JSON changes when loaded: %s, then %s (%v)\ninput: %q", raw, again, err, input)
 		}
 	})
 }

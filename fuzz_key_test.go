@@ -7,7 +7,8 @@ import (
 	"github.com/google/uuid"
 )
 
-// FuzzParseKey: parseKey never panics; whatever it accepts is the canonical
+// FuzzParseKey: parseKey never panics; it accepts every UUID of an allowed
+// version and the RFC 9562 variant in the 8-4-4-4-12 form; whatever it accepts is the canonical
 // form (36 lower-case characters, 8-4-4-4-12 hex, an allowed version, RFC
 // 9562 variant) of the input itself; letter case never changes the outcome,
 // since the spec's own example key is upper case; and allowing more
@@ -45,6 +46,13 @@ func FuzzParseKey(f *testing.F) {
 				t.Fatalf("%s: parseKey(%q) = %q, %v but parseKey(ToUpper) = %q, %v", allowed, s, got, err, upper, upperErr)
 			}
 			accepted = append(accepted, err == nil)
+			// And it accepts every key it should: an RFC 9562 UUID in the
+			// 8-4-4-4-12 form, of an allowed version, by google/uuid's
+			// reading. Until the build after 28dfe25 only what it accepted
+			// was checked, and one that refused everything passed.
+			if u, perr := uuid.Parse(s); perr == nil && len(s) == 36 && u.Variant() == uuid.RFC4122 && allowed.has(int(u.Version())) && err != nil {
+				t.Fatalf("%s: parseKey(%q) = %v, but it is a UUID of version %d and the RFC 9562 variant", allowed, s, err, u.Version())
+			}
 			if err != nil {
 				if got != "" {
 					t.Fatalf("%s: parseKey(%q) returned %q with error %v", allowed, s, got, err)

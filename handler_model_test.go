@@ -1358,6 +1358,21 @@ func (m *hmRound) checkKey(k *hmKey) []string {
 		case prev.class == classReleased && e.start < prev.end && (!prev.late || m.opts.abandoned == abandonedUnknown) && !lapsed():
 			bad("C1: execution #%d began at %.1fms, before execution #%d's released answer was sent (%.1fms): concurrent executions",
 				e.n, hmMs(e.start), prev.n, hmMs(prev.end))
+		case prev.class == classUnknown && !prev.late:
+			// Under abandoned reexecute the record is another's to take
+			// only once its owner marked it unknown, which the owner's
+			// handler does before it returns, or its lease lapsed (a
+			// link fault). Until the build after 28dfe25 nothing checked
+			// it: a heartbeat that never renewed, whose lease lapsed in
+			// the middle of a stall, passed.
+			end, ok := k.handlerEnd(prev.plan)
+			if ok && m.opts.leases == "heartbeat" {
+				m.cov["C1 execution after an unknown one, on heartbeat leases"]++
+			}
+			if ok && e.start+hmTakeOverSlack < end && !lapsed() {
+				bad("C1: execution #%d began at %.1fms, while execution #%d's handler, whose outcome is unknown, still ran (until %.1fms): its lease was taken under it",
+					e.n, hmMs(e.start), prev.n, hmMs(end))
+			}
 		}
 	}
 
@@ -1594,6 +1609,21 @@ func (m *hmRound) checkEndState(k *hmKey, execs []*hmExec, rec *stores.Record, b
 		}
 		bad("C8: the record is %s after the round; %s allows %v", state, what, allowed)
 	}
+}
+
+// hmTakeOverSlack is how much earlier than the owner's handler returned a
+// takeover's execution may begin: the owner marks the record unknown, then
+// writes its answer and returns, and a busy machine may hold it between.
+const hmTakeOverSlack = 250 * time.Millisecond
+
+// handlerEnd is when the handler of the attempt that sent p returned.
+func (k *hmKey) handlerEnd(p *hmPlan) (time.Duration, bool) {
+	for _, a := range k.attempts {
+		if a.plan == p && a.frontEnd > 0 {
+			return a.frontEnd, true
+		}
+	}
+	return 0, false
 }
 
 // mayHaveExecuted reports whether some attempt of the key that began before
