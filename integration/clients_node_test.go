@@ -57,20 +57,24 @@ type jsReport struct {
 }
 
 // requireNode returns the node binary, or skips the test when node or the
-// npm dependencies are missing — except in CI, where the dependencies must
-// have been installed.
+// npm dependencies are missing — except under CI=true, where both are part
+// of the setup and their absence fails the test.
 func requireNode(t *testing.T) string {
 	t.Helper()
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not on PATH: skipping the iceberg-js test (Node 20+ and `npm ci --prefix integration/js` run it)")
-	}
-	if _, err := os.Stat(filepath.Join(jsDir, "node_modules", "iceberg-js", "package.json")); err != nil {
-		msg := "integration/js/node_modules is missing: run `npm ci --prefix integration/js`"
+	missing := func(msg string) {
+		t.Helper()
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
 		}
 		t.Skip(msg + " to run the iceberg-js test")
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		// Until the build after 28dfe25 a missing node skipped even under CI=true.
+		missing("node is not on PATH: install Node 20+ and run `npm ci --prefix integration/js`")
+	}
+	if _, err := os.Stat(filepath.Join(jsDir, "node_modules", "iceberg-js", "package.json")); err != nil {
+		missing("integration/js/node_modules is missing: run `npm ci --prefix integration/js`")
 	}
 	return node
 }
@@ -103,9 +107,7 @@ func TestIcebergJSReplay(t *testing.T) {
 	if rep.CreateNamespace.Key == nil {
 		t.Errorf("iceberg-js sent createNamespace without an Idempotency-Key")
 	}
-	if resent.Key == nil || *resent.Key != *orig.Key {
-		t.Errorf("resent with key %v, want the original %q", resent.Key, *orig.Key)
-	}
+	// Until the build after 28dfe25 resent.Key was compared here with orig.Key, which replay.mjs copies: it could not differ.
 	if orig.Status != http.StatusOK || orig.Replayed != nil {
 		t.Errorf("createTable: %d replayed=%v, want 200 from the catalog", orig.Status, orig.Replayed)
 	}
@@ -115,11 +117,12 @@ func TestIcebergJSReplay(t *testing.T) {
 	if resent.Body != orig.Body {
 		t.Errorf("replayed body differs from the original:\noriginal: %s\nreplayed: %s", orig.Body, resent.Body)
 	}
-	if n := st.Catalog.Executions(catalog.OpCreateTable); n != 1 {
-		t.Errorf("catalog executed createTable %d times, want 1", n)
+	// Until the build after 28dfe25 these counted Executions, which miss a second arrival the catalog answered 409.
+	if n := st.Catalog.Requests(catalog.OpCreateTable); n != 1 {
+		t.Errorf("createTable reached the catalog %d times, want 1", n)
 	}
-	if n := st.Catalog.Executions(catalog.OpCreateNamespace); n != 1 {
-		t.Errorf("catalog executed createNamespace %d times, want 1", n)
+	if n := st.Catalog.Requests(catalog.OpCreateNamespace); n != 1 {
+		t.Errorf("createNamespace reached the catalog %d times, want 1", n)
 	}
 
 	// Every answer iceberg-js got must conform to the spec too.

@@ -51,8 +51,25 @@ func TestFaultFloodOfReleasedKeys(t *testing.T) {
 	const heldPath = "/v1/namespaces/held/properties"
 	gate := b.Stall(heldPath)
 	heldKey := newKey(t)
-	held := make(chan response, 1)
-	go func() { held <- y.mustSend(t, "POST", c.URL()+heldPath, body, heldKey) }()
+	// Until the build after 28dfe25 these goroutines called mustSend, whose t.Fatalf there left the test hanging on the channel.
+	type sent struct {
+		r   response
+		err error
+	}
+	sendHeld := func(out chan<- sent) {
+		r, err := y.send(context.Background(), "POST", c.URL()+heldPath, body, heldKey)
+		out <- sent{r, err}
+	}
+	received := func(what string, ch <-chan sent) response {
+		t.Helper()
+		s := <-ch
+		if s.err != nil {
+			t.Fatalf("%s: POST %s (key %s): %v", what, heldPath, heldKey, s.err)
+		}
+		return s.r
+	}
+	held := make(chan sent, 1)
+	go sendHeld(held)
 	gate.WaitArrived(t, 1, 20*time.Second)
 
 	const floodPath = "/v1/namespaces/flood/properties"
@@ -77,11 +94,11 @@ func TestFaultFloodOfReleasedKeys(t *testing.T) {
 
 	// The duplicate of the held key arrives while its owner is still in
 	// flight; it must wait and get the owner's answer.
-	dup := make(chan response, 1)
-	go func() { dup <- y.mustSend(t, "POST", c.URL()+heldPath, body, heldKey) }()
+	dup := make(chan sent, 1)
+	go sendHeld(dup)
 	time.Sleep(200 * time.Millisecond) // let it reach the wait; either order must hold
 	gate.Release()
-	owner, duplicate := <-held, <-dup
+	owner, duplicate := received("held key's owner", held), received("held key's duplicate", dup)
 	wantStatus(t, "held key's owner", owner, http.StatusOK)
 	wantExecuted(t, "held key's owner", owner)
 	wantReplayOf(t, "held key's duplicate", duplicate, owner)
@@ -93,7 +110,7 @@ func TestFaultFloodOfReleasedKeys(t *testing.T) {
 		wantCount(t, b, keptPath(i), 1)
 	}
 	wantCount(t, b, floodPath, flood)
-	wantNoDuplicates(t, y.record("flood of 220 keyed 401s, max_entries 20 (memory)", b.Total(),
+	wantNoDuplicates(t, y.record("flood of 220 keyed 401s, max_entries 20 (memory)", b.Total(), b.Count,
 		"10 finalized keys all replayed after the flood; the in-flight key's duplicate got its owner's 200 (replayed)"))
 }
 
@@ -188,12 +205,12 @@ func bigAnswersThrough(t *testing.T, env []string, fault string) bigRun {
 		req.Header.Set(keyHeader, key)
 		resp, err := hc.Do(req)
 		if err != nil {
-			y.add(key, 0)
+			y.add(path, key, 0)
 			return 0, false, err
 		}
 		defer resp.Body.Close()
 		n, err := io.Copy(io.Discard, resp.Body)
-		y.add(key, resp.StatusCode)
+		y.add(path, key, resp.StatusCode)
 		if err == nil && n != int64(len(big)) {
 			err = fmt.Errorf("body of %d bytes, want %d", n, len(big))
 		}
@@ -248,7 +265,7 @@ func bigAnswersThrough(t *testing.T, env []string, fault string) bigRun {
 	executions := b.Count(path)
 	t.Logf("%d answers of %d MiB in %v; Caddy RSS before %s, peak %s, after %s; live heap after a GC %s",
 		bigAnswers, bigAnswerSize>>20, took.Round(time.Millisecond), mib(r.before), mib(r.peak), mib(r.after), mib(r.live))
-	row := y.record("1.2 GiB of 4 MiB answers, "+fault, executions,
+	row := y.record("1.2 GiB of 4 MiB answers, "+fault, executions, b.Count,
 		fmt.Sprintf("all 200, the newest 5 replayed; Caddy RSS before %s, peak %s; live heap after the run %s (max_bytes %s)",
 			mib(r.before), mib(r.peak), mib(r.live), mib(defaultMaxBytes)))
 	wantNoDuplicates(t, row)
@@ -348,6 +365,6 @@ func TestFaultFailedReloadKeepsRecords(t *testing.T) {
 			t.Fatalf("key %d: the catalog executed it %d times", i, got)
 		}
 	}
-	wantNoDuplicates(t, y.record("reloads to max_entries 10 refused at provision (memory, 30 final keys under max_entries 100), then 8 at start", b.Total(),
+	wantNoDuplicates(t, y.record("reloads to max_entries 10 refused at provision (memory, 30 final keys under max_entries 100), then 8 at start", b.Total(), b.Count,
 		"the running config kept all 30 records: every retry replayed"))
 }

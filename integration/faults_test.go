@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -24,29 +25,48 @@ type tally struct {
 	mu      sync.Mutex
 	sent    int
 	keys    map[string]bool
+	at      map[string]map[string]bool // where → the keys sent there
 	answers map[int]int
 }
 
-func newTally() *tally { return &tally{keys: map[string]bool{}, answers: map[int]int{}} }
+func newTally() *tally {
+	return &tally{keys: map[string]bool{}, at: map[string]map[string]bool{}, answers: map[int]int{}}
+}
 
 // add records one request sent with key (empty: none) and its status, 0 for
-// a transport error.
-func (y *tally) add(key string, status int) {
+// a transport error. where is what the scenario's backend counts executions
+// by: the path on a caddyproc.Backend (which cannot count keys: the module
+// takes the key off a body-less request), or the key itself on the catalog.
+func (y *tally) add(where, key string, status int) {
 	y.mu.Lock()
 	defer y.mu.Unlock()
 	y.sent++
 	if key != "" {
 		y.keys[key] = true
+		if y.at[where] == nil {
+			y.at[where] = map[string]bool{}
+		}
+		y.at[where][key] = true
 	}
 	y.answers[status]++
 }
 
-// send sends one keyed request and tallies its answer; a transport error is
-// returned, not fatal, since some faults produce them on purpose.
-func (y *tally) send(ctx context.Context, method, url, body, key string, headers ...string) (response, error) {
-	r, err := request(ctx, method, url, body, append([]string{keyHeader, key}, headers...)...)
-	y.add(key, r.Status)
+// send sends one keyed request and tallies its answer under its path; a
+// transport error is returned, not fatal, since some faults produce them on
+// purpose.
+func (y *tally) send(ctx context.Context, method, rawURL, body, key string, headers ...string) (response, error) {
+	r, err := request(ctx, method, rawURL, body, append([]string{keyHeader, key}, headers...)...)
+	y.add(urlPath(rawURL), key, r.Status)
 	return r, err
+}
+
+// urlPath is the escaped path of rawURL, as caddyproc.Backend counts it.
+func urlPath(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return rawURL
+	}
+	return u.EscapedPath()
 }
 
 // mustSend is send that fails the test on a transport error.
@@ -60,20 +80,27 @@ func (y *tally) mustSend(t *testing.T, method, url, body, key string, headers ..
 }
 
 // record adds the scenario's row to the fault summary. executions are
-// counted at the catalog; duplicates are executions beyond one per key.
-func (y *tally) record(fault string, executions int, note string) faultRow {
+// counted at the catalog; executedAt(where) is the catalog's count for one
+// where of add, and duplicates are its executions beyond one per key sent
+// there, summed over every where.
+func (y *tally) record(fault string, executions int, executedAt func(where string) int, note string) faultRow {
 	y.mu.Lock()
 	defer y.mu.Unlock()
 	answers := make(map[int]int, len(y.answers))
 	for c, n := range y.answers {
 		answers[c] = n
 	}
+	// Until the build after 28dfe25 this was executions-len(keys): one key run twice and another never netted to 0.
+	duplicates := 0
+	for where, keys := range y.at {
+		duplicates += max(0, executedAt(where)-len(keys))
+	}
 	row := faultRow{
 		Fault:      fault,
 		Sent:       y.sent,
 		Keys:       len(y.keys),
 		Executions: executions,
-		Duplicates: max(0, executions-len(y.keys)),
+		Duplicates: duplicates,
 		Answers:    answers,
 		Note:       note,
 	}

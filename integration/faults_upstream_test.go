@@ -83,7 +83,7 @@ func TestFaultResetAfterCommit(t *testing.T) {
 				wantCount(t, b, path, 2)
 				note = "`abandoned reexecute`: the retry executed again (the 1 duplicate is that policy's point), 200, then replayed"
 			}
-			row := y.record("reset after commit (memory, abandoned "+policy+")", b.Count(path), note)
+			row := y.record("reset after commit (memory, abandoned "+policy+")", b.Count(path), b.Count, note)
 			if policy == "unknown" {
 				wantNoDuplicates(t, row)
 			}
@@ -115,7 +115,7 @@ func TestFaultDropResetWithHeaderRules(t *testing.T) {
 	checkErrorModel(t, "drop whose connection was reset", first)
 	wantUnknown(t, "retry", y.mustSend(t, "DELETE", c.URL()+path, "", key))
 	wantCount(t, b, path, 1)
-	wantNoDuplicates(t, y.record("drop reset after executing, reverse_proxy with header_up (memory)", b.Count(path),
+	wantNoDuplicates(t, y.record("drop reset after executing, reverse_proxy with header_up (memory)", b.Count(path), b.Count,
 		"first 502; the retry 500 CommitStateUnknownException; the transport resent nothing"))
 }
 
@@ -144,7 +144,7 @@ func TestFaultExecutionTimeout(t *testing.T) {
 		}
 	}
 	wantCount(t, b, path, 1)
-	wantNoDuplicates(t, y.record("execution_timeout during a commit (memory)", b.Count(path),
+	wantNoDuplicates(t, y.record("execution_timeout during a commit (memory)", b.Count(path), b.Count,
 		"first 504; retries at once 500 CommitStateUnknownException"))
 }
 
@@ -173,6 +173,6 @@ func TestFaultDialFailure(t *testing.T) {
 	replay := y.mustSend(t, "POST", c.URL()+path, faultCommitBody, key)
 	wantReplayOf(t, "retry after success", replay, r)
 	wantCount(t, b, path, 1)
-	wantNoDuplicates(t, y.record("dial failure, then catalog up (memory)", b.Count(path),
+	wantNoDuplicates(t, y.record("dial failure, then catalog up (memory)", b.Count(path), b.Count,
 		fmt.Sprintf("first %d (nothing sent); retry executed once, 200; next retry replayed", first.Status)))
 }

@@ -390,7 +390,7 @@ func TestSecretsRotation(t *testing.T) {
 		y := newTally()
 		for i := range 3 {
 			r := keyed(t, node, pathA, multiNodeBody, keyA, auth)
-			y.add(keyA, r.Status)
+			y.add(pathA, keyA, r.Status)
 			wantUnknown(t, fmt.Sprintf("retry %d of A's record after A was dropped", i+1), r)
 		}
 		wantCount(t, b, pathA, 1)
@@ -405,7 +405,7 @@ func TestSecretsRotation(t *testing.T) {
 			t.Errorf("no error-level log line names the undecryptable record's key %s", keyA)
 		}
 		wantNoLeak(t, "the Caddy log", node.Logs(), map[string]string{"secret A": secretA, "secret B": secretB})
-		wantNoDuplicates(t, y.record("record's secret dropped from the config ("+s.name+")", b.Count(pathA),
+		wantNoDuplicates(t, y.record("record's secret dropped from the config ("+s.name+")", b.Count(pathA), b.Count,
 			"retries of a record sealed under a removed secret: 500 CommitStateUnknownException, never re-executed"))
 	})
 }
@@ -430,14 +430,14 @@ func TestSecretsRowMovedToAnotherKey(t *testing.T) {
 
 		moveRecord(t, s, from, to)
 		y := newTally()
-		y.add(from, orig.Status)
+		y.add(path, from, orig.Status)
 		for i := range 3 {
 			r := keyed(t, node, path, multiNodeBody, to, auth)
-			y.add(to, r.Status)
+			y.add(path, to, r.Status)
 			wantUnknown(t, fmt.Sprintf("request %d with the key the row was moved to", i+1), r)
 		}
 		wantCount(t, b, path, 1)
-		row := y.record("row moved to another key ("+s.name+")", b.Count(path),
+		row := y.record("row moved to another key ("+s.name+")", b.Count(path), b.Count,
 			"the moved row does not decrypt under its new key: 500 CommitStateUnknownException, not executed")
 		// Two keys, one execution: duplicates counted per key would hide a
 		// second execution here, so count them against the one commit.
@@ -467,25 +467,25 @@ func TestSecretsTwoNodes(t *testing.T) {
 		key := newKey(t)
 		y := newTally()
 		orig := keyed(t, nodeA, path, multiNodeBody, key, auth)
-		y.add(key, orig.Status)
+		y.add(path, key, orig.Status)
 		wantStatus(t, "commit on A", orig, http.StatusOK)
 		wantExecuted(t, "commit on A", orig)
 		r := keyed(t, nodeB, path, multiNodeBody, key, auth)
-		y.add(key, r.Status)
+		y.add(path, key, r.Status)
 		wantSameReplay(t, "retry on B (same secret)", r, orig)
 		for i := range 2 {
 			r := keyed(t, nodeC, path, multiNodeBody, key, auth)
-			y.add(key, r.Status)
+			y.add(path, key, r.Status)
 			wantUnknown(t, fmt.Sprintf("retry %d on C (another secret)", i+1), r)
 		}
 		wantCount(t, b, path, 1)
 		for _, n := range []*caddyproc.Instance{nodeA, nodeB} {
 			r := keyed(t, n, path, multiNodeBody, key, auth)
-			y.add(key, r.Status)
+			y.add(path, key, r.Status)
 			wantSameReplay(t, fmt.Sprintf("retry on :%d after C's attempts", n.Port), r, orig)
 		}
 		wantCount(t, b, path, 1)
-		wantNoDuplicates(t, y.record("node with another secret on a shared table ("+s.name+")", b.Count(path),
+		wantNoDuplicates(t, y.record("node with another secret on a shared table ("+s.name+")", b.Count(path), b.Count,
 			"same secret: replayed across nodes; other secret: 500 CommitStateUnknownException, never executed"))
 	})
 }

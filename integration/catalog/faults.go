@@ -12,6 +12,7 @@ import (
 type faults struct {
 	mu         sync.Mutex
 	executions map[string]int
+	byKey      map[string]int // executions per Idempotency-Key
 	requests   map[string]int
 	failNext   map[string]int
 	dropNext   map[string]int
@@ -21,6 +22,7 @@ type faults struct {
 func newFaults() *faults {
 	return &faults{
 		executions: map[string]int{},
+		byKey:      map[string]int{},
 		requests:   map[string]int{},
 		failNext:   map[string]int{},
 		dropNext:   map[string]int{},
@@ -99,12 +101,16 @@ func (f *faults) arrive(op string) (fail bool) {
 	return false
 }
 
-// executed counts a performed mutation of op and reports whether its answer
-// must be dropped instead of sent.
-func (f *faults) executed(op string) (drop bool) {
+// executed counts a performed mutation of op, sent with Idempotency-Key key
+// (empty: none), and reports whether its answer must be dropped instead of
+// sent.
+func (f *faults) executed(op, key string) (drop bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.executions[op]++
+	if key != "" {
+		f.byKey[key]++
+	}
 	if f.dropNext[op] > 0 {
 		f.dropNext[op]--
 
@@ -131,6 +137,16 @@ func (s *Server) Executions(op string) int {
 	defer s.faults.mu.Unlock()
 
 	return s.faults.executions[op]
+}
+
+// ExecutionsWithKey reports how many performed mutations arrived carrying
+// Idempotency-Key key. The module takes the key off a body-less request (a
+// DELETE) before it reaches the catalog: those are counted under no key.
+func (s *Server) ExecutionsWithKey(key string) int {
+	s.faults.mu.Lock()
+	defer s.faults.mu.Unlock()
+
+	return s.faults.byKey[key]
 }
 
 // TotalExecutions reports the executions of all operations together.
@@ -192,6 +208,7 @@ func (s *Server) ResetFaults() {
 	s.faults.mu.Lock()
 	stalls := s.faults.stalls
 	s.faults.executions = map[string]int{}
+	s.faults.byKey = map[string]int{}
 	s.faults.requests = map[string]int{}
 	s.faults.failNext = map[string]int{}
 	s.faults.dropNext = map[string]int{}

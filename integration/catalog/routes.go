@@ -241,7 +241,7 @@ func (s *Server) wrap(rt route) http.HandlerFunc {
 
 			return
 		}
-		if rt.mutates && !c.skipCount && s.faults.executed(rt.op) {
+		if rt.mutates && !c.skipCount && s.faults.executed(rt.op, r.Header.Get("Idempotency-Key")) {
 			DropConnection(w)
 
 			return
