@@ -140,6 +140,17 @@ func isMutation(r *http.Request) bool {
 type keyingTransport struct {
 	base  http.RoundTripper
 	keyed atomic.Int64 // mutations sent with a key
+	final atomic.Int64 // of those, answered with a status the module stores by default
+}
+
+// storedByDefault reports whether the module, with its default
+// finalize_statuses and release_statuses, stores an answer of status.
+func storedByDefault(status int) bool {
+	switch status {
+	case 401, 403, 408, 419, 421, 425, 429, 499:
+		return false
+	}
+	return status >= 200 && status < 500
 }
 
 func (k *keyingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -153,7 +164,11 @@ func (k *keyingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req = req.Clone(req.Context())
 	req.Header.Set("Idempotency-Key", key.String())
 	k.keyed.Add(1)
-	return k.base.RoundTrip(req)
+	resp, err := k.base.RoundTrip(req)
+	if err == nil && storedByDefault(resp.StatusCode) {
+		k.final.Add(1)
+	}
+	return resp, err
 }
 
 // countingTransport counts mutations, for the run without keys.
