@@ -1201,7 +1201,7 @@ func TestCoreForwardAuthThenRejectedBeforeTheCatalog(t *testing.T) {
 	t.Parallel()
 	b := caddyproc.NewBackend(t)
 	site := func(maxSize string) string {
-		return caddyproc.Caddyfile("", "forward_auth "+b.Addr()+" {\nuri /auth\n}\niceberg_idempotency\n"+
+		return caddyproc.Caddyfile("debug", "forward_auth "+b.Addr()+" {\nuri /auth\n}\niceberg_idempotency\n"+
 			"handle /v1/* {\nrequest_body {\nmax_size "+maxSize+"\n}\nreverse_proxy "+b.Addr()+"\n}")
 	}
 	c := caddyproc.Start(t, site("8"))
@@ -1220,6 +1220,10 @@ func TestCoreForwardAuthThenRejectedBeforeTheCatalog(t *testing.T) {
 	wantStatus(t, "retry once the body is allowed", retry, http.StatusOK)
 	wantExecuted(t, "retry", retry)
 	wantCount(t, b, path, 1)
+	// The warning would come before the retry's "response finalized", and
+	// Caddy's log reaches the test through a pipe: until the build after
+	// 3d5bdd2 the logs were read at once, and could miss it.
+	waitLogs(t, c, `"msg":"response finalized"`)
 	if strings.Contains(c.Logs(), askedAfterAnswerWarning) {
 		t.Fatalf("forward_auth before the directive was warned of as after it:\n%s", c.Logs())
 	}
