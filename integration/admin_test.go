@@ -96,6 +96,22 @@ func testAdminAPI(t *testing.T, backend, store string) {
 	if strings.Contains(string(raw), string(first.Body)) || strings.Contains(string(raw), "principal") {
 		t.Errorf("the admin API shows the body or the principal: %s", raw)
 	}
+	// A record shows these fields and no other: the check above finds the
+	// body only as raw JSON, not base64 or quoted in a string (until the
+	// build after 63b0b76 that was all).
+	var shown struct {
+		Records []map[string]json.RawMessage `json:"records"`
+	}
+	if err := json.Unmarshal(raw, &shown); err != nil || len(shown.Records) != 1 {
+		t.Fatalf("GET key: %s (%v)", raw, err)
+	}
+	for field := range shown.Records[0] {
+		switch field {
+		case "store", "backend", "state", "operation", "path", "status", "sealed", "key_id", "created_at", "expires_at", "lease_left":
+		default:
+			t.Errorf("the admin API shows a record's %q, which is not one of the fields it may show: %s", field, raw)
+		}
+	}
 
 	// The command prints the same.
 	out, err := cli(t, node, "key", finalKey)
