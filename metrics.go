@@ -112,7 +112,7 @@ func init() {
 	memoryEvictions.WithLabelValues("entries")
 	memoryEvictions.WithLabelValues("bytes")
 	for _, op := range mutations {
-		for _, outcome := range []string{outcomeAbandoned, outcomeUnreadable, outcomeStoreUnavailable, outcomeFailOpen, outcomeOverloaded} {
+		for _, outcome := range []string{outcomeAbandoned, outcomeUnreadable, outcomeStoreUnavailable, outcomeFailOpen, outcomeOverloaded, outcomeUnknownFull} {
 			decisions.WithLabelValues(op.id, outcome)
 		}
 		executions.WithLabelValues(op.id, resultUnknown)

@@ -309,6 +309,35 @@ func TestExampleAlertsNameWhatExists(t *testing.T) {
 			t.Errorf("an alert uses %s, which the module does not export", m)
 		}
 	}
+	// The outcomes and results an alert watches have a series for every
+	// mutation from the start: increase() over a series born at its first
+	// event reads 0, and the first such event would not alert (until the
+	// build after aa42a0c, unknown_full had none).
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(decisions, executions)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	have := map[string]bool{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			have[f.GetName()+"/"+labels["operation"]+"/"+labels["outcome"]+labels["result"]] = true
+		}
+	}
+	for _, m := range regexp.MustCompile(`(caddy_iceberg_idempotency_(?:requests|executions)_total)\{(?:outcome|result)=~?"([^"]+)"\}`).FindAllStringSubmatch(string(alerts), -1) {
+		for _, value := range strings.Split(m[2], "|") {
+			for _, op := range mutations {
+				if !have[m[1]+"/"+op.id+"/"+value] {
+					t.Errorf("an alert watches %s{%s}, which has no series for %s before its first event", m[1], value, op.id)
+				}
+			}
+		}
+	}
 	for _, m := range regexp.MustCompile(`runbook: "README: Runbook / ([^"]+)"`).FindAllStringSubmatch(string(alerts), -1) {
 		if !regexp.MustCompile(`(?m)^### ` + regexp.QuoteMeta(m[1]) + `\b`).Match(readme) {
 			t.Errorf("an alert's runbook names %q, which is no Runbook section of the README", m[1])
