@@ -71,7 +71,7 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
-		return d.Errf("iceberg_idempotency takes no arguments but a matcher (a path beginning with /, or a named @matcher), then a block of options; got %q", d.Val())
+		return d.Errf("iceberg_idempotency takes at most one matcher (*, a path beginning with /, or a named @matcher), then a block of options; got the argument %q", d.Val())
 	}
 	given := givenOptions{}
 	var store caddyfile.Unmarshaler

@@ -208,7 +208,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"key_versions repeated", "iceberg_idempotency {\n\t\tkey_versions 7 7\n\t}", `key_versions[1] repeats key_versions[0]`, "at Caddyfile:3"},
 		// Caddy's "wrong argument count" until the build after 797bdb9,
 		// naming neither the choices nor what was wrong.
-		{"directive argument", "iceberg_idempotency on", `iceberg_idempotency takes no arguments but a matcher (a path beginning with /, or a named @matcher), then a block of options; got "on"`, "at Caddyfile:2"},
+		{"directive argument", "iceberg_idempotency on", `iceberg_idempotency takes at most one matcher (*, a path beginning with /, or a named @matcher), then a block of options; got the argument "on"`, "at Caddyfile:2"},
 		{"store without a name", "iceberg_idempotency {\n\t\tstore\n\t}", `store needs a name: one of memory, mysql, postgres, redis`, "at Caddyfile:3"},
 		// An empty value read as the option left out: a quoted {$VAR}
 		// whose variable is unset turned encryption off without a word.

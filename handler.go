@@ -222,10 +222,11 @@ type Handler struct {
 	// bodiesFullWarned is set (atomically) once a keyed request was
 	// refused because the held bodies filled max_buffered_bytes.
 	bodiesFullWarned int32
-	// unknownFullWarned is when (Unix nanoseconds) a keyed request was
-	// last warned of as refused because the memory store holds max_entries
-	// records whose outcome is unknown: see unknownFull.
-	unknownFullWarned int64
+	// unknownFullWarned is when (seconds since warnEpoch, plus one; 0:
+	// never) a keyed request was last warned of as refused because the
+	// memory store holds max_entries records whose outcome is unknown: see
+	// unknownFull.
+	unknownFullWarned int32
 	// bodies is the app's budget of held request bodies; nil (no bound)
 	// in tests that build a handler without an app.
 	bodies *bodyBudget

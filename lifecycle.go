@@ -1500,9 +1500,15 @@ func (g *guarded) stillInFlight() error {
 // build that guard them (a rolling upgrade whose migration a DBA runs): a
 // commit whose answer it lost was executed again by the retry another node
 // took.
+//
+// Nor is a memory store that holds max_entries records whose outcome is
+// unknown (memory.ErrTooManyUnknown): it answers, and it refuses only new
+// keys, until records expire; fail_open passed every keyed request through
+// unguarded for as long (36.5 minutes by default), logged as a store
+// failure and alerted as one, on a healthy store.
 func (g *guarded) storeFailed(step string, err error) error {
 	var schemaErr *sqlstore.SchemaError
-	return g.storeError(step, err, g.h.FailOpen && !errors.As(err, &schemaErr))
+	return g.storeError(step, err, g.h.FailOpen && !errors.As(err, &schemaErr) && !errors.Is(err, memory.ErrTooManyUnknown))
 }
 
 // storeFailedOnHeldKey is storeFailed for a key the store has shown to be
@@ -1528,7 +1534,7 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		// client would retry until the record expires.
 		return g.unreadable("", err)
 	}
-	if errors.Is(err, memory.ErrTooManyUnknown) && !failOpen {
+	if errors.Is(err, memory.ErrTooManyUnknown) {
 		return g.unknownFull()
 	}
 	if failOpen {
@@ -1562,8 +1568,10 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 // default), sending whoever was paged to look at the store.
 func (g *guarded) unknownFull() error {
 	g.count(outcomeUnknownFull)
-	now := time.Now().UnixNano()
-	if last := atomic.LoadInt64(&g.h.unknownFullWarned); now-last >= int64(unknownFullWarnGap) && atomic.CompareAndSwapInt64(&g.h.unknownFullWarned, last, now) {
+	// Seconds in 32 bits, from 1: 64-bit atomics need an alignment a field
+	// of the Handler is not promised on 32-bit platforms.
+	now := int32(time.Since(warnEpoch)/time.Second) + 1
+	if last := atomic.LoadInt32(&g.h.unknownFullWarned); (last == 0 || now-last >= 60) && atomic.CompareAndSwapInt32(&g.h.unknownFullWarned, last, now) {
 		g.log(zapcore.WarnLevel, "keyed requests refused with 503: the memory store holds max_entries records whose outcome is unknown, "+
 			"kept until they expire (counted in requests_total{outcome=\"unknown_full\"}; warned once a minute)")
 	}
@@ -1573,9 +1581,8 @@ func (g *guarded) unknownFull() error {
 	return nil
 }
 
-// unknownFullWarnGap spaces unknownFull's warnings: the condition lasts
-// until records expire, and a line a request said nothing new.
-const unknownFullWarnGap = time.Minute
+// warnEpoch is what the handlers' 32-bit warning times count from.
+var warnEpoch = time.Now()
 
 func (g *guarded) retryAfterSeconds() int { return g.h.retryAfterSeconds() }
 

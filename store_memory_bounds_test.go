@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -408,8 +409,19 @@ func TestMemoryStoreWhenFullRefuse(t *testing.T) {
 // minute: the store is healthy, and until the build after f09fc92 every
 // refused request was logged at error level as "store failed" and counted
 // as store_unavailable, which sends whoever is paged to the store.
+//
+// fail_open does not pass them through: the store answers. Until the build
+// after 5e84a5f it did, logged each as "store failed" and alerted as an
+// outage, for the records' lifetime.
 func TestMemoryStoreRefusesPastMaxEntriesUnknown(t *testing.T) {
+	for _, failOpen := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fail_open=%v", failOpen), func(t *testing.T) { refusesPastMaxEntriesUnknown(t, failOpen) })
+	}
+}
+
+func refusesPastMaxEntriesUnknown(t *testing.T, failOpen bool) {
 	h := handlerOnMemoryStore(t, &MemoryStore{MaxEntries: 2})
+	h.FailOpen = failOpen
 	core, logs := observer.New(zap.WarnLevel)
 	h.logger = zap.New(core)
 	catalog := newCountingCatalog(t, answerStatus(http.StatusInternalServerError, "InternalServerError"))

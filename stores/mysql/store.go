@@ -96,7 +96,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	}
 	mc, err := mysql.ParseDSN(cfg.DSN)
 	if err != nil {
-		return nil, fmt.Errorf("mysql: parse dsn (want the driver's form, user:password@tcp(host:3306)/dbname?param=value, not a URL): %w", sqlstore.RedactError(err, cfg.DSN, ""))
+		return nil, fmt.Errorf("mysql: parse dsn (the driver's form is user:password@tcp(host:3306)/dbname?param=value, not a URL): %w", sqlstore.RedactError(err, cfg.DSN, ""))
 	}
 	s := &Store{
 		cfg:      cfg,
