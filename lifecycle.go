@@ -1499,16 +1499,10 @@ func (g *guarded) stillInFlight() error {
 // every keyed request unguarded for as long, beside nodes of the older
 // build that guard them (a rolling upgrade whose migration a DBA runs): a
 // commit whose answer it lost was executed again by the retry another node
-// took.
-//
-// Nor is a memory store that holds max_entries records whose outcome is
-// unknown (memory.ErrTooManyUnknown): it answers, and it refuses only new
-// keys, until records expire; fail_open passed every keyed request through
-// unguarded for as long (36.5 minutes by default), logged as a store
-// failure and alerted as one, on a healthy store.
+// took. (Nor is a memory store full of unknown outcomes: see storeError.)
 func (g *guarded) storeFailed(step string, err error) error {
 	var schemaErr *sqlstore.SchemaError
-	return g.storeError(step, err, g.h.FailOpen && !errors.As(err, &schemaErr) && !errors.Is(err, memory.ErrTooManyUnknown))
+	return g.storeError(step, err, g.h.FailOpen && !errors.As(err, &schemaErr))
 }
 
 // storeFailedOnHeldKey is storeFailed for a key the store has shown to be
@@ -1535,6 +1529,10 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		return g.unreadable("", err)
 	}
 	if errors.Is(err, memory.ErrTooManyUnknown) {
+		// Whatever fail_open says: the store answers, and refuses only new
+		// keys until records expire. fail_open passed every keyed request
+		// through unguarded for as long (36.5 minutes by default), logged
+		// and alerted as a store failure, on a healthy store.
 		return g.unknownFull()
 	}
 	if failOpen {

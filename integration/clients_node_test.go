@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/integration/catalog"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 )
 
 // jsDir holds package.json and the script; tests run in the package
@@ -61,20 +62,13 @@ type jsReport struct {
 // of the setup and their absence fails the test.
 func requireNode(t *testing.T) string {
 	t.Helper()
-	missing := func(msg string) {
-		t.Helper()
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg + " to run the iceberg-js test")
-	}
 	node, err := exec.LookPath("node")
 	if err != nil {
 		// Until the build after 28dfe25 a missing node skipped even under CI=true.
-		missing("node is not on PATH: install Node 20+ and run `npm ci --prefix integration/js`")
+		sqltest.Missing(t, "node is not on PATH: install Node 20+ and run `npm ci --prefix integration/js` to run the iceberg-js test")
 	}
 	if _, err := os.Stat(filepath.Join(jsDir, "node_modules", "iceberg-js", "package.json")); err != nil {
-		missing("integration/js/node_modules is missing: run `npm ci --prefix integration/js`")
+		sqltest.Missing(t, "integration/js/node_modules is missing: run `npm ci --prefix integration/js` to run the iceberg-js test")
 	}
 	return node
 }

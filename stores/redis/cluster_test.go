@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -14,6 +13,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -63,11 +63,7 @@ func unavailable(t *testing.T, err error) {
 	if testing.Short() {
 		t.Skip(err)
 	}
-	msg := "a Redis Cluster for this test needs redis-server and redis-cli on PATH: " + err.Error()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	sqltest.Missing(t, "a Redis Cluster for this test needs redis-server and redis-cli on PATH: "+err.Error())
 }
 
 // clusterPorts returns n free ports whose cluster bus ports (port + 10000)

@@ -23,22 +23,18 @@ func DSN(env, def string) string {
 // elsewhere, saying how to start the server.
 func Unavailable(t testing.TB, server, env, start string, err error) {
 	t.Helper()
-	msg := server + " is not reachable (" + err.Error() + "); set " + env + " or start it with: " + start
-	if os.Getenv("CI") == "true" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
+	Missing(t, server+" is not reachable ("+err.Error()+"); set "+env+" or start it with: "+start)
 }
 
-// Unsupported ends a test whose server is reachable but refuses what the
-// test needs of it (a managed server without CONFIG or ACL, a save that
-// does not fail where it should): it fails under CI=true, whose servers
-// support all of it, so that CI never passes without the test's checks,
-// and skips elsewhere with msg.
-func Unsupported(t testing.TB, msg string) {
+// Missing ends a test that cannot run here, msg saying why: a server or a
+// tool it needs is missing, or a server refuses what the test needs of it
+// (a managed server without CONFIG or ACL). It fails under CI=true, whose
+// setup provides all of it, so that CI never passes without the test's
+// checks, and skips elsewhere.
+func Missing(t testing.TB, msg string) {
 	t.Helper()
 	if os.Getenv("CI") == "true" {
-		t.Fatal(msg + " (a failure under CI=true, whose servers support it)")
+		t.Fatal(msg)
 	}
 	t.Skip(msg)
 }
