@@ -1,10 +1,13 @@
 package sqlstore
 
 import (
+	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
+	"unicode/utf8"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
@@ -101,13 +104,57 @@ func (f Final) HeadersArg() any {
 }
 
 // EncodeHeader encodes replayed headers as a JSON object of string arrays.
-// (JSON strings are UTF-8: a header value with invalid UTF-8, which no
-// allow-listed header carries, would come back with U+FFFD in its place.)
+//
+// JSON strings are UTF-8, and the columns are text, yet a header value may
+// carry obs-text (bytes 0x80–0xFF, an ETag's for one) that is not UTF-8.
+// json.Marshal would put U+FFFD in its place and a replay would differ from
+// the answer. So a header with such a value is kept, base64 per value, in
+// the member rawHeaders, which no header name can be; headers that are all
+// UTF-8 encode exactly as they always have, so existing rows still read.
 func EncodeHeader(h http.Header) ([]byte, error) {
 	if h == nil {
 		h = http.Header{}
 	}
-	return json.Marshal(h)
+	if headerIsUTF8(h) {
+		return json.Marshal(h)
+	}
+	out := make(map[string]any, len(h)+1)
+	raw := make(map[string][]string)
+	for name, vals := range h {
+		if valuesAreUTF8(vals) {
+			out[name] = vals
+			continue
+		}
+		enc := make([]string, len(vals))
+		for i, v := range vals {
+			enc[i] = base64.StdEncoding.EncodeToString([]byte(v))
+		}
+		raw[name] = enc
+	}
+	out[rawHeaders] = raw
+	return json.Marshal(out)
+}
+
+// rawHeaders names the member holding base64 header values. A header name
+// is a token, and ':' is not a token character, so no header collides.
+const rawHeaders = ":raw"
+
+func headerIsUTF8(h http.Header) bool {
+	for _, vals := range h {
+		if !valuesAreUTF8(vals) {
+			return false
+		}
+	}
+	return true
+}
+
+func valuesAreUTF8(vals []string) bool {
+	for _, v := range vals {
+		if !utf8.ValidString(v) {
+			return false
+		}
+	}
+	return true
 }
 
 // DecodeHeader is EncodeHeader's inverse; empty input is an empty header.
@@ -116,11 +163,46 @@ func DecodeHeader(b []byte) (http.Header, error) {
 	if len(b) == 0 {
 		return h, nil
 	}
-	if err := json.Unmarshal(b, &h); err != nil {
+	// The member's name, quoted and followed by its colon, cannot occur
+	// inside a JSON string (the quotes would be escaped), so rows without
+	// it take the one-pass decode they always took.
+	if !bytes.Contains(b, []byte(`"`+rawHeaders+`":`)) {
+		if err := json.Unmarshal(b, &h); err != nil {
+			return nil, fmt.Errorf("decode stored headers: %w", err)
+		}
+		if h == nil {
+			h = http.Header{}
+		}
+		return h, nil
+	}
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(b, &members); err != nil {
 		return nil, fmt.Errorf("decode stored headers: %w", err)
 	}
-	if h == nil {
-		h = http.Header{}
+	for name, m := range members {
+		if name != rawHeaders {
+			var vals []string
+			if err := json.Unmarshal(m, &vals); err != nil {
+				return nil, fmt.Errorf("decode stored headers: %s: %w", name, err)
+			}
+			h[name] = vals
+			continue
+		}
+		var raw map[string][]string
+		if err := json.Unmarshal(m, &raw); err != nil {
+			return nil, fmt.Errorf("decode stored headers: %s: %w", rawHeaders, err)
+		}
+		for rname, enc := range raw {
+			vals := make([]string, len(enc))
+			for i, e := range enc {
+				v, err := base64.StdEncoding.DecodeString(e)
+				if err != nil {
+					return nil, fmt.Errorf("decode stored headers: %s: %w", rname, err)
+				}
+				vals[i] = string(v)
+			}
+			h[rname] = vals
+		}
 	}
 	return h, nil
 }

@@ -168,8 +168,8 @@ func Run(t *testing.T, open Open) {
 	})
 
 	// Every byte value, NUL and 0xFF included, and a body past 1 MiB come
-	// back byte for byte, with multi-valued headers, through Load and
-	// through Reserve's replay.
+	// back byte for byte, with multi-valued headers and header values of
+	// obs-text that is not UTF-8, through Load and through Reserve's replay.
 	t.Run("BinaryBodyRoundTrip", func(t *testing.T) {
 		h := open(t)
 		s := h.Store
@@ -187,7 +187,8 @@ func Run(t *testing.T, open Open) {
 		if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
 			t.Fatalf("Reserve = %+v, %v", res, err)
 		}
-		resp := stores.Response{Status: 201, Header: http.Header{"Content-Type": {"application/octet-stream"}, "X-Multi": {"a", "b"}}, Body: body}
+		header := http.Header{"Content-Type": {"application/octet-stream"}, "X-Multi": {"a", "b"}, "Etag": {"W/\"caf\xe9\xff\""}}
+		resp := stores.Response{Status: 201, Header: header.Clone(), Body: body}
 		if err := s.Finalize(ctx, key, r.Owner, resp); err != nil {
 			t.Fatal(err)
 		}
@@ -195,12 +196,15 @@ func Run(t *testing.T, open Open) {
 		if err != nil || rec == nil || !bytes.Equal(rec.Response.Body, body) {
 			t.Fatalf("Load: body differs (err %v)", err)
 		}
-		if got := rec.Response.Header["X-Multi"]; len(got) != 2 || got[0] != "a" || got[1] != "b" {
-			t.Fatalf("headers = %v", rec.Response.Header)
+		if !reflect.DeepEqual(rec.Response.Header, header) {
+			t.Fatalf("Load: headers = %q, want %q", rec.Response.Header, header)
 		}
 		res, err := s.Reserve(ctx, Reservation(key, Long, Long))
 		if err != nil || res.Existing == nil || !bytes.Equal(res.Existing.Response.Body, body) || res.Existing.Response.Status != 201 {
 			t.Fatalf("replay: body differs (err %v)", err)
+		}
+		if !reflect.DeepEqual(res.Existing.Response.Header, header) {
+			t.Fatalf("replay: headers = %q, want %q", res.Existing.Response.Header, header)
 		}
 	})
 
