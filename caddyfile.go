@@ -198,7 +198,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "finalize_statuses", "release_statuses":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
-				return d.ArgErr()
+				return d.Errf("%s needs at least one status or class, e.g. 2xx 404", opt)
 			}
 			if opt == "finalize_statuses" {
 				h.FinalizeStatuses = args
@@ -208,7 +208,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "replay_headers":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
-				return d.ArgErr()
+				return d.Errf("%s needs at least one header name, e.g. Content-Type ETag", opt)
 			}
 			h.ReplayHeaders = args
 		case "secret":
@@ -226,7 +226,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "previous_secrets":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
-				return d.ArgErr()
+				return d.Errf("%s needs at least one secret, e.g. {env.ICEBERG_IDEMPOTENCY_OLD_SECRET}", opt)
 			}
 			if slices.Contains(args, "") {
 				return emptyValue(d, opt)

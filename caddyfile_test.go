@@ -184,6 +184,12 @@ func TestCaddyfileErrors(t *testing.T) {
 		// Taken literally, it matched no path: the mutations under the
 		// prefix meant passed unguarded.
 		{"base path placeholder", "iceberg_idempotency {\n\t\tbase_path /{env.PREFIX}\n\t}", `base_path is compared with request paths as written and takes no placeholders`, "at Caddyfile:3"},
+		// A matcher's wildcard matched no request path: a keyed commit
+		// sent twice ran twice.
+		{"base path matcher", "iceberg_idempotency {\n\t\tbase_path /api/catalog/*\n\t}", `base_path is a path prefix, not a matcher`, "at Caddyfile:3"},
+		{"replay header comma", "iceberg_idempotency {\n\t\treplay_headers Content-Type, ETag\n\t}", `replay_headers[0] "Content-Type," is not a header name: separate the names with spaces`, "at Caddyfile:3"},
+		{"replay headers empty", "iceberg_idempotency {\n\t\treplay_headers\n\t}", `replay_headers needs at least one header name`, "at Caddyfile:3"},
+		{"statuses empty", "iceberg_idempotency {\n\t\tfinalize_statuses\n\t}", `finalize_statuses needs at least one status or class`, "at Caddyfile:3"},
 		// The error said "positive" of a positive size.
 		{"size past 1TiB", "iceberg_idempotency {\n\t\tmax_request_size 2TiB\n\t}", `max_request_size must be a positive size of at most 1TiB`, "at Caddyfile:3"},
 		{"unknown store", "iceberg_idempotency {\n\t\tstore rediss\n\t}", `unknown store "rediss": want one of memory`, "at Caddyfile:3"},

@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 )
@@ -484,6 +485,9 @@ func (h *Handler) validateOption(opt string) error {
 			return fmt.Errorf("max_response_size must be positive and at most 1TiB, got %d", h.MaxResponseSize)
 		}
 	case "base_path":
+		if h.BasePath == "/" {
+			return fmt.Errorf("base_path %q names no prefix: for a catalog at /v1, leave base_path out", h.BasePath)
+		}
 		if h.BasePath != "" && (len(h.BasePath) < 2 || !strings.HasPrefix(h.BasePath, "/") || strings.HasSuffix(h.BasePath, "/")) {
 			return fmt.Errorf("base_path must start with / and not end with /, got %q", h.BasePath)
 		}
@@ -500,9 +504,17 @@ func (h *Handler) validateOption(opt string) error {
 		if strings.ContainsAny(h.BasePath, "{}") {
 			return fmt.Errorf("base_path is compared with request paths as written and takes no placeholders, got %q: write the prefix itself", h.BasePath)
 		}
+		// Likewise a matcher's wildcard, a query or a fragment, which no
+		// request path holds, or a character a path carries escaped.
+		if strings.Contains(h.BasePath, "*") {
+			return fmt.Errorf("base_path is a path prefix, not a matcher, got %q: leave out the *", h.BasePath)
+		}
+		if i := strings.IndexFunc(h.BasePath, notInEscapedPath); i >= 0 {
+			return fmt.Errorf("base_path is compared with request paths as sent, where %q cannot occur, got %q: write the prefix as clients send it (a space as %%20)", h.BasePath[i:i+1], h.BasePath)
+		}
 		switch normal := normalizePath(h.BasePath); {
 		case normal == "/":
-			return fmt.Errorf("base_path must be a clean path (no //, . or .. segments), got %q", h.BasePath)
+			return fmt.Errorf("base_path %q names no prefix: for a catalog at /v1, leave base_path out", h.BasePath)
 		case strings.EqualFold(path.Base(normal), "v1"): // paths meet it without case
 			return fmt.Errorf("base_path is the part of the path before /v1, got %q: leave /v1 out", h.BasePath)
 		}
@@ -543,6 +555,14 @@ func (h *Handler) validateOption(opt string) error {
 		for i, name := range h.ReplayHeaders {
 			if name == "" {
 				return fmt.Errorf("replay_headers[%d] is empty", i)
+			}
+			// A name no response can carry was kept without a word, and
+			// the header it was meant for went missing from every replay.
+			if !httpguts.ValidHeaderFieldName(name) {
+				if strings.Contains(name, ",") {
+					return fmt.Errorf("replay_headers[%d] %q is not a header name: separate the names with spaces, not commas", i, name)
+				}
+				return fmt.Errorf("replay_headers[%d] %q is not a header name (a token: letters, digits and !#$%%&'*+-.^_`|~)", i, name)
 			}
 			if why, ok := unreplayableHeaders[http.CanonicalHeaderKey(name)]; ok {
 				return fmt.Errorf("replay_headers cannot hold %s: %s", name, why)
@@ -624,6 +644,16 @@ var unreplayableHeaders = map[string]string{
 	"Authorization":       "it would keep credentials in the store and hand them out again",
 	"Proxy-Authenticate":  "it is hop-by-hop",
 	"Proxy-Authorization": "it is hop-by-hop",
+}
+
+// notInEscapedPath reports a character an escaped request path cannot hold
+// (RFC 3986 pchar, '/' and '%'): a base path with one is below no request.
+func notInEscapedPath(r rune) bool {
+	switch {
+	case 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z', '0' <= r && r <= '9':
+		return false
+	}
+	return !strings.ContainsRune("-._~!$&'()*+,;=:@/%", r)
 }
 
 func nonNegative(opt string, d caddy.Duration) error {

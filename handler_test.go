@@ -493,7 +493,22 @@ func TestValidateNamesTheOption(t *testing.T) {
 		// Paths are matched to the base without case: "/api/v1/…" was
 		// below "/api/V1", and its mutations passed unguarded.
 		{func(h *Handler) { h.BasePath = "/api/V1" }, `base_path is the part of the path before /v1, got "/api/V1": leave /v1 out`},
-		{func(h *Handler) { h.BasePath = "/." }, `base_path must be a clean path (no //, . or .. segments), got "/."`},
+		{func(h *Handler) { h.BasePath = "/." }, `base_path "/." names no prefix: for a catalog at /v1, leave base_path out`},
+		{func(h *Handler) { h.BasePath = "/" }, `base_path "/" names no prefix`},
+		// Written as a path matcher, a query or with a raw space, it was
+		// below no request path: a keyed commit sent twice ran twice.
+		{func(h *Handler) { h.BasePath = "/api/catalog/*" }, `base_path is a path prefix, not a matcher, got "/api/catalog/*": leave out the *`},
+		{func(h *Handler) { h.BasePath = "/api*" }, `leave out the *`},
+		{func(h *Handler) { h.BasePath = "/api?x=1" }, `where "?" cannot occur, got "/api?x=1"`},
+		{func(h *Handler) { h.BasePath = "/api#top" }, `where "#" cannot occur`},
+		{func(h *Handler) { h.BasePath = "/my catalog" }, `where " " cannot occur, got "/my catalog": write the prefix as clients send it (a space as %20)`},
+		{func(h *Handler) { h.BasePath = "/caf\u00e9" }, `where "\xc3" cannot occur`},
+		// Not a header name, it was kept, and the header it was meant
+		// for went missing from every replay.
+		{func(h *Handler) { h.ReplayHeaders = []string{"Content-Type,", "ETag"} }, `replay_headers[0] "Content-Type," is not a header name: separate the names with spaces, not commas`},
+		{func(h *Handler) { h.ReplayHeaders = []string{"ETag", "Content Type"} }, `replay_headers[1] "Content Type" is not a header name (a token`},
+		{func(h *Handler) { h.ReplayHeaders = []string{"Content-Type:"} }, `replay_headers[0] "Content-Type:" is not a header name`},
+		{func(h *Handler) { h.ReplayHeaders = []string{"{env.H}"} }, `replay_headers[0] "{env.H}" is not a header name`},
 		// Taken literally, a placeholder matched no path: the mutations
 		// under the prefix meant passed unguarded.
 		{func(h *Handler) { h.BasePath = "/{env.PREFIX}" }, `base_path is compared with request paths as written and takes no placeholders, got "/{env.PREFIX}"`},
@@ -516,8 +531,11 @@ func TestValidateNamesTheOption(t *testing.T) {
 	if err := h.Validate(); err != nil {
 		t.Fatalf("defaults do not validate: %v", err)
 	}
+	if err := (&Handler{ReplayHeaders: []string{"Content-Type", "ETag", "X-Iceberg-Access-Delegation", "x_custom", "A!#$%&'*+.^`|~"}}).Validate(); err != nil {
+		t.Errorf("header names refused: %v", err)
+	}
 	// Spellings of a base path that normalize to it, as request paths do.
-	for _, base := range []string{"/api/catalog", "/api%2fcatalog", "/%61pi/catalog", "/api/./catalog", "/v1x"} {
+	for _, base := range []string{"/api/catalog", "/api%2fcatalog", "/%61pi/catalog", "/api/./catalog", "/v1x", "/my%20catalog", "/a-b_c.d~e/f!$&'()+,;=:@g"} {
 		if err := (&Handler{BasePath: base}).Validate(); err != nil {
 			t.Errorf("base_path %q: %v", base, err)
 		}

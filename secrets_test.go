@@ -355,7 +355,7 @@ func TestSecretCaddyfile(t *testing.T) {
 	for _, tt := range []struct{ name, block, want, at string }{
 		{"secret without value", "iceberg_idempotency {\n\t\tsecret\n\t}", "secret needs a value", "at Caddyfile:3"},
 		{"secret two values", "iceberg_idempotency {\n\t\tsecret " + literal + " x\n\t}", "secret takes a single value", "at Caddyfile:3"},
-		{"previous without value", "iceberg_idempotency {\n\t\tprevious_secrets\n\t}", "wrong argument count", "at Caddyfile:3"},
+		{"previous without value", "iceberg_idempotency {\n\t\tprevious_secrets\n\t}", "previous_secrets needs at least one secret", "at Caddyfile:3"},
 		{"require_secret argument", "iceberg_idempotency {\n\t\trequire_secret yes\n\t}", `require_secret must be on or off, got "yes"`, "at Caddyfile:3"},
 		{"previous repeats secret", "iceberg_idempotency {\n\t\tsecret {env.S}\n\t\tprevious_secrets {env.S}\n\t}", "previous_secrets[0] repeats secret", "at Caddyfile:4"},
 	} {
