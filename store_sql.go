@@ -337,7 +337,7 @@ func (p *PostgresStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 	logger := ctx.Logger()
 	s, err := postgres.Open(ctx, p.cfg, logger)
 	if err == nil {
-		logger.Info("opened postgres store", zap.String("dsn", sqlstore.RedactDSN(p.cfg.DSN)), zap.String("table", p.cfg.Table))
+		logger.Info("opened postgres store", zap.String("dsn", s.LoggedDSN()), zap.String("table", p.cfg.Table))
 	}
 	return s, err
 }
@@ -433,7 +433,7 @@ func (m *MySQLStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 	_ = mysqldriver.SetLogger(zap.NewStdLog(logger.Named("driver")))
 	s, err := mysql.Open(ctx, m.cfg, logger)
 	if err == nil {
-		logger.Info("opened mysql store", zap.String("dsn", sqlstore.RedactDSN(m.cfg.DSN)), zap.String("table", m.cfg.Table))
+		logger.Info("opened mysql store", zap.String("dsn", s.LoggedDSN()), zap.String("table", m.cfg.Table))
 	}
 	return s, err
 }

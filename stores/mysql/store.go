@@ -29,9 +29,11 @@ type Store struct {
 	backoff  sqlstore.Backoff
 	dsn      string
 	password string
-	log      *zap.Logger
-	lazy     sqlstore.Lazy
-	migrated bool // by an earlier attempt of the first contact
+	// loggedDSN is the DSN as log lines show it (sqlstore.LoggedDSN).
+	loggedDSN string
+	log       *zap.Logger
+	lazy      sqlstore.Lazy
+	migrated  bool // by an earlier attempt of the first contact
 	// limitsChecked: an earlier attempt of the first contact read the
 	// server's connection limits (see checkConnectionLimits).
 	limitsChecked bool
@@ -96,15 +98,16 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	}
 	mc, err := mysql.ParseDSN(cfg.DSN)
 	if err != nil {
-		return nil, fmt.Errorf("mysql: parse dsn (the driver's form is user:password@tcp(host:3306)/dbname?param=value, not a URL): %w", sqlstore.RedactError(err, cfg.DSN, ""))
+		return nil, fmt.Errorf("mysql: parse dsn (the driver's form is user:password@tcp(host:3306)/dbname?param=value, not a URL): %w", sqlstore.RedactParseError(err, cfg.DSN))
 	}
 	s := &Store{
-		cfg:      cfg,
-		timeout:  cfg.StatementTimeout,
-		backoff:  sqlstore.Backoff{Min: cfg.PollMin, Max: cfg.PollMax},
-		dsn:      cfg.DSN,
-		password: mc.Passwd,
-		log:      logger.With(zap.String("table", cfg.Table)),
+		cfg:       cfg,
+		timeout:   cfg.StatementTimeout,
+		backoff:   sqlstore.Backoff{Min: cfg.PollMin, Max: cfg.PollMax},
+		dsn:       cfg.DSN,
+		password:  mc.Passwd,
+		loggedDSN: sqlstore.LoggedDSN(cfg.DSN, mc.Passwd, fmt.Sprintf("%s:%s@%s(%s)/%s", mc.User, sqlstore.Mask, mc.Net, mc.Addr, mc.DBName)),
+		log:       logger.With(zap.String("table", cfg.Table)),
 	}
 	s.clientPacketLimit = int64(mc.MaxAllowedPacket)
 	mc.ParseTime = true
@@ -153,7 +156,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	}
 	s.lazy = sqlstore.Lazy{
 		Name:    "mysql",
-		DSN:     cfg.DSN,
+		DSN:     s.loggedDSN,
 		Attempt: s.firstContact,
 		// Connect, read the packet limit, the migration (whose lock wait
 		// is bounded by two statement timeouts), prepare.
@@ -330,7 +333,7 @@ func (s *Store) firstContact(ctx context.Context) error {
 		}
 		*p.dst = stmt
 	}
-	s.log.Info("mysql idempotency store ready", zap.String("dsn", sqlstore.RedactDSN(s.cfg.DSN)))
+	s.log.Info("mysql idempotency store ready", zap.String("dsn", s.loggedDSN))
 	return nil
 }
 
@@ -652,3 +655,7 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	n, err := s.exec(ctx, "purge", &s.stmts.purge, limit)
 	return int(n), err
 }
+
+// LoggedDSN returns the DSN as the store's log lines show it: without its
+// password, whatever characters it holds.
+func (s *Store) LoggedDSN() string { return s.loggedDSN }

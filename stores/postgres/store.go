@@ -28,9 +28,11 @@ type Store struct {
 	listener atomic.Pointer[listener]
 	dsn      string
 	password string
-	log      *zap.Logger
-	lazy     sqlstore.Lazy
-	migrated bool // by an earlier attempt of the first contact
+	// loggedDSN is the DSN as log lines show it (sqlstore.LoggedDSN).
+	loggedDSN string
+	log       *zap.Logger
+	lazy      sqlstore.Lazy
+	migrated  bool // by an earlier attempt of the first contact
 	// timeoutChecked: an earlier attempt of the first contact read the
 	// sessions' statement_timeout and connection limits (see
 	// checkServerTimeout and checkConnectionLimits).
@@ -79,14 +81,16 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
 		// The password is unknown when the DSN does not parse: redact by form.
-		return nil, fmt.Errorf("postgres: parse dsn: %w", sqlstore.RedactError(err, cfg.DSN, ""))
+		return nil, fmt.Errorf("postgres: parse dsn: %w", sqlstore.RedactParseError(err, cfg.DSN))
 	}
 	s := &Store{
 		cfg:      cfg,
 		timeout:  cfg.StatementTimeout,
 		dsn:      cfg.DSN,
 		password: pcfg.ConnConfig.Password,
-		log:      logger.With(zap.String("table", cfg.Table)),
+		loggedDSN: sqlstore.LoggedDSN(cfg.DSN, pcfg.ConnConfig.Password, fmt.Sprintf("host=%s port=%d user=%s dbname=%s password=%s",
+			pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.User, pcfg.ConnConfig.Database, sqlstore.Mask)),
+		log: logger.With(zap.String("table", cfg.Table)),
 	}
 	switch {
 	case cfg.MaxConns > 0:
@@ -128,7 +132,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	}
 	s.lazy = sqlstore.Lazy{
 		Name:    "postgres",
-		DSN:     cfg.DSN,
+		DSN:     s.loggedDSN,
 		Attempt: s.firstContact,
 		// Connect, the migration transaction, the LISTEN connection.
 		AttemptTimeout: 3 * cfg.StatementTimeout,
@@ -195,7 +199,7 @@ func (s *Store) firstContact(ctx context.Context) error {
 		s.listenChecked = true
 	}
 	s.log.Info("postgres idempotency store ready",
-		zap.String("dsn", sqlstore.RedactDSN(s.cfg.DSN)), zap.Bool("listen_notify", s.listener.Load() != nil))
+		zap.String("dsn", s.loggedDSN), zap.Bool("listen_notify", s.listener.Load() != nil))
 	return nil
 }
 
@@ -549,3 +553,7 @@ func (s *Store) PurgeExpired(ctx context.Context, limit int) (int, error) {
 	n, err := s.exec(ctx, "purge", s.q.purge, limit)
 	return int(n), err
 }
+
+// LoggedDSN returns the DSN as the store's log lines show it: without its
+// password, whatever characters it holds.
+func (s *Store) LoggedDSN() string { return s.loggedDSN }

@@ -54,7 +54,7 @@ const (
 type Lazy struct {
 	// Name prefixes messages, e.g. "postgres".
 	Name string
-	// DSN is logged, redacted.
+	// DSN is logged, redacted (the stores pass it as LoggedDSN gives it).
 	DSN string
 	// Attempt makes the first contact. It must be safe to run again after
 	// it failed, and bound each database call by itself.

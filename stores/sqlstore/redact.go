@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode"
 )
@@ -62,39 +63,95 @@ func redact(dsn string) (string, []string) {
 
 // redactURL redacts a URL or MySQL-driver DSN.
 func redactURL(dsn string) (string, []string) {
-	var secrets []string
-	prefix, body := "", dsn
-	if i := strings.Index(dsn, "://"); i >= 0 {
-		prefix, body = dsn[:i+3], dsn[i+3:]
+	var spans [][2]int // of dsn, masked
+	prefix := 0
+	if m := urlScheme.FindStringIndex(dsn); m != nil {
+		prefix = m[1]
 	}
+	body := dsn[prefix:]
 	// Where the user info ends. pgx ends it at the first '@' before a
 	// '/', the MySQL driver at the last '@' before the last '/'; a DSN
 	// either driver rejects may still have been meant with a password
 	// containing '/', '?' or '@'. The last '@' of the whole URL covers
 	// every reading. In the MySQL form (no scheme) the database name
-	// follows the last '/' and never holds the user info.
+	// follows the last '/' and never holds the user info, unless no '@'
+	// comes before that '/' (a DSN without its /dbname, or a password
+	// with a '/': the driver refuses it and echoes parts).
 	scope := body
-	if prefix == "" {
-		if slash := strings.LastIndex(body, "/"); slash >= 0 {
+	if prefix == 0 {
+		if slash := strings.LastIndex(body, "/"); slash >= 0 && strings.Contains(body[:slash], "@") {
 			scope = body[:slash]
 		}
 	}
-	head, rest := "", body
 	if at := strings.LastIndex(scope, "@"); at >= 0 {
-		head, rest = body[:at], body[at:]
-		if colon := strings.Index(head, ":"); colon >= 0 {
-			if pw := head[colon+1:]; pw != "" {
-				secrets = append(secrets, pw)
-			}
-			head = head[:colon+1] + Mask
+		if colon := strings.IndexByte(body[:at], ':'); colon >= 0 {
+			spans = append(spans, [2]int{prefix + colon + 1, prefix + at})
 		}
 	}
-	if q := strings.Index(rest, "?"); q >= 0 {
-		query, qs := redactQuery(rest[q+1:])
-		rest = rest[:q+1] + query
-		secrets = append(secrets, qs...)
+	// Password parameters wherever they are: an '@' in a query value
+	// (application_name=app@node, or an unescaped password=p@ss) moves
+	// the last '@' into the query, past the user info.
+	spans = append(spans, queryPasswordSpans(dsn)...)
+	return maskSpans(dsn, spans)
+}
+
+// urlScheme is a URL's scheme and "//". A MySQL DSN's "user:pa://ss@…"
+// has a ':' before its "://", which no scheme has.
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+
+// queryParam is the start of a query parameter and its name.
+var queryParam = regexp.MustCompile(`[?&]([^?&=]*)=`)
+
+// queryPasswordSpans returns the values of password parameters in dsn: each
+// runs to the next '&' that starts a parameter, so that an '&' inside the
+// password is masked too.
+func queryPasswordSpans(dsn string) [][2]int {
+	var spans [][2]int
+	for _, m := range queryParam.FindAllStringSubmatchIndex(dsn, -1) {
+		name, err := url.QueryUnescape(dsn[m[2]:m[3]])
+		if err != nil {
+			name = dsn[m[2]:m[3]]
+		}
+		if !secretParams[strings.ToLower(name)] {
+			continue
+		}
+		end := len(dsn)
+		if next := nextParam.FindStringIndex(dsn[m[1]:]); next != nil {
+			end = m[1] + next[0]
+		}
+		spans = append(spans, [2]int{m[1], end})
 	}
-	return prefix + head + rest, secrets
+	return spans
+}
+
+// maskSpans replaces each span of s, overlapping ones merged, with Mask
+// (an empty span too: "root:@…" says a password was given, empty), and
+// returns the text of each.
+func maskSpans(s string, spans [][2]int) (string, []string) {
+	if len(spans) == 0 {
+		return s, nil
+	}
+	slices.SortFunc(spans, func(a, b [2]int) int { return a[0] - b[0] })
+	merged := spans[:1]
+	for _, sp := range spans[1:] {
+		if last := &merged[len(merged)-1]; sp[0] <= last[1] {
+			last[1] = max(last[1], sp[1])
+			continue
+		}
+		merged = append(merged, sp)
+	}
+	var b strings.Builder
+	var secrets []string
+	at := 0
+	for _, sp := range merged {
+		b.WriteString(s[at:sp[0]] + Mask)
+		if sp[1] > sp[0] {
+			secrets = append(secrets, s[sp[0]:sp[1]])
+		}
+		at = sp[1]
+	}
+	b.WriteString(s[at:])
+	return b.String(), secrets
 }
 
 // redactKV redacts a key=value DSN. An unquoted value ends at a space for
@@ -111,7 +168,12 @@ func redactKV(dsn string) (string, []string) {
 			continue // inside a value masked already
 		}
 		end := m[1]
-		if m[7] > m[6] && dsn[m[6]] != '\'' {
+		// A quoted value that goes on after its closing quote held an
+		// unescaped quote ('it's'): the drivers refuse it and echo the
+		// rest, which was meant as password too.
+		quoted := m[7] > m[6] && dsn[m[6]] == '\''
+		goesOn := end < len(dsn) && !unicode.IsSpace(rune(dsn[end]))
+		if m[7] > m[6] && (!quoted || goesOn) {
 			end = unquotedEnd(dsn, end)
 			secrets = append(secrets, strings.Fields(dsn[m[1]:end])...)
 		}
@@ -150,44 +212,6 @@ func unquotedEnd(dsn string, end int) int {
 		}
 		end = min(i, len(dsn))
 	}
-}
-
-// redactQuery masks the values of password parameters in a query string.
-func redactQuery(query string) (string, []string) {
-	var b strings.Builder
-	var secrets []string
-	for query != "" {
-		// One parameter: up to the next '&'; a password's value up to the
-		// next '&' that starts a parameter.
-		end := strings.IndexByte(query, '&')
-		if end < 0 {
-			end = len(query)
-		}
-		key, _, hasValue := strings.Cut(query[:end], "=")
-		name, err := url.QueryUnescape(key)
-		if err != nil {
-			name = key
-		}
-		if hasValue && secretParams[strings.ToLower(name)] {
-			valStart := len(key) + 1
-			end = len(query)
-			if next := nextParam.FindStringIndex(query[valStart:]); next != nil {
-				end = valStart + next[0]
-			}
-			if v := query[valStart:end]; v != "" {
-				secrets = append(secrets, v)
-			}
-			b.WriteString(key + "=" + Mask)
-		} else {
-			b.WriteString(query[:end])
-		}
-		query = query[end:]
-		if query != "" { // the '&'
-			b.WriteByte('&')
-			query = query[1:]
-		}
-	}
-	return b.String(), secrets
 }
 
 // RedactError returns err with the DSN and the password removed from its
@@ -232,3 +256,55 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 
 func (e *redactedError) Is(target error) bool { return errors.Is(e.err, target) }
+
+// RedactParseError returns a driver's refusal to parse dsn for an error
+// message. The password is unknown then, and a DSN the driver could not
+// parse is one whose password RedactDSN may not find either: the drivers
+// quote the fragment they stopped at (`…`, "…", '…'), which may be a piece
+// of it. So, on top of RedactError, every quoted fragment is left out when
+// dsn could hold a password at all; the error names the dsn option's line,
+// which shows the operator what was written.
+func RedactParseError(err error, dsn string) error {
+	if err == nil {
+		return nil
+	}
+	r := RedactError(err, dsn, "")
+	if !mayHoldPassword.MatchString(dsn) {
+		return r
+	}
+	msg := quotedFragment.ReplaceAllStringFunc(r.Error(), func(q string) string {
+		return q[:1] + "…" + q[len(q)-1:]
+	})
+	if msg == err.Error() {
+		return err
+	}
+	return &redactedError{msg: msg + " (quoted parts left out: they may hold the password)", err: err}
+}
+
+var (
+	// mayHoldPassword matches a DSN with user info or a password key.
+	mayHoldPassword = regexp.MustCompile(`(?i)@|pass|pwd`)
+	// quotedFragment is a fragment a driver's message quotes: in
+	// backticks, in single quotes, or in Go's double-quoted form, whose
+	// escaped quotes do not end it.
+	quotedFragment = regexp.MustCompile("`[^`]*`|\"(?:[^\"\\\\]|\\\\.)*\"|'[^']*'")
+)
+
+// LoggedDSN is dsn as log lines show it: RedactDSN's form, which keeps what
+// tells an operator the server and database, unless the password the
+// driver read from dsn still shows in it (in any of the forms a DSN writes
+// it), as it can in a DSN whose delimiters mislead the form-based masking.
+// Then it is described, which the caller builds from the parsed
+// configuration without the password.
+func LoggedDSN(dsn, password, described string) string {
+	r := RedactDSN(dsn)
+	if password == "" {
+		return r
+	}
+	for _, form := range []string{password, url.QueryEscape(password), url.PathEscape(password)} {
+		if strings.Contains(r, form) {
+			return described
+		}
+	}
+	return r
+}

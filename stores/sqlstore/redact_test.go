@@ -71,6 +71,19 @@ func TestRedactDSN(t *testing.T) {
 		{"tcp(db)/idem", "tcp(db)/idem"},
 		{"/idem", "/idem"},
 		{"", ""},
+		// An '@' in a query value moved the last '@' past the user info,
+		// and a password parameter before it was logged whole.
+		{"postgres://postgres@127.0.0.1/postgres?sslmode=disable&password=s3cret@1",
+			"postgres://postgres@127.0.0.1/postgres?sslmode=disable&password=xxxxx"},
+		{"postgres://postgres@127.0.0.1:5432/postgres?application_name=caddy@node1&password=s3cret",
+			"postgres://postgres@127.0.0.1:xxxxx@node1&password=xxxxx"},
+		// A MySQL password with "://" was read as a URL's scheme.
+		{"caddy:ab://s3cret@tcp(127.0.0.1:3306)/iceberg", "caddy:xxxxx@tcp(127.0.0.1:3306)/iceberg"},
+		// A MySQL DSN without /dbname whose password has a '/'.
+		{"u:s3cret/x@tcp(127.0.0.1:3306)", "u:xxxxx@tcp(127.0.0.1:3306)"},
+		// A quoted key=value password with an unescaped quote goes on
+		// after the quote that ends it for the drivers.
+		{"host=db password='it's-s3cret' dbname=idem", "host=db password=xxxxx dbname=idem"},
 	}
 	for _, c := range cases {
 		if got := RedactDSN(c.in); got != c.want {
@@ -184,4 +197,89 @@ func TestValidateTable(t *testing.T) {
 			t.Errorf("ValidateTable(%q) accepted", bad)
 		}
 	}
+}
+
+// Parse errors never show a piece of the password, in the DSN shapes a
+// review found leaking one through the drivers' quoted fragments.
+func TestRedactParseError(t *testing.T) {
+	const pw = "SECRETPW"
+	for _, c := range []struct {
+		dsn   string
+		parse func(string) error
+	}{
+		{"u:" + pw + "/x@tcp(127.0.0.1:3306)", mysqlParse},
+		{"caddy:ab/" + pw + "%@tcp(127.0.0.1:3306)", mysqlParse},
+		{"postgres://postgres@127.0.0.1:5432/postgres?password=abc&" + pw + "&sslmode=disable", pgParse},
+		{"host=127.0.0.1 user=postgres password='it's-" + pw + "' dbname=postgres", pgParse},
+		{"postgres://postgres:ab/" + pw + " x@127.0.0.1:5432/postgres", pgParse},
+		{"host=127.0.0.1 password=Summer 2\"" + pw + " dbname=postgres", pgParse},
+		{"postgres://postgres:" + pw + "@127.0.0.1:5432/postgres?sslmode=bogus", pgParse},
+		{"postgres://u:" + pw + "@[::1", pgParse},
+	} {
+		err := c.parse(c.dsn)
+		if err == nil {
+			t.Errorf("the driver accepted %q", c.dsn)
+			continue
+		}
+		msg := RedactParseError(err, c.dsn).Error()
+		for _, piece := range []string{pw, pw[:5], pw[3:]} {
+			if strings.Contains(msg, piece) {
+				t.Errorf("RedactParseError for %q = %q shows %q", c.dsn, msg, piece)
+			}
+		}
+	}
+	// Without a password anywhere, the driver's message stays whole.
+	dsn := "postgres://127.0.0.1:5432/postgres?sslmode=bogus"
+	if err := pgParse(dsn); RedactParseError(err, dsn) != err {
+		t.Errorf("RedactParseError changed %q", err)
+	}
+}
+
+func mysqlParse(dsn string) error { _, err := mysqldrv.ParseDSN(dsn); return err }
+func pgParse(dsn string) error    { _, err := pgconn.ParseConfig(dsn); return err }
+
+// A log line never shows the password the driver read, even from a DSN
+// whose delimiters mislead RedactDSN: then it shows the description.
+func TestLoggedDSN(t *testing.T) {
+	const described = "described"
+	for _, c := range []struct {
+		dsn      string
+		password func(string) (string, error)
+		want     string
+	}{
+		{"postgres://postgres:s3cret@127.0.0.1:5432/postgres", pgPassword, "postgres://postgres:xxxxx@127.0.0.1:5432/postgres"},
+		{"postgres://postgres@127.0.0.1/postgres?sslmode=disable&password=s3cret@1", pgPassword, "postgres://postgres@127.0.0.1/postgres?sslmode=disable&password=xxxxx"},
+		{"caddy:ab://s3cret@tcp(127.0.0.1:3306)/iceberg", mysqlPassword, "caddy:xxxxx@tcp(127.0.0.1:3306)/iceberg"},
+		// RedactDSN reads "admin://x" as a URL's scheme and user, and
+		// keeps the password's tail; the driver reads password "//x2y".
+		{"admin://x2y@tcp(127.0.0.1:3306)/iceberg", mysqlPassword, described},
+		// A password that is also part of the host: the form cannot be
+		// told safe, so it is described.
+		{"postgres://postgres:127@127.0.0.1:5432/postgres", pgPassword, described},
+		{"root@tcp(127.0.0.1:3306)/iceberg", mysqlPassword, "root@tcp(127.0.0.1:3306)/iceberg"},
+	} {
+		pw, err := c.password(c.dsn)
+		if err != nil {
+			t.Fatalf("parse %q: %v", c.dsn, err)
+		}
+		if got := LoggedDSN(c.dsn, pw, described); got != c.want {
+			t.Errorf("LoggedDSN(%q) = %q, want %q", c.dsn, got, c.want)
+		}
+	}
+}
+
+func pgPassword(dsn string) (string, error) {
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return "", err
+	}
+	return cfg.Password, nil
+}
+
+func mysqlPassword(dsn string) (string, error) {
+	cfg, err := mysqldrv.ParseDSN(dsn)
+	if err != nil {
+		return "", err
+	}
+	return cfg.Passwd, nil
 }
