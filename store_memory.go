@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -249,9 +250,12 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
+			// The adapter carries a store's numbers as JSON floats,
+			// exact only to 2^53: 9223372036854775807 came out as a
+			// number the handler then refused, without a line.
 			n, err := strconv.Atoi(arg)
-			if err != nil || n <= 0 {
-				return d.Errf("max_entries must be a positive integer, got %q", arg)
+			if err != nil || n <= 0 || n > math.MaxInt32 {
+				return d.Errf("max_entries must be a positive integer up to %d, got %q", math.MaxInt32, arg)
 			}
 			m.MaxEntries = n
 		case "max_bytes":

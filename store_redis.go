@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -93,13 +94,24 @@ func (r *RedisStore) Provision(caddy.Context) error {
 		// A placeholder may hold several addresses, space-separated.
 		addrs = append(addrs, strings.Fields(repl.ReplaceKnown(a, ""))...)
 	}
+	// A value given that expands to nothing fell back to no
+	// authentication, or to the default prefix another catalog's store
+	// shares: refused, as an empty dsn or secret is.
+	expanded := map[string]string{}
+	for _, o := range []struct{ name, raw string }{{"username", r.Username}, {"password", r.Password}, {"key_prefix", r.KeyPrefix}} {
+		v := repl.ReplaceKnown(o.raw, "")
+		if o.raw != "" && v == "" {
+			return emptyAfterPlaceholders("redis", o.name, o.raw)
+		}
+		expanded[o.name] = v
+	}
 	cfg, err := redis.Config{
 		Addrs:         addrs,
 		Cluster:       r.Cluster,
-		Username:      repl.ReplaceKnown(r.Username, ""),
-		Password:      repl.ReplaceKnown(r.Password, ""),
+		Username:      expanded["username"],
+		Password:      expanded["password"],
 		DB:            r.DB,
-		KeyPrefix:     repl.ReplaceKnown(r.KeyPrefix, ""),
+		KeyPrefix:     expanded["key_prefix"],
 		TLS:           r.TLS || r.TLSServerName != "",
 		TLSServerName: repl.ReplaceKnown(r.TLSServerName, ""),
 		DialTimeout:   time.Duration(r.DialTimeout),
@@ -283,8 +295,8 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			var arg string
 			if arg, err = singleArg(d); err == nil {
 				n, aerr := strconv.Atoi(arg)
-				if aerr != nil || n <= 0 {
-					return d.Errf("pool_size must be a positive integer, got %q", arg)
+				if aerr != nil || n <= 0 || n > redis.MaxPoolSize {
+					return d.Errf("pool_size must be a positive integer up to %d, got %q", redis.MaxPoolSize, arg)
 				}
 				r.PoolSize = n
 			}
@@ -306,8 +318,16 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(r.Addresses) == 0 {
 		return d.Errf("redis store needs an address")
 	}
+	for i, a := range r.Addresses {
+		if j := slices.Index(r.Addresses[:i], a); j >= 0 {
+			return d.Errf("address %d of %d repeats address %d: two addresses are a cluster's seed nodes", i+1, len(r.Addresses), j+1)
+		}
+	}
 	if _, off := given["tls"]; off && !r.TLS && r.TLSServerName != "" {
 		return d.Errf("tls off with tls_server_name, which implies tls: leave one out")
+	}
+	if _, off := given["cluster"]; off && !r.Cluster && len(r.Addresses) > 1 {
+		return d.Errf("cluster off with %d addresses, which are a cluster's seed nodes whatever cluster says: give one address for a single server", len(r.Addresses))
 	}
 	if (len(r.Addresses) > 1 || r.Cluster) && r.DB != 0 {
 		return d.Errf("db %d on a cluster (several addresses, or cluster on): a Redis Cluster has only db 0", r.DB)

@@ -65,6 +65,29 @@ func TestRedisStoreProvisionAndKey(t *testing.T) {
 	if err := empty.Provision(newCaddyContext(t)); err == nil || !strings.Contains(err.Error(), "empty after replacing placeholders") {
 		t.Fatalf("empty expanded address: %v", err)
 	}
+	// Given, and expanded to nothing: the store connected without
+	// authentication, or shared the default prefix with another catalog.
+	for name, mutate := range map[string]func(*RedisStore){
+		"password":   func(r *RedisStore) { r.Password = "{env.ICEBERG_TEST_UNSET_REDIS}" },
+		"username":   func(r *RedisStore) { r.Username = "{env.ICEBERG_TEST_UNSET_REDIS}" },
+		"key_prefix": func(r *RedisStore) { r.KeyPrefix = "{env.ICEBERG_TEST_UNSET_REDIS}" },
+	} {
+		o := &RedisStore{Addresses: []string{"r1:6379"}}
+		mutate(o)
+		want := `redis store: ` + name + ` "{env.ICEBERG_TEST_UNSET_REDIS}" is empty after replacing placeholders: is the environment variable ICEBERG_TEST_UNSET_REDIS set?`
+		if err := o.Provision(newCaddyContext(t)); err == nil || err.Error() != want {
+			t.Errorf("%s expanded to nothing: %v, want %q", name, err, want)
+		}
+	}
+	// go-redis panicked past an int32; JSON reaches the store unparsed.
+	for _, r := range []*RedisStore{
+		{Addresses: []string{"r1:6379"}, PoolSize: 3_000_000_000},
+		{Addresses: []string{"r1:6379", "r2:6379", "r1:6379"}},
+	} {
+		if err := r.Provision(newCaddyContext(t)); err == nil {
+			t.Errorf("%+v provisioned", r)
+		}
+	}
 }
 
 func TestRedisStoreCaddyfile(t *testing.T) {
@@ -121,9 +144,14 @@ func TestRedisStoreCaddyfile(t *testing.T) {
 		"redis {\naddress a:1\ntls maybe\n}":                      "tls must be on or off",
 		"redis {\naddress a:1\ntimeout 0s\n}":                     "positive duration",
 		"redis {\naddress a:1\npool_size 0\n}":                    "pool_size must be a positive integer",
-		"redis {\naddress a:1\nsentinel x\n}":                     `unknown redis store option "sentinel"`,
-		"redis {\naddress a:1\npassword a b\n}":                   "takes a single value",
-		"redis {\naddress a:1\ntimeout 1s\ntimeout 2s\n}":         "timeout given twice (first on line 3)",
+		"redis {\naddress a:1\npool_size 3000000000\n}":           "pool_size must be a positive integer up to 100000",
+		// Several addresses are a cluster's: with cluster off every
+		// command failed on a server without cluster support.
+		"redis {\naddress a:1 b:1\ncluster off\n}":        "cluster off with 2 addresses",
+		"redis {\naddress a:1\naddress a:1\n}":            "address 2 of 2 repeats address 1",
+		"redis {\naddress a:1\nsentinel x\n}":             `unknown redis store option "sentinel"`,
+		"redis {\naddress a:1\npassword a b\n}":           "takes a single value",
+		"redis {\naddress a:1\ntimeout 1s\ntimeout 2s\n}": "timeout given twice (first on line 3)",
 	} {
 		err := new(RedisStore).UnmarshalCaddyfile(caddyfile.NewTestDispenser(src))
 		if err == nil || !strings.Contains(err.Error(), want) {

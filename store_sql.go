@@ -123,6 +123,12 @@ func emptyDSNError(backend, raw string) error {
 	if strings.TrimSpace(raw) == "" {
 		return fmt.Errorf("%s store: dsn is required", backend)
 	}
+	return emptyAfterPlaceholders(backend, "dsn", raw)
+}
+
+// emptyAfterPlaceholders says that option's value raw, given, expanded to
+// nothing, naming the environment variables to check.
+func emptyAfterPlaceholders(backend, option, raw string) error {
 	var unset []string
 	for _, m := range envPlaceholder.FindAllStringSubmatch(raw, -1) {
 		if os.Getenv(m[1]) == "" && !slices.Contains(unset, m[1]) {
@@ -130,7 +136,10 @@ func emptyDSNError(backend, raw string) error {
 		}
 	}
 	// "dsn is required" first: it is what an operator searches for.
-	msg := fmt.Sprintf("%s store: dsn is required, and dsn %q is empty after replacing placeholders", backend, raw)
+	msg := fmt.Sprintf("%s store: %s %q is empty after replacing placeholders", backend, option, raw)
+	if option == "dsn" {
+		msg = fmt.Sprintf("%s store: dsn is required, and dsn %q is empty after replacing placeholders", backend, raw)
+	}
 	switch len(unset) {
 	case 0:
 		return errors.New(msg)
@@ -371,9 +380,11 @@ func parseCombinedWrites(d *caddyfile.Dispenser) (int, error) {
 	if err != nil || arg == "off" {
 		return 0, err
 	}
+	// An int32 bounds it, as max_conns: the adapter carries a store's
+	// numbers as JSON floats, exact only to 2^53.
 	n, err := strconv.Atoi(arg)
-	if err != nil || n <= 0 {
-		return 0, d.Errf("combined_writes must be a positive integer or off, got %q", arg)
+	if err != nil || n <= 0 || n > math.MaxInt32 {
+		return 0, d.Errf("combined_writes must be a positive integer up to %d or off, got %q", math.MaxInt32, arg)
 	}
 	return n, nil
 }

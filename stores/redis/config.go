@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +36,8 @@ const (
 	DefaultKeyPrefix      = "iceberg_idempotency:"
 	DefaultTimeout        = 5 * time.Second
 	DefaultNotifyFallback = time.Second
+	// MaxPoolSize bounds pool_size.
+	MaxPoolSize = 100_000
 )
 
 // Config configures a Store.
@@ -105,6 +108,12 @@ func (c *Config) setDefaults() error {
 		if err := CheckAddress(a); err != nil {
 			return fmt.Errorf("redis: address %d of %d: %w", i+1, len(c.Addrs), err)
 		}
+		// Two addresses make a cluster: the same server twice was taken
+		// for one, and every command failed on a server without cluster
+		// support.
+		if j := slices.Index(c.Addrs[:i], a); j >= 0 {
+			return fmt.Errorf("redis: address %d of %d repeats address %d", i+1, len(c.Addrs), j+1)
+		}
 	}
 	if c.DB < 0 {
 		return fmt.Errorf("redis: negative db %d", c.DB)
@@ -120,6 +129,11 @@ func (c *Config) setDefaults() error {
 		stores.Bound{Name: "notify_fallback", Value: int64(c.NotifyFallback), Duration: true},
 	); err != nil {
 		return err
+	}
+	// go-redis panics past an int32, and sizes its pool's bookkeeping
+	// by it (38 s of CPU at 2147483647).
+	if c.PoolSize > MaxPoolSize {
+		return fmt.Errorf("redis: pool_size must be at most %d (a server takes 10000 clients by default), got %d", MaxPoolSize, c.PoolSize)
 	}
 	if c.KeyPrefix == "" {
 		c.KeyPrefix = DefaultKeyPrefix
