@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -36,8 +37,21 @@ var _ caddyfile.Unmarshaler = (*Handler)(nil)
 
 func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	handler := new(Handler)
-	err := handler.UnmarshalCaddyfile(h.Dispenser)
-	return handler, err
+	if err := handler.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return handler, err
+	}
+	// Against the global option, as Provision checks it, with a line: on
+	// max_request_size's, or the directive's when it is the default.
+	app := new(App)
+	if opt, ok := h.Option("iceberg_idempotency").(httpcaddyfile.App); ok {
+		if err := json.Unmarshal(opt.Value, app); err != nil {
+			return handler, fmt.Errorf("reading the iceberg_idempotency global option: %w", err)
+		}
+	}
+	if err := checkBufferedBytes(app.MaxBufferedBytes, handler.MaxRequestSize); err != nil {
+		return handler, fmt.Errorf("%w, at %s", err, handler.maxRequestSizeAt)
+	}
+	return handler, nil
 }
 
 // UnmarshalCaddyfile parses the iceberg_idempotency directive:
@@ -69,7 +83,8 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //
 // Each option may be given once.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // directive name
+	d.Next()                                          // directive name
+	h.maxRequestSizeAt = optionAt{d.File(), d.Line()} // until the option is given
 	if d.NextArg() {
 		return d.Errf("iceberg_idempotency takes at most one matcher (*, a path beginning with /, or a named @matcher), then a block of options; got the argument %q", d.Val())
 	}
@@ -257,6 +272,13 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return fmt.Errorf("%w, at %s", err, at)
 		}
 		return fmt.Errorf("%w (%v is the default lease), at %s", err, DefaultLease, given["store"])
+	}
+	// Provision refuses it too, where the error has no line.
+	if _, inProcess := store.(*MemoryStore); h.RequireSecret && h.Secret == "" && store != nil && !inProcess {
+		return fmt.Errorf("require_secret: the store keeps records outside this process, but no secret is set: set secret, or leave require_secret out, at %s", given["require_secret"])
+	}
+	if at, ok := given["max_request_size"]; ok {
+		h.maxRequestSizeAt = at
 	}
 	return nil
 }

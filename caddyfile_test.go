@@ -290,6 +290,31 @@ func TestCaddyfileErrors(t *testing.T) {
 			}
 		})
 	}
+	// Checks Provision makes too, which had no line there: the directive
+	// against the global option, and require_secret against the store.
+	for _, tt := range []struct{ name, src, want, at string }{
+		{"request size past the global budget", "{\n\ticeberg_idempotency {\n\t\tmax_buffered_bytes 16MiB\n\t}\n}\n:8080 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:1\n}\n",
+			"max_buffered_bytes must be at least twice max_request_size", "at Caddyfile:7"},
+		{"request size past the default budget", ":8080 {\n\ticeberg_idempotency {\n\t\tlifetime 30m\n\t\tmax_request_size 600MiB\n\t}\n\treverse_proxy 127.0.0.1:1\n}\n",
+			"max_buffered_bytes is 1073741824, max_request_size 629145600", "at Caddyfile:4"},
+		{"require_secret without secret", ":8080 {\n\ticeberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn x\n\t\t}\n\t\trequire_secret\n\t}\n\treverse_proxy 127.0.0.1:1\n}\n",
+			"require_secret: the store keeps records outside this process, but no secret is set", "at Caddyfile:6"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := adapt(t, tt.src)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasSuffix(err.Error(), tt.at) {
+				t.Fatalf("error = %v, want it to contain %q and end with %q", err, tt.want, tt.at)
+			}
+		})
+	}
+	for _, src := range []string{
+		"{\n\ticeberg_idempotency {\n\t\tmax_buffered_bytes 2GiB\n\t}\n}\n:8080 {\n\ticeberg_idempotency {\n\t\tmax_request_size 1GiB\n\t}\n\treverse_proxy 127.0.0.1:1\n}\n",
+		":8080 {\n\ticeberg_idempotency {\n\t\trequire_secret\n\t}\n\treverse_proxy 127.0.0.1:1\n}\n",
+	} {
+		if _, err := adapt(t, src); err != nil {
+			t.Errorf("adapt(%q): %v", src, err)
+		}
+	}
 }
 
 // TestCaddyfileFlagSpellings: a handler flag alone is on, and takes the

@@ -196,6 +196,10 @@ type Handler struct {
 	replayHdrs       []string
 	keys             keyring // derived from Secret and PreviousSecrets; never marshalled
 	logger           *zap.Logger
+	// maxRequestSizeAt is the Caddyfile line of max_request_size, or of
+	// the directive when it is not given, for parseHandler's check
+	// against the global option.
+	maxRequestSizeAt optionAt
 	// principalHeader is the header Principal names when it is one
 	// {http.request.header.*} placeholder (see principalOf), else "".
 	principalHeader string
@@ -288,11 +292,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	app := appIface.(*App)
 	h.bodies = &app.bodies
-	if h.MaxRequestSize > app.MaxBufferedBytes/2 {
-		// A body's buffer is copied as it grows, so the largest body
-		// needs up to twice its size: less, and it gets 503 for ever.
-		return fmt.Errorf("the iceberg_idempotency global option max_buffered_bytes must be at least twice max_request_size "+
-			"(a body's buffer is copied as it grows): max_buffered_bytes is %d, max_request_size %d", app.MaxBufferedBytes, h.MaxRequestSize)
+	if err := checkBufferedBytes(app.MaxBufferedBytes, h.MaxRequestSize); err != nil {
+		return err
 	}
 
 	h.pooled, err = acquireStore(ctx, provider)
@@ -654,6 +655,24 @@ func notInEscapedPath(r rune) bool {
 		return false
 	}
 	return !strings.ContainsRune("-._~!$&'()*+,;=:@/%", r)
+}
+
+// checkBufferedBytes refuses a max_request_size (0: the default) the
+// global max_buffered_bytes (0: the default) cannot hold: a body's buffer
+// is copied as it grows, so the largest body needs up to twice its size;
+// less, and it gets 503 for ever.
+func checkBufferedBytes(maxBuffered, maxRequest int64) error {
+	if maxBuffered == 0 {
+		maxBuffered = DefaultMaxBufferedBytes
+	}
+	if maxRequest == 0 {
+		maxRequest = DefaultMaxRequestSize
+	}
+	if maxRequest > maxBuffered/2 {
+		return fmt.Errorf("the iceberg_idempotency global option max_buffered_bytes must be at least twice max_request_size "+
+			"(a body's buffer is copied as it grows): max_buffered_bytes is %d, max_request_size %d", maxBuffered, maxRequest)
+	}
+	return nil
 }
 
 func nonNegative(opt string, d caddy.Duration) error {
