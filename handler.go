@@ -444,6 +444,11 @@ func (h *Handler) Validate() error {
 func (h *Handler) validateOption(opt string) error {
 	switch opt {
 	case "lifetime":
+		// A retry after the record expired executes again; in JSON a bare
+		// number is nanoseconds, so "lifetime": 1800 meant 1.8µs.
+		if h.Lifetime > 0 && time.Duration(h.Lifetime) < minLifetime {
+			return fmt.Errorf("lifetime must be at least %v, got %v: a retry after a record expires executes again (in JSON a bare number is nanoseconds: write \"30m\")", minLifetime, time.Duration(h.Lifetime))
+		}
 		return nonNegative(opt, h.Lifetime)
 	case "grace":
 		if h.Grace != nil {
@@ -684,6 +689,10 @@ func nonNegative(opt string, d caddy.Duration) error {
 	}
 	return nil
 }
+
+// minLifetime bounds lifetime from below: the spec's retries come seconds
+// apart.
+const minLifetime = time.Second
 
 // maxDuration bounds every duration option: a record's TTL adds lifetime,
 // grace, execution_timeout and lease, and a sum past time.Duration's 292

@@ -478,6 +478,10 @@ func TestValidateNamesTheOption(t *testing.T) {
 		want string
 	}{
 		{func(h *Handler) { h.Lifetime = -1 }, "lifetime must not be negative"},
+		// JSON's bare number is nanoseconds: 1800 was 1.8µs, and every
+		// retry executed again.
+		{func(h *Handler) { h.Lifetime = 1800 }, `lifetime must be at least 1s, got 1.8µs`},
+		{func(h *Handler) { h.Lifetime = caddy.Duration(999 * time.Millisecond) }, `lifetime must be at least 1s, got 999ms`},
 		{func(h *Handler) { h.Lease = caddy.Duration(time.Millisecond) }, "lease must be at least 3ms"},
 		{func(h *Handler) { h.InFlightStatus = 429 }, "in_flight_status must be 503 or 409"},
 		{func(h *Handler) { h.Abandoned = "retry" }, "abandoned must be"},
