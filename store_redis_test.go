@@ -139,6 +139,8 @@ func TestRedisStoreCaddyfile(t *testing.T) {
 		"redis {\naddress\n}":                                     "needs at least one",
 		"redis {\naddress a:1 redis://default:s3cret@r:6379/0\n}": "address: value 2 of 2: a URL, not host:port",
 		"redis {\naddress r\n}":                                   "not host:port",
+		"redis {\naddress localhost:99999\n}":                     "the port must be a number from 1 to 65535",
+		"redis {\naddress localhost:redis\n}":                     "the port must be a number from 1 to 65535",
 		"redis {\naddress a:1\ndb x\n}":                           "db must be a non-negative integer",
 		"redis {\naddress a:1 b:1\ndb 2\n}":                       "Cluster has only db 0",
 		"redis {\naddress a:1\ntls maybe\n}":                      "tls must be on or off",

@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -85,8 +86,14 @@ func CheckAddress(addr string) error {
 	case strings.Contains(addr, "://") || strings.Contains(addr, "@"):
 		return errors.New("a URL, not host:port: give its host:port as the address, and its username and password as username and password")
 	}
-	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
 		return errors.New("not host:port (an IPv6 host goes in brackets: [::1]:6379)")
+	}
+	// Checked here rather than at the first command, where every keyed
+	// request would get 503.
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return errors.New("the port must be a number from 1 to 65535")
 	}
 	return nil
 }
