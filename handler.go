@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -510,13 +511,17 @@ func (h *Handler) validateOption(opt string) error {
 		if strings.ContainsAny(h.BasePath, "{}") {
 			return fmt.Errorf("base_path is compared with request paths as written and takes no placeholders, got %q: write the prefix itself", h.BasePath)
 		}
-		// Likewise a matcher's wildcard, a query or a fragment, which no
-		// request path holds, or a character a path carries escaped.
+		// Likewise a matcher's wildcard, a query or a fragment: no request
+		// path was below them. (Other characters are compared decoded,
+		// so a raw "é" or space meets its escapes.)
 		if strings.Contains(h.BasePath, "*") {
 			return fmt.Errorf("base_path is a path prefix, not a matcher, got %q: leave out the *", h.BasePath)
 		}
-		if i := strings.IndexFunc(h.BasePath, notInEscapedPath); i >= 0 {
-			return fmt.Errorf("base_path is compared with request paths as sent, where %q cannot occur, got %q: write the prefix as clients send it (a space as %%20)", h.BasePath[i:i+1], h.BasePath)
+		if i := strings.IndexAny(h.BasePath, "?#"); i >= 0 {
+			return fmt.Errorf("base_path is a path prefix, got %q: a query or fragment (from %q on) is not part of a path", h.BasePath, h.BasePath[i:i+1])
+		}
+		if i := strings.IndexFunc(h.BasePath, unicode.IsControl); i >= 0 {
+			return fmt.Errorf("base_path holds a control character at byte %d, got %q", i, h.BasePath)
 		}
 		switch normal := normalizePath(h.BasePath); {
 		case normal == "/":
@@ -650,16 +655,6 @@ var unreplayableHeaders = map[string]string{
 	"Authorization":       "it would keep credentials in the store and hand them out again",
 	"Proxy-Authenticate":  "it is hop-by-hop",
 	"Proxy-Authorization": "it is hop-by-hop",
-}
-
-// notInEscapedPath reports a character an escaped request path cannot hold
-// (RFC 3986 pchar, '/' and '%'): a base path with one is below no request.
-func notInEscapedPath(r rune) bool {
-	switch {
-	case 'a' <= r && r <= 'z', 'A' <= r && r <= 'Z', '0' <= r && r <= '9':
-		return false
-	}
-	return !strings.ContainsRune("-._~!$&'()*+,;=:@/%", r)
 }
 
 // checkBufferedBytes refuses a max_request_size (0: the default) the

@@ -206,6 +206,32 @@ func TestBasePathEndsAtASegment(t *testing.T) {
 	}
 }
 
+// A base path written with characters a request carries escaped (a raw
+// "é", a space, brackets) is compared decoded, so the requests below it
+// are guarded: base_path refused them for a build (59cf7a3), although they
+// worked.
+func TestBasePathWithRawCharacters(t *testing.T) {
+	for _, c := range []struct{ base, path string }{
+		{"/caf\u00e9", "/caf%C3%A9/v1/namespaces"},
+		{"/caf\u00e9", "/caf\u00e9/v1/namespaces"},
+		{"/my catalog", "/my%20catalog/v1/namespaces"},
+		{"/a[b]", "/a[b]/v1/namespaces"},
+		{"/a|b", "/a%7Cb/v1/namespaces"},
+	} {
+		h := &Handler{BasePath: c.base}
+		if err := h.Validate(); err != nil {
+			t.Errorf("base_path %q: %v", c.base, err)
+			continue
+		}
+		if err := h.prepare(); err != nil {
+			t.Fatal(err)
+		}
+		if op, _ := h.classifyRequest("POST", c.path); op != "createNamespace" {
+			t.Errorf("POST %s below base_path %q = %q, want createNamespace", c.path, c.base, op)
+		}
+	}
+}
+
 // require_key applies to every spelling of a mutation's path.
 func TestRequireKeyOnEscapedPath(t *testing.T) {
 	h := newTestHandler(t, newMemoryStore(t))
