@@ -298,8 +298,11 @@ func closeUnreadBody(w http.ResponseWriter, r *http.Request) {
 // anything was reserved or sent: 413 when a limit before this handler
 // (request_body's max_size) cut it off, 408 when the server's read timeout
 // did, 400 for a broken body (framing, a connection that failed), all as
-// Iceberg errors. A client already gone
-// gets Caddy's error, to log.
+// Iceberg errors. Nothing was reserved or sent, so the answer is the same
+// whether or not the client is still there: Go's HTTP/1 server cancels the
+// request at the client's FIN, and a client that half-closed after a body
+// cut short still reads; it got an empty 400 from Caddy until the build
+// after 756e39b, where HTTP/2 got this one.
 func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		// The server's read timeout (servers { timeouts { read_body } })
@@ -312,9 +315,6 @@ func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
 		writeError(w, http.StatusRequestTimeout, typeRequestTimeout,
 			"The request body did not arrive within the server's read timeout; the request was not executed. Retry with the same Idempotency-Key.", 0)
 		return nil
-	}
-	if r.Context().Err() != nil {
-		return caddyhttp.Error(http.StatusBadRequest, fmt.Errorf("reading request body: %w", err))
 	}
 	closeUnreadBody(w, r)
 	var maxBytes *http.MaxBytesError

@@ -194,7 +194,6 @@ func wantCount(t *testing.T, b *caddyproc.Backend, path string, n int) {
 	}
 }
 
-// wantIcebergError checks the spec's IcebergErrorResponse shape.
 // wantCommittedOnce sends a keyed POST of body to path on first and its
 // retry on retry (the same node, or another), and wants 200, then the
 // replay of it, and one execution at b. It returns the first answer.
@@ -208,6 +207,7 @@ func wantCommittedOnce(t *testing.T, b *caddyproc.Backend, first, retry *caddypr
 	return orig
 }
 
+// wantIcebergError checks the spec's IcebergErrorResponse shape.
 func wantIcebergError(t *testing.T, what string, r response, status int, typ string) {
 	t.Helper()
 	wantStatus(t, what, r, status)
@@ -1341,6 +1341,43 @@ func TestCoreDirectiveInHandleErrors(t *testing.T) {
 		"handle /v1/* {\nerror \"primary in maintenance\" 503\n}\n"+
 		"handle_errors {\niceberg_idempotency\nreverse_proxy "+standby.Addr()+"\n}"))
 	wantCommittedOnce(t, standby, c, c, "/v1/standby/namespaces", `{"namespace":["standby"]}`)
+}
+
+// A client that half-closes its connection after a body cut short (a
+// Content-Length of 100 and 7 bytes sent, or a chunked body without its
+// last chunk) is still reading: it gets the Iceberg 400 that HTTP/2 gets,
+// and the catalog is never asked. Go's server cancels the request at the
+// FIN, and the handler used to leave the answer to Caddy: an empty 400.
+func TestCoreHalfClosedClientWithACutBodyGetsAnIcebergError(t *testing.T) {
+	t.Parallel()
+	c, b := startGuarded(t, "")
+	const path = "/v1/cut/namespaces"
+	for what, framing := range map[string]string{
+		"a Content-Length of 100 and 7 bytes":   "Content-Length: 100\r\n\r\n{\"name\"",
+		"a chunked body without its last chunk": "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+	} {
+		conn, err := net.Dial("tcp", strings.TrimPrefix(c.URL(), "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+		if _, err := fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: catalog\r\n%s: %s\r\nContent-Type: application/json\r\n%s",
+			path, keyHeader, newKey(t), framing); err != nil {
+			t.Fatal(err)
+		}
+		if err := conn.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("%s: no answer: %v", what, err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		_ = res.Body.Close()
+		_ = conn.Close()
+		wantIcebergError(t, what, response{Status: res.StatusCode, Header: res.Header, Body: body}, 400, "BadRequestException")
+	}
+	wantCount(t, b, path, 0)
 }
 
 // A client that half-closes its connection (shuts down its sending side
