@@ -106,7 +106,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 		backoff:   sqlstore.Backoff{Min: cfg.PollMin, Max: cfg.PollMax},
 		dsn:       cfg.DSN,
 		password:  mc.Passwd,
-		loggedDSN: sqlstore.LoggedDSN(cfg.DSN, mc.Passwd, fmt.Sprintf("%s:%s@%s(%s)/%s", mc.User, sqlstore.Mask, mc.Net, mc.Addr, mc.DBName)),
+		loggedDSN: sqlstore.LoggedDSN(cfg.DSN, mc.Passwd),
 		log:       logger.With(zap.String("table", cfg.Table)),
 	}
 	s.clientPacketLimit = int64(mc.MaxAllowedPacket)

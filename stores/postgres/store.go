@@ -84,13 +84,12 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 		return nil, fmt.Errorf("postgres: parse dsn: %w", sqlstore.RedactParseError(err, cfg.DSN))
 	}
 	s := &Store{
-		cfg:      cfg,
-		timeout:  cfg.StatementTimeout,
-		dsn:      cfg.DSN,
-		password: pcfg.ConnConfig.Password,
-		loggedDSN: sqlstore.LoggedDSN(cfg.DSN, pcfg.ConnConfig.Password, fmt.Sprintf("host=%s port=%d user=%s dbname=%s password=%s",
-			pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, pcfg.ConnConfig.User, pcfg.ConnConfig.Database, sqlstore.Mask)),
-		log: logger.With(zap.String("table", cfg.Table)),
+		cfg:       cfg,
+		timeout:   cfg.StatementTimeout,
+		dsn:       cfg.DSN,
+		password:  pcfg.ConnConfig.Password,
+		loggedDSN: sqlstore.LoggedDSN(cfg.DSN, pcfg.ConnConfig.Password),
+		log:       logger.With(zap.String("table", cfg.Table)),
 	}
 	switch {
 	case cfg.MaxConns > 0:

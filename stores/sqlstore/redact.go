@@ -77,10 +77,16 @@ func redactURL(dsn string) (string, []string) {
 	// follows the last '/' and never holds the user info, unless no '@'
 	// comes before that '/' (a DSN without its /dbname, or a password
 	// with a '/': the driver refuses it and echoes parts).
+	// And a database name with an '@' in it ("u:p@/x@tcp(db)": the
+	// driver reads password "p" and database "x@tcp(db)") was meant as
+	// more user info.
 	scope := body
 	if prefix == 0 {
 		if slash := strings.LastIndex(body, "/"); slash >= 0 && strings.Contains(body[:slash], "@") {
-			scope = body[:slash]
+			dbname, _, _ := strings.Cut(body[slash:], "?")
+			if !strings.Contains(dbname, "@") {
+				scope = body[:slash]
+			}
 		}
 	}
 	if at := strings.LastIndex(scope, "@"); at >= 0 {
@@ -263,7 +269,11 @@ func (e *redactedError) Is(target error) bool { return errors.Is(e.err, target) 
 // quote the fragment they stopped at (`…`, "…", '…'), which may be a piece
 // of it. So, on top of RedactError, every quoted fragment is left out when
 // dsn could hold a password at all; the error names the dsn option's line,
-// which shows the operator what was written.
+// which shows the operator what was written. A DSN with a quote character
+// (or a backslash, which pgx quotes raw before a closing quote) could hold
+// one in its password, which would end a fragment early, or keep it open,
+// and show the rest: then everything from the message's first quote to
+// its last is left out.
 func RedactParseError(err error, dsn string) error {
 	if err == nil {
 		return nil
@@ -272,14 +282,24 @@ func RedactParseError(err error, dsn string) error {
 	if !mayHoldPassword.MatchString(dsn) {
 		return r
 	}
-	msg := quotedFragment.ReplaceAllStringFunc(r.Error(), func(q string) string {
-		return q[:1] + "…" + q[len(q)-1:]
-	})
+	msg := r.Error()
+	if strings.ContainsAny(dsn, quoteChars+`\`) {
+		if i := strings.IndexAny(msg, quoteChars); i >= 0 {
+			msg = msg[:i] + "…" + msg[strings.LastIndexAny(msg, quoteChars)+1:]
+		}
+	} else {
+		msg = quotedFragment.ReplaceAllStringFunc(msg, func(q string) string {
+			return q[:1] + "…" + q[len(q)-1:]
+		})
+	}
 	if msg == err.Error() {
 		return err
 	}
 	return &redactedError{msg: msg + " (quoted parts left out: they may hold the password)", err: err}
 }
+
+// quoteChars are the characters the drivers quote fragments with.
+const quoteChars = "`'\""
 
 var (
 	// mayHoldPassword matches a DSN with user info or a password key.
@@ -291,20 +311,19 @@ var (
 )
 
 // LoggedDSN is dsn as log lines show it: RedactDSN's form, which keeps what
-// tells an operator the server and database, unless the password the
-// driver read from dsn still shows in it (in any of the forms a DSN writes
-// it), as it can in a DSN whose delimiters mislead the form-based masking.
-// Then it is described, which the caller builds from the parsed
-// configuration without the password.
-func LoggedDSN(dsn, password, described string) string {
+// tells an operator the server and database, with every occurrence of the
+// password the driver read from dsn masked too (in each form a DSN writes
+// it), where it still shows: a DSN whose delimiters mislead the form-based
+// masking ("admin://x@tcp(db)/x" is a MySQL user admin with password
+// "//x"), or a password that also occurs elsewhere, as "1" does in
+// "127.0.0.1". It masks more than RedactDSN, never less: text built from
+// the driver's reading would show what the driver took for the host when
+// an unescaped '@' split the password ("p@ssw0rd" read as password "p",
+// host "ssw0rd@db").
+func LoggedDSN(dsn, password string) string {
 	r := RedactDSN(dsn)
 	if password == "" {
 		return r
 	}
-	for _, form := range []string{password, url.QueryEscape(password), url.PathEscape(password)} {
-		if strings.Contains(r, form) {
-			return described
-		}
-	}
-	return r
+	return strings.NewReplacer(password, Mask, url.QueryEscape(password), Mask, url.PathEscape(password), Mask).Replace(r)
 }

@@ -215,6 +215,15 @@ func TestRedactParseError(t *testing.T) {
 		{"host=127.0.0.1 password=Summer 2\"" + pw + " dbname=postgres", pgParse},
 		{"postgres://postgres:" + pw + "@127.0.0.1:5432/postgres?sslmode=bogus", pgParse},
 		{"postgres://u:" + pw + "@[::1", pgParse},
+		// A quote in the password ended the driver's quoted fragment
+		// early, and the rest showed.
+		{"postgres://caddy:p\"" + pw + " Pass/x@db.example/idem", pgParse},
+		{"postgres://caddy@db.example/idem?sslmode=disable&password=abc&\"" + pw, pgParse},
+		{"caddy:x'" + pw + "/2@tcp(db.example:3306)", mysqlParse},
+		{"caddy:x`" + pw + "/2@tcp(db.example:3306)", mysqlParse},
+		// pgx quotes a fragment with "%s": a backslash before its
+		// closing quote kept it open.
+		{"postgres://caddy@db.example/idem?password=;\\Q&/" + pw + ";\\&sslmode=disable", pgParse},
 	} {
 		err := c.parse(c.dsn)
 		if err == nil {
@@ -239,9 +248,9 @@ func mysqlParse(dsn string) error { _, err := mysqldrv.ParseDSN(dsn); return err
 func pgParse(dsn string) error    { _, err := pgconn.ParseConfig(dsn); return err }
 
 // A log line never shows the password the driver read, even from a DSN
-// whose delimiters mislead RedactDSN: then it shows the description.
+// whose delimiters mislead RedactDSN, and never more of the DSN than
+// RedactDSN shows.
 func TestLoggedDSN(t *testing.T) {
-	const described = "described"
 	for _, c := range []struct {
 		dsn      string
 		password func(string) (string, error)
@@ -250,19 +259,23 @@ func TestLoggedDSN(t *testing.T) {
 		{"postgres://postgres:s3cret@127.0.0.1:5432/postgres", pgPassword, "postgres://postgres:xxxxx@127.0.0.1:5432/postgres"},
 		{"postgres://postgres@127.0.0.1/postgres?sslmode=disable&password=s3cret@1", pgPassword, "postgres://postgres@127.0.0.1/postgres?sslmode=disable&password=xxxxx"},
 		{"caddy:ab://s3cret@tcp(127.0.0.1:3306)/iceberg", mysqlPassword, "caddy:xxxxx@tcp(127.0.0.1:3306)/iceberg"},
-		// RedactDSN reads "admin://x" as a URL's scheme and user, and
+		// RedactDSN reads "admin://x2y" as a URL's scheme and user, and
 		// keeps the password's tail; the driver reads password "//x2y".
-		{"admin://x2y@tcp(127.0.0.1:3306)/iceberg", mysqlPassword, described},
-		// A password that is also part of the host: the form cannot be
-		// told safe, so it is described.
-		{"postgres://postgres:127@127.0.0.1:5432/postgres", pgPassword, described},
+		{"admin://x2y@tcp(127.0.0.1:3306)/iceberg", mysqlPassword, "admin:xxxxx@tcp(127.0.0.1:3306)/iceberg"},
+		// A password that is also part of the host.
+		{"postgres://postgres:127@127.0.0.1:5432/postgres", pgPassword, "postgres://postgres:xxxxx@xxxxx.0.0.1:5432/postgres"},
+		// pgx reads password "p" and host "ssw0rd@db.example": the part
+		// of the password after its unescaped '@' stays masked.
+		{"postgres://caddy:p@ssw0rd@db.example:5432/idem", pgPassword, "xxxxxostgres://caddy:xxxxx@db.examxxxxxle:5432/idem"},
 		{"root@tcp(127.0.0.1:3306)/iceberg", mysqlPassword, "root@tcp(127.0.0.1:3306)/iceberg"},
+		// The driver reads password "QZ" and database "s3cret@tcp(db:3306)".
+		{"caddy:QZ@/s3cret@tcp(db:3306)", mysqlPassword, "caddy:xxxxx@tcp(db:3306)"},
 	} {
 		pw, err := c.password(c.dsn)
 		if err != nil {
 			t.Fatalf("parse %q: %v", c.dsn, err)
 		}
-		if got := LoggedDSN(c.dsn, pw, described); got != c.want {
+		if got := LoggedDSN(c.dsn, pw); got != c.want {
 			t.Errorf("LoggedDSN(%q) = %q, want %q", c.dsn, got, c.want)
 		}
 	}
