@@ -296,6 +296,10 @@ var listOptions = map[string]bool{
 	"replay_headers": true, "previous_secrets": true,
 }
 
+// maxExactJSONInt is the largest integer a float64 holds exactly: the
+// Caddyfile adapter carries a store module's config through one.
+const maxExactJSONInt = 1 << 53
+
 // optionAt is where an option was given.
 type optionAt struct {
 	file string

@@ -196,8 +196,11 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"memory store option", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entrys 5\n\t\t}\n\t}", `unknown memory store option "max_entrys"`, "at Caddyfile:4"},
 		// The adapter carries a store's numbers as JSON floats: this one
 		// came out rounded, and the handler refused it without a line.
-		{"memory store entries past int32", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entries 9223372036854775807\n\t\t}\n\t}", `max_entries must be a positive integer up to 2147483647`, "at Caddyfile:4"},
-		{"combined_writes past int32", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tcombined_writes 9223372036854775807\n\t\t}\n\t}", `combined_writes must be a positive integer up to 2147483647 or off`, "at Caddyfile:4"},
+		{"memory store entries past 2^53", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entries 9007199254740993\n\t\t}\n\t}", `max_entries must be a positive integer up to 9007199254740992`, "at Caddyfile:4"},
+		{"combined_writes past 2^53", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tcombined_writes 9223372036854775807\n\t\t}\n\t}", `combined_writes must be a positive integer up to 9007199254740992 or off`, "at Caddyfile:4"},
+		// On the line of the address or of cluster, not of the block's end.
+		{"redis address repeated", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1\n\t\t\taddress b:1 a:1\n\t\t}\n\t}", `address 3 of 3 repeats address 1`, "at Caddyfile:5"},
+		{"redis cluster off", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1 b:1\n\t\t\tcluster off\n\t\t\tdb 0\n\t\t}\n\t}", `cluster off with 2 addresses`, "at Caddyfile:5"},
 		{"memory store size", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entries 0\n\t\t}\n\t}", `max_entries must be a positive integer`, "at Caddyfile:4"},
 		{"postgres without dsn", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable t\n\t\t}\n\t}", `postgres store needs a dsn`, "at Caddyfile:5"},
 		{"postgres bad table", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable Bad-Name\n\t\t}\n\t}", `table: `, "at Caddyfile:4"},
@@ -207,8 +210,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		// pgxpool counts connections in an int32: refused only at start,
 		// without the line, before.
 		{"max_conns past int32", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tdsn x\n\t\t\tmax_conns 3000000000\n\t\t}\n\t}", `max_conns must be a positive integer up to 2147483647, got "3000000000"`, "at Caddyfile:5"},
-		{"combined_writes value", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tcombined_writes 0\n\t\t}\n\t}", `combined_writes must be a positive integer up to 2147483647 or off, got "0"`, "at Caddyfile:4"},
-		{"combined_writes mysql", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tcombined_writes many\n\t\t}\n\t}", `combined_writes must be a positive integer up to 2147483647 or off, got "many"`, "at Caddyfile:5"},
+		{"combined_writes value", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\tcombined_writes 0\n\t\t}\n\t}", `combined_writes must be a positive integer up to 9007199254740992 or off, got "0"`, "at Caddyfile:4"},
+		{"combined_writes mysql", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tcombined_writes many\n\t\t}\n\t}", `combined_writes must be a positive integer up to 9007199254740992 or off, got "many"`, "at Caddyfile:5"},
 		{"mysql unknown option", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tdsn x\n\t\t\tlisten_notify on\n\t\t}\n\t}", `unknown mysql store option "listen_notify"`, "at Caddyfile:5"},
 		{"auto_migrate value", "iceberg_idempotency {\n\t\tstore mysql {\n\t\t\tauto_migrate maybe\n\t\t}\n\t}", `auto_migrate must be on or off`, "at Caddyfile:4"},
 		{"key_versions empty", "iceberg_idempotency {\n\t\tkey_versions\n\t}", `key_versions needs UUID versions (1 to 8) or any`, "at Caddyfile:3"},

@@ -2,7 +2,6 @@ package icebergidempotency
 
 import (
 	"fmt"
-	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -254,8 +253,8 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			// exact only to 2^53: 9223372036854775807 came out as a
 			// number the handler then refused, without a line.
 			n, err := strconv.Atoi(arg)
-			if err != nil || n <= 0 || n > math.MaxInt32 {
-				return d.Errf("max_entries must be a positive integer up to %d, got %q", math.MaxInt32, arg)
+			if err != nil || n <= 0 || n > maxExactJSONInt {
+				return d.Errf("max_entries must be a positive integer up to %d, got %q", maxExactJSONInt, arg)
 			}
 			m.MaxEntries = n
 		case "max_bytes":

@@ -47,7 +47,7 @@ func TestMemoryStoreCaddyfileErrors(t *testing.T) {
 		{"max_bytes 0", `max_bytes must be a positive size`},
 		{"max_bytes", `max_bytes needs a value`},
 		{"max_bytes 1MiB 2MiB", `max_bytes takes a single value`},
-		{"max_entries -5", `max_entries must be a positive integer up to 2147483647, got "-5"`},
+		{"max_entries -5", `max_entries must be a positive integer up to 9007199254740992, got "-5"`},
 		{"max_entries", `max_entries needs a value`},
 		{"max_entrys 5", `unknown memory store option "max_entrys"`},
 		{"when_full drop", `when_full must be evict or refuse, got "drop"`},

@@ -230,6 +230,7 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	given := givenOptions{}
 	var timeout caddy.Duration
+	var addressAt []optionAt // of each address, for the errors below
 	for d.NextBlock(0) {
 		opt := d.Val()
 		// Address lines add to each other; every other option once.
@@ -256,6 +257,9 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 			r.Addresses = append(r.Addresses, args...)
+			for range args {
+				addressAt = append(addressAt, optionAt{d.File(), d.Line()})
+			}
 		case "cluster":
 			r.Cluster = true
 			if d.CountRemainingArgs() > 0 {
@@ -320,14 +324,14 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	for i, a := range r.Addresses {
 		if j := slices.Index(r.Addresses[:i], a); j >= 0 {
-			return d.Errf("address %d of %d repeats address %d: two addresses are a cluster's seed nodes", i+1, len(r.Addresses), j+1)
+			return fmt.Errorf("address %d of %d repeats address %d: two addresses are a cluster's seed nodes, at %s", i+1, len(r.Addresses), j+1, addressAt[i])
 		}
 	}
 	if _, off := given["tls"]; off && !r.TLS && r.TLSServerName != "" {
 		return d.Errf("tls off with tls_server_name, which implies tls: leave one out")
 	}
-	if _, off := given["cluster"]; off && !r.Cluster && len(r.Addresses) > 1 {
-		return d.Errf("cluster off with %d addresses, which are a cluster's seed nodes whatever cluster says: give one address for a single server", len(r.Addresses))
+	if at, off := given["cluster"]; off && !r.Cluster && len(r.Addresses) > 1 {
+		return fmt.Errorf("cluster off with %d addresses, which are a cluster's seed nodes whatever cluster says: give one address for a single server, at %s", len(r.Addresses), at)
 	}
 	if (len(r.Addresses) > 1 || r.Cluster) && r.DB != 0 {
 		return d.Errf("db %d on a cluster (several addresses, or cluster on): a Redis Cluster has only db 0", r.DB)

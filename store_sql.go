@@ -380,11 +380,11 @@ func parseCombinedWrites(d *caddyfile.Dispenser) (int, error) {
 	if err != nil || arg == "off" {
 		return 0, err
 	}
-	// An int32 bounds it, as max_conns: the adapter carries a store's
-	// numbers as JSON floats, exact only to 2^53.
+	// The adapter carries a store's numbers as JSON floats, exact only
+	// to 2^53: past it, a value came out rounded.
 	n, err := strconv.Atoi(arg)
-	if err != nil || n <= 0 || n > math.MaxInt32 {
-		return 0, d.Errf("combined_writes must be a positive integer up to %d or off, got %q", math.MaxInt32, arg)
+	if err != nil || n <= 0 || n > maxExactJSONInt {
+		return 0, d.Errf("combined_writes must be a positive integer up to %d or off, got %q", maxExactJSONInt, arg)
 	}
 	return n, nil
 }
