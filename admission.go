@@ -473,7 +473,7 @@ func fieldValue(v string) string { return strings.Trim(v, " \t") }
 // example is upper case.
 func parseKey(s string, allowed keyVersionSet) (string, error) {
 	if len(s) != 36 {
-		return "", fmt.Errorf("must be 36 characters, got %d", len(s))
+		return "", keyLengthError(s)
 	}
 	for i := 0; i < len(s); i++ {
 		c := s[i]
@@ -496,6 +496,19 @@ func parseKey(s string, allowed keyVersionSet) (string, error) {
 		return "", errors.New("must have the RFC 9562 variant (10xx)")
 	}
 	return strings.ToLower(s), nil
+}
+
+// keyLengthError says why s, not 36 bytes long, is no key, naming the
+// mistakes a count alone hides: a quoted key (as the IETF draft's examples
+// write one), several keys in one header line.
+func keyLengthError(s string) error {
+	switch {
+	case strings.Contains(s, ","):
+		return errors.New("must be one UUID, got several values separated by commas")
+	case len(s) == 38 && s[0] == '"' && s[37] == '"':
+		return errors.New("must be the UUID itself, without quotes")
+	}
+	return fmt.Errorf("must be a UUID of 36 characters in its hyphenated form, got %d bytes", len(s))
 }
 
 // keyOfOtherVersion returns s as a key, if it is a valid one of a version

@@ -48,6 +48,17 @@ func TestParseKey(t *testing.T) {
 		{"empty", "", "", false},
 		{"spaces", " 019386a4-1b2c-7d3e-8f40-123456789a ", "", false},
 	}
+	// The count alone hid the mistake (error-response audit).
+	v7 := "019386a4-1b2c-7d3e-8f40-123456789abc"
+	for in, want := range map[string]string{
+		`"` + v7 + `"`:     "must be the UUID itself, without quotes",
+		v7 + ", " + v7:     "must be one UUID, got several values separated by commas",
+		v7[:35] + "\u00e9": "must be a UUID of 36 characters in its hyphenated form, got 37 bytes",
+	} {
+		if _, err := parseKey(in, keyVersionsSpec); err == nil || err.Error() != want {
+			t.Errorf("parseKey(%q) = %v, want %q", in, err, want)
+		}
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := parseKey(tt.in, keyVersionsSpec)
