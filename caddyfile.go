@@ -254,6 +254,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			h.RequireSecret = on
 		default:
+			if opt == "{" {
+				// "require_key {": the option before took no block.
+				return d.Err("unexpected {: of the options only store takes a block")
+			}
 			return d.Errf("unknown iceberg_idempotency option %q", opt)
 		}
 		// Values are checked in one place, Validate's; here with the line.

@@ -190,6 +190,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"replay header comma", "iceberg_idempotency {\n\t\treplay_headers Content-Type, ETag\n\t}", `replay_headers[0] "Content-Type," is not a header name: separate the names with spaces`, "at Caddyfile:3"},
 		{"replay headers empty", "iceberg_idempotency {\n\t\treplay_headers\n\t}", `replay_headers needs at least one header name`, "at Caddyfile:3"},
 		{"statuses empty", "iceberg_idempotency {\n\t\tfinalize_statuses\n\t}", `finalize_statuses needs at least one status or class`, "at Caddyfile:3"},
+		// A block after a flag read as an option named "{".
+		{"block after a flag", "iceberg_idempotency {\n\t\trequire_key {\n\t\t}\n\t}", `unexpected {: of the options only store takes a block`, "at Caddyfile:3"},
 		// The error said "positive" of a positive size.
 		{"size past 1TiB", "iceberg_idempotency {\n\t\tmax_request_size 2TiB\n\t}", `max_request_size must be a positive size of at most 1TiB`, "at Caddyfile:3"},
 		{"unknown store", "iceberg_idempotency {\n\t\tstore rediss\n\t}", `unknown store "rediss": want one of memory`, "at Caddyfile:3"},
