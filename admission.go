@@ -302,7 +302,7 @@ func closeUnreadBody(w http.ResponseWriter, r *http.Request) {
 // whether or not the client is still there: Go's HTTP/1 server cancels the
 // request at the client's FIN, and a client that half-closed after a body
 // cut short still reads; it got an empty 400 from Caddy until the build
-// after 756e39b, where HTTP/2 got this one.
+// after 0c49220, where HTTP/2 got this one.
 func bodyUnread(w http.ResponseWriter, r *http.Request, err error) error {
 	if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
 		// The server's read timeout (servers { timeouts { read_body } })
