@@ -80,12 +80,12 @@ func TestRedisStoreProvisionAndKey(t *testing.T) {
 		}
 	}
 	// go-redis panicked past an int32; JSON reaches the store unparsed.
-	for _, r := range []*RedisStore{
-		{Addresses: []string{"r1:6379"}, PoolSize: 3_000_000_000},
-		{Addresses: []string{"r1:6379", "r2:6379", "r1:6379"}},
+	for want, r := range map[string]*RedisStore{
+		"redis: pool_size must be at most 100000": {Addresses: []string{"r1:6379"}, PoolSize: 3_000_000_000},
+		"redis: address 3 of 3 repeats address 1": {Addresses: []string{"r1:6379", "r2:6379", "r1:6379"}},
 	} {
-		if err := r.Provision(newCaddyContext(t)); err == nil {
-			t.Errorf("%+v provisioned", r)
+		if err := r.Provision(newCaddyContext(t)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%+v provisioned: %v, want %q", r, err, want)
 		}
 	}
 }
