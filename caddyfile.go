@@ -37,7 +37,8 @@ var _ caddyfile.Unmarshaler = (*Handler)(nil)
 
 func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	handler := new(Handler)
-	if err := handler.UnmarshalCaddyfile(h.Dispenser); err != nil {
+	given, directive, err := handler.parseDirective(h.Dispenser)
+	if err != nil {
 		return handler, err
 	}
 	// Against the global option, as Provision checks it, with a line: on
@@ -49,7 +50,11 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 		}
 	}
 	if err := checkBufferedBytes(app.MaxBufferedBytes, handler.MaxRequestSize); err != nil {
-		return handler, fmt.Errorf("%w, at %s", err, handler.maxRequestSizeAt)
+		at, ok := given["max_request_size"]
+		if !ok {
+			at = directive
+		}
+		return handler, fmt.Errorf("%w, at %s", err, at)
 	}
 	return handler, nil
 }
@@ -83,99 +88,107 @@ func parseHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 //
 // Each option may be given once.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next()                                          // directive name
-	h.maxRequestSizeAt = optionAt{d.File(), d.Line()} // until the option is given
+	_, _, err := h.parseDirective(d)
+	return err
+}
+
+// parseDirective is UnmarshalCaddyfile, and returns where each option and
+// the directive itself were given, for checks parseHandler makes against
+// global options.
+func (h *Handler) parseDirective(d *caddyfile.Dispenser) (given givenOptions, directive optionAt, err error) {
+	d.Next() // directive name
+	directive = optionAt{d.File(), d.Line()}
 	if d.NextArg() {
-		return d.Errf("iceberg_idempotency takes at most one matcher (*, a path beginning with /, or a named @matcher), then a block of options; got the argument %q", d.Val())
+		return nil, directive, d.Errf("iceberg_idempotency takes at most one matcher (*, a path beginning with /, or a named @matcher), then a block of options; got the argument %q", d.Val())
 	}
-	given := givenOptions{}
+	given = givenOptions{}
 	var store caddyfile.Unmarshaler
 	for d.NextBlock(0) {
 		opt := d.Val()
 		if err := given.once(d, opt); err != nil {
-			return err
+			return nil, directive, err
 		}
 		switch opt {
 		case "store":
 			if !d.NextArg() {
-				return d.Errf("store needs a name: one of %s", strings.Join(storeNames(), ", "))
+				return nil, directive, d.Errf("store needs a name: one of %s", strings.Join(storeNames(), ", "))
 			}
 			name := d.Val()
 			if _, err := caddy.GetModule("iceberg_idempotency.stores." + name); err != nil {
-				return d.Errf("unknown store %q: want one of %s", name, strings.Join(storeNames(), ", "))
+				return nil, directive, d.Errf("unknown store %q: want one of %s", name, strings.Join(storeNames(), ", "))
 			}
 			unm, err := caddyfile.UnmarshalModule(d, "iceberg_idempotency.stores."+name)
 			if err != nil {
-				return err
+				return nil, directive, err
 			}
 			h.StoreRaw = caddyconfig.JSONModuleObject(unm, "backend", name, nil)
 			store = unm
 		case "lifetime":
 			if err := parseDuration(d, &h.Lifetime); err != nil {
-				return err
+				return nil, directive, err
 			}
 		case "grace":
 			// 0 is a valid grace: records live exactly the lifetime.
 			arg, err := singleArg(d)
 			if err != nil {
-				return err
+				return nil, directive, err
 			}
 			grace, err := caddy.ParseDuration(arg)
 			if err != nil || grace < 0 {
-				return d.Errf("grace must be a duration like 5m, or 0 for none, got %q", arg)
+				return nil, directive, d.Errf("grace must be a duration like 5m, or 0 for none, got %q", arg)
 			}
 			g := caddy.Duration(grace)
 			h.Grace = &g
 		case "in_flight_wait":
 			if err := parseDuration(d, &h.InFlightWait); err != nil {
-				return err
+				return nil, directive, err
 			}
 		case "retry_after":
 			if err := parseDuration(d, &h.RetryAfter); err != nil {
-				return err
+				return nil, directive, err
 			}
 		case "execution_timeout":
 			if err := parseDuration(d, &h.ExecutionTimeout); err != nil {
-				return err
+				return nil, directive, err
 			}
 		case "lease":
 			if err := parseDuration(d, &h.Lease); err != nil {
-				return err
+				return nil, directive, err
 			}
 		case "in_flight_status":
 			arg, err := singleArg(d)
 			if err != nil {
-				return err
+				return nil, directive, err
 			}
 			code, err := strconv.Atoi(arg)
 			if err != nil || code == 0 { // 0 would read as left out
-				return d.Errf("in_flight_status must be 503 or 409, got %q", arg)
+				return nil, directive, d.Errf("in_flight_status must be 503 or 409, got %q", arg)
 			}
 			h.InFlightStatus = code
 		case "abandoned":
 			arg, err := singleArg(d)
 			if err != nil {
-				return err
+				return nil, directive, err
 			}
 			h.Abandoned = arg
 		case "max_request_size":
 			if err := parseSize(d, &h.MaxRequestSize); err != nil {
-				return err
+				return nil, directive, err
 			}
 		case "max_response_size":
 			if err := parseSize(d, &h.MaxResponseSize); err != nil {
-				return err
+				return nil, directive, err
 			}
 		case "require_key":
 			on, err := parseFlag(d)
 			if err != nil {
-				return err
+				return nil, directive, err
 			}
 			h.RequireKey = on
 		case "key_versions":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
-				return d.Errf("key_versions needs UUID versions (1 to 8) or any")
+				return nil, directive, d.Errf("key_versions needs UUID versions (1 to 8) or any")
 			}
 			if len(args) == 1 && args[0] == "any" {
 				h.KeyVersions = nil
@@ -188,32 +201,32 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			for _, arg := range args {
 				v, err := strconv.Atoi(arg)
 				if err != nil {
-					return d.Errf("key_versions takes UUID versions (1 to 8) or a lone any, got %q", arg)
+					return nil, directive, d.Errf("key_versions takes UUID versions (1 to 8) or a lone any, got %q", arg)
 				}
 				h.KeyVersions = append(h.KeyVersions, v)
 			}
 		case "fail_open":
 			on, err := parseFlag(d)
 			if err != nil {
-				return err
+				return nil, directive, err
 			}
 			h.FailOpen = on
 		case "base_path":
 			arg, err := singleArg(d)
 			if err != nil {
-				return err
+				return nil, directive, err
 			}
 			h.BasePath = arg
 		case "principal":
 			arg, err := singleArg(d)
 			if err != nil {
-				return err
+				return nil, directive, err
 			}
 			h.Principal = arg
 		case "finalize_statuses", "release_statuses":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
-				return d.Errf("%s needs at least one status or class, e.g. 2xx 404", opt)
+				return nil, directive, d.Errf("%s needs at least one status or class, e.g. 2xx 404", opt)
 			}
 			if opt == "finalize_statuses" {
 				h.FinalizeStatuses = args
@@ -223,46 +236,46 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "replay_headers":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
-				return d.Errf("%s needs at least one header name, e.g. Content-Type ETag", opt)
+				return nil, directive, d.Errf("%s needs at least one header name, e.g. Content-Type ETag", opt)
 			}
 			h.ReplayHeaders = args
 		case "secret":
 			// Never echoed in errors: it may be written literally.
 			if !d.NextArg() {
-				return d.Err("secret needs a value, e.g. {env.ICEBERG_IDEMPOTENCY_SECRET}")
+				return nil, directive, d.Err("secret needs a value, e.g. {env.ICEBERG_IDEMPOTENCY_SECRET}")
 			}
 			h.Secret = d.Val()
 			if d.NextArg() {
-				return d.Err("secret takes a single value")
+				return nil, directive, d.Err("secret takes a single value")
 			}
 			if h.Secret == "" {
-				return emptyValue(d, opt)
+				return nil, directive, emptyValue(d, opt)
 			}
 		case "previous_secrets":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
-				return d.Errf("%s needs at least one secret, e.g. {env.ICEBERG_IDEMPOTENCY_OLD_SECRET}", opt)
+				return nil, directive, d.Errf("%s needs at least one secret, e.g. {env.ICEBERG_IDEMPOTENCY_OLD_SECRET}", opt)
 			}
 			if slices.Contains(args, "") {
-				return emptyValue(d, opt)
+				return nil, directive, emptyValue(d, opt)
 			}
 			h.PreviousSecrets = args
 		case "require_secret":
 			on, err := parseFlag(d)
 			if err != nil {
-				return err
+				return nil, directive, err
 			}
 			h.RequireSecret = on
 		default:
 			if opt == "{" {
 				// "require_key {": the option before took no block.
-				return d.Err("unexpected {: of the options only store takes a block")
+				return nil, directive, d.Err("unexpected {: of the options only store takes a block")
 			}
-			return d.Errf("unknown iceberg_idempotency option %q", opt)
+			return nil, directive, d.Errf("unknown iceberg_idempotency option %q", opt)
 		}
 		// Values are checked in one place, Validate's; here with the line.
 		if err := h.validateOption(opt); err != nil {
-			return d.Err(err.Error())
+			return nil, directive, d.Err(err.Error())
 		}
 	}
 	// The lease against the store's timeouts, as Provision checks it, on
@@ -273,18 +286,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	if err := checkLease(lease, store); err != nil {
 		if at, ok := given["lease"]; ok {
-			return fmt.Errorf("%w, at %s", err, at)
+			return nil, directive, fmt.Errorf("%w, at %s", err, at)
 		}
-		return fmt.Errorf("%w (%v is the default lease), at %s", err, DefaultLease, given["store"])
+		return nil, directive, fmt.Errorf("%w (%v is the default lease), at %s", err, DefaultLease, given["store"])
 	}
 	// Provision refuses it too, where the error has no line.
 	if _, inProcess := store.(*MemoryStore); h.RequireSecret && h.Secret == "" && store != nil && !inProcess {
-		return fmt.Errorf("require_secret: the store keeps records outside this process, but no secret is set: set secret, or leave require_secret out, at %s", given["require_secret"])
+		return nil, directive, fmt.Errorf("require_secret: the store keeps records outside this process, but no secret is set: set secret, or leave require_secret out, at %s", given["require_secret"])
 	}
-	if at, ok := given["max_request_size"]; ok {
-		h.maxRequestSizeAt = at
-	}
-	return nil
+	return given, directive, nil
 }
 
 // givenOptions remembers the line of each option read in one block, to

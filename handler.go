@@ -197,10 +197,6 @@ type Handler struct {
 	replayHdrs       []string
 	keys             keyring // derived from Secret and PreviousSecrets; never marshalled
 	logger           *zap.Logger
-	// maxRequestSizeAt is the Caddyfile line of max_request_size, or of
-	// the directive when it is not given, for parseHandler's check
-	// against the global option.
-	maxRequestSizeAt optionAt
 	// principalHeader is the header Principal names when it is one
 	// {http.request.header.*} placeholder (see principalOf), else "".
 	principalHeader string

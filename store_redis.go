@@ -97,21 +97,23 @@ func (r *RedisStore) Provision(caddy.Context) error {
 	// A value given that expands to nothing fell back to no
 	// authentication, or to the default prefix another catalog's store
 	// shares: refused, as an empty dsn or secret is.
-	expanded := map[string]string{}
-	for _, o := range []struct{ name, raw string }{{"username", r.Username}, {"password", r.Password}, {"key_prefix", r.KeyPrefix}} {
-		v := repl.ReplaceKnown(o.raw, "")
-		if o.raw != "" && v == "" {
-			return emptyAfterPlaceholders("redis", o.name, o.raw)
+	var username, password, keyPrefix string
+	for _, o := range []struct {
+		name, raw string
+		into      *string
+	}{{"username", r.Username, &username}, {"password", r.Password, &password}, {"key_prefix", r.KeyPrefix, &keyPrefix}} {
+		*o.into = repl.ReplaceKnown(o.raw, "")
+		if o.raw != "" && *o.into == "" {
+			return emptyAfterPlaceholders(fmt.Sprintf("redis store: %s %q is empty after replacing placeholders", o.name, o.raw), o.raw)
 		}
-		expanded[o.name] = v
 	}
 	cfg, err := redis.Config{
 		Addrs:         addrs,
 		Cluster:       r.Cluster,
-		Username:      expanded["username"],
-		Password:      expanded["password"],
+		Username:      username,
+		Password:      password,
 		DB:            r.DB,
-		KeyPrefix:     expanded["key_prefix"],
+		KeyPrefix:     keyPrefix,
 		TLS:           r.TLS || r.TLSServerName != "",
 		TLSServerName: repl.ReplaceKnown(r.TLSServerName, ""),
 		DialTimeout:   time.Duration(r.DialTimeout),

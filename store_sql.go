@@ -123,22 +123,18 @@ func emptyDSNError(backend, raw string) error {
 	if strings.TrimSpace(raw) == "" {
 		return fmt.Errorf("%s store: dsn is required", backend)
 	}
-	return emptyAfterPlaceholders(backend, "dsn", raw)
+	// "dsn is required" first: it is what an operator searches for.
+	return emptyAfterPlaceholders(fmt.Sprintf("%s store: dsn is required, and dsn %q is empty after replacing placeholders", backend, raw), raw)
 }
 
-// emptyAfterPlaceholders says that option's value raw, given, expanded to
-// nothing, naming the environment variables to check.
-func emptyAfterPlaceholders(backend, option, raw string) error {
+// emptyAfterPlaceholders returns msg, which says that raw, a value given,
+// expanded to nothing, naming the environment variables to check.
+func emptyAfterPlaceholders(msg, raw string) error {
 	var unset []string
 	for _, m := range envPlaceholder.FindAllStringSubmatch(raw, -1) {
 		if os.Getenv(m[1]) == "" && !slices.Contains(unset, m[1]) {
 			unset = append(unset, m[1])
 		}
-	}
-	// "dsn is required" first: it is what an operator searches for.
-	msg := fmt.Sprintf("%s store: %s %q is empty after replacing placeholders", backend, option, raw)
-	if option == "dsn" {
-		msg = fmt.Sprintf("%s store: dsn is required, and dsn %q is empty after replacing placeholders", backend, raw)
 	}
 	switch len(unset) {
 	case 0:

@@ -172,19 +172,10 @@ func TestFaultIcebergGoResetAfterCommit(t *testing.T) {
 	if !errors.Is(err, rest.ErrCommitStateUnknown) || errors.Is(err, rest.ErrCommitFailed) {
 		t.Errorf("iceberg-go commit error = %v, want ErrCommitStateUnknown", err)
 	}
-	want := []int{502, 500, 500, 500, 500, 500}
-	if fmt.Sprint(statuses) != fmt.Sprint(want) {
-		t.Errorf("updateTable attempts were answered %v, want %v (502, then 500 unknown for every resend)", statuses, want)
-	}
-	if n := st.Catalog.Executions(catalog.OpUpdateTable); n != 1 {
-		t.Errorf("catalog executed updateTable %d times, want 1", n)
-	}
-	if n := st.Catalog.Requests(catalog.OpUpdateTable); n != 1 {
-		t.Errorf("updateTable reached the catalog %d times, want 1 (resends must be answered by the proxy)", n)
-	}
-	if snapshots != 1 || rows != 2 {
-		t.Errorf("table has %d snapshots and %d rows, want 1 snapshot with the 2 appended rows", snapshots, rows)
-	}
+	wantResetCommit(t, st, statuses, snapshots, rows, resetCommitWant{
+		statuses: []int{502, 500, 500, 500, 500, 500}, statusesWhy: "502, then 500 unknown for every resend",
+		requests: 1, requestsWhy: "resends must be answered by the proxy",
+	})
 	wantNoDuplicates(t, rt.tally.record("iceberg-go: catalog commits then resets (memory)", st.Catalog.TotalExecutions(), st.Catalog.ExecutionsWithKey,
 		fmt.Sprintf("updateTable answered %v; iceberg-go: %s; table: %d snapshot, %d rows",
 			statuses, told(err), snapshots, rows)))
@@ -209,22 +200,41 @@ func TestFaultIcebergGoResetAfterCommitWithoutModule(t *testing.T) {
 	if !errors.Is(err, rest.ErrCommitFailed) {
 		t.Errorf("iceberg-go commit error = %v, want ErrCommitFailed", err)
 	}
-	if want := []int{502, 409}; fmt.Sprint(statuses) != fmt.Sprint(want) {
-		t.Errorf("updateTable attempts were answered %v, want %v (Caddy's 502, then the catalog's 409 to the resend)", statuses, want)
+	wantResetCommit(t, st, statuses, snapshots, rows, resetCommitWant{
+		statuses: []int{502, 409}, statusesWhy: "Caddy's 502, then the catalog's 409 to the resend",
+		requests: 2, requestsWhy: "the resend was passed on",
+	})
+	rt.tally.record("contrast: same, plain reverse_proxy", st.Catalog.TotalExecutions(), st.Catalog.ExecutionsWithKey,
+		fmt.Sprintf("updateTable answered %v; iceberg-go: %s although the table has %d snapshot, %d rows",
+			statuses, told(err), snapshots, rows))
+}
+
+// resetCommitWant is what a resetAfterCommit run should leave beside the
+// one execution and the one snapshot of 2 rows both runs leave.
+type resetCommitWant struct {
+	statuses    []int // the commit's attempts' answers
+	statusesWhy string
+	requests    int // updateTable requests that reached the catalog
+	requestsWhy string
+}
+
+// wantResetCommit checks a resetAfterCommit run: the answers its attempts
+// got, the requests the catalog saw, one execution, and the table holding
+// the first attempt's one snapshot with its 2 rows.
+func wantResetCommit(t *testing.T, st *icebergStack, statuses []int, snapshots, rows int, want resetCommitWant) {
+	t.Helper()
+	if fmt.Sprint(statuses) != fmt.Sprint(want.statuses) {
+		t.Errorf("updateTable attempts were answered %v, want %v (%s)", statuses, want.statuses, want.statusesWhy)
 	}
 	if n := st.Catalog.Executions(catalog.OpUpdateTable); n != 1 {
 		t.Errorf("catalog executed updateTable %d times, want 1 (the first attempt)", n)
 	}
-	if n := st.Catalog.Requests(catalog.OpUpdateTable); n != 2 {
-		t.Errorf("updateTable reached the catalog %d times, want 2 (the resend was passed on)", n)
+	if n := st.Catalog.Requests(catalog.OpUpdateTable); n != want.requests {
+		t.Errorf("updateTable reached the catalog %d times, want %d (%s)", n, want.requests, want.requestsWhy)
 	}
 	if snapshots != 1 || rows != 2 {
-		t.Errorf("table has %d snapshots and %d rows, want 1 snapshot with the 2 appended rows: the first attempt committed although the client saw a failure",
-			snapshots, rows)
+		t.Errorf("table has %d snapshots and %d rows, want 1 snapshot with the 2 appended rows", snapshots, rows)
 	}
-	rt.tally.record("contrast: same, plain reverse_proxy", st.Catalog.TotalExecutions(), st.Catalog.ExecutionsWithKey,
-		fmt.Sprintf("updateTable answered %v; iceberg-go: %s although the table has %d snapshot, %d rows",
-			statuses, told(err), snapshots, rows))
 }
 
 // told names what iceberg-go told its caller about a commit.
