@@ -221,6 +221,9 @@ type Handler struct {
 	// again after an attempt that was written and never answered: see
 	// warnResent.
 	resentWarned int32
+	// transportResentWarned: the same, for a resend by Go's transport
+	// itself (see warnTransportResent).
+	transportResentWarned int32
 	// bodiesFullWarned is set (atomically) once a keyed request was
 	// refused because the held bodies filled max_buffered_bytes.
 	bodiesFullWarned int32

@@ -379,8 +379,12 @@ func (g *guarded) execute() error {
 	if g.conns.askedAfterAnswer.Load() {
 		g.warnAskedAfterAnswer()
 	}
-	if g.conns.resent.Load() && proxyRetried(g.r) {
-		g.warnResent()
+	if g.conns.resent.Load() {
+		if proxyRetried(g.r) {
+			g.warnResent()
+		} else if transportReplays(g.r) {
+			g.warnTransportResent()
+		}
 	}
 
 	if err != nil {
@@ -478,7 +482,8 @@ func (g *guarded) execute() error {
 		// answer may be the catalog refusing the commit it already made
 		// (409), which must neither be stored nor reach a client that
 		// would clean up after it.
-		g.log(zapcore.ErrorLevel, "reverse_proxy sent the request again after an attempt was sent (lb_retry_match or retry_match retrying mutations): "+
+		g.log(zapcore.ErrorLevel, "the request was sent to the catalog again after an attempt was sent (reverse_proxy's lb_retry_match or retry_match retrying mutations, "+
+			"or Go's transport resending a body-less GET, HEAD or OPTIONS behind request_buffers): "+
 			"its answer is not delivered nor stored; the key's outcome is unknown", zap.Int("status", status))
 		g.markUnknown(detached, nil)
 		if cw.overflowed {
@@ -647,6 +652,20 @@ func (g *guarded) warnResent() {
 		g.log(zapcore.WarnLevel, "a keyed request was sent to the catalog again after an attempt that got no answer: "+
 			"lb_retry_match retrying mutations after a transport error makes the catalog execute them twice, which no key can stop. "+
 			"Do not retry POST or DELETE in reverse_proxy; such answers other than 2xx are not stored and the key's outcome is unknown")
+	}
+}
+
+// warnTransportResent says, once per handler, that Go's HTTP transport
+// sent a keyed GET, HEAD or OPTIONS (a commit that X-HTTP-Method-Override
+// names) to the catalog again after an attempt that got no answer: the
+// request went with a nil body, which reverse_proxy's request_buffers makes
+// of the unrewindable one the handler gives it (see transportReplays).
+func (g *guarded) warnTransportResent() {
+	if atomic.CompareAndSwapInt32(&g.h.transportResentWarned, 0, 1) {
+		g.log(zapcore.WarnLevel, "Go's HTTP transport sent a keyed GET, HEAD or OPTIONS (a mutation X-HTTP-Method-Override names) to the catalog again "+
+			"after an attempt that got no answer, so the catalog may have executed it twice: reverse_proxy's request_buffers sends such a request "+
+			"with the body that lets the transport resend it. Remove request_buffers from the catalog's reverse_proxy; "+
+			"such answers other than 2xx are not stored and the key's outcome is unknown")
 	}
 }
 

@@ -121,8 +121,34 @@ type connTrace struct {
 // provably did not process (HTTP/2's REFUSED_STREAM or GOAWAY, an HTTP/1
 // write that sent nothing), or forward_auth after the handler, whose
 // answer came before the catalog's.
+//
+// A resend of a request the transport itself may replay after writing it
+// (transportReplays) counts too, retried by reverse_proxy or not: Go's
+// transport resent the request after the connection broke, not knowing
+// whether the catalog had executed it.
 func (c *connTrace) sentAgain(r *http.Request) bool {
-	return (c.resent.Load() || c.askedAfterAnswer.Load()) && proxyRetried(r)
+	return (c.resent.Load() || c.askedAfterAnswer.Load()) && proxyRetried(r) ||
+		c.resent.Load() && transportReplays(r)
+}
+
+// transportReplays reports whether Go's HTTP transport may resend r by
+// itself after writing it, when a reused connection breaks before the
+// answer: a GET, HEAD, OPTIONS or TRACE with a nil body
+// (net/http.Request.isReplayable). Guarded, such a request is a commit
+// that X-HTTP-Method-Override names. unrewindableBody keeps the transport
+// from it, except behind reverse_proxy's request_buffers, which reads the
+// body first and sends an empty one as nil: the first attempt may have
+// executed, and the answer at hand may be the catalog refusing the commit
+// it already made. The method is the one reverse_proxy sends (its
+// `method` option aside), and the trace cannot see whether the body went
+// as nil, so any resend of these methods counts: the safe side, also for
+// an HTTP/2 resend after REFUSED_STREAM, which proves nothing executed.
+func transportReplays(r *http.Request) bool {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	return false
 }
 
 // retriesVar is where reverse_proxy notes how often it retried a request.
