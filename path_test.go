@@ -424,6 +424,14 @@ func TestMethodSpellingsAndOverride(t *testing.T) {
 		// read as sent, a commit; as overridden, a drop: the commit wins
 		{"POST", "DELETE", "/v1/catalogs/c/namespaces/ns/tables/t", "updateTable"},
 		{"GET", "GET", "/v1/catalogs/c/namespaces/ns/tables/t", ""},
+		// read as sent, scan planning; as overridden, a drop under the
+		// prefix "namespaces/A/tables": the drop wins, since scan
+		// planning is taken for rerunnable (until the build after
+		// a95b973 its lost answer released the key, and the retry
+		// dropped again)
+		{"POST", "DELETE", "/v1/namespaces/A/tables/namespaces/plan", "dropNamespace"},
+		{"POST", "DELETE", "/v1/namespaces/commit/tables/tables%2Fplan/tasks", "cancelPlanning"},
+		{"POST", "", "/v1/namespaces/A/tables/namespaces/plan", "planTableScan"},
 		{"GET", "", "/v1/catalogs/c/namespaces/ns/tables/t", ""},
 	} {
 		r := httptest.NewRequest(c.method, c.path, nil)
