@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"iter"
 	"maps"
+	"net"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -221,17 +223,18 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 					if up == nil {
 						continue
 					}
+					dial := upstreamKey(up.Dial)
 					if in.unguarded {
-						w.unguarded[up.Dial] = true
+						w.unguarded[dial] = true
 						if in.underTaker {
-							w.unguardedUnderMatcher[up.Dial] = true
+							w.unguardedUnderMatcher[dial] = true
 						}
 					}
 					if in.guarded || in.guardedUnderMatcher {
-						w.guardedAny[up.Dial] = true
+						w.guardedAny[dial] = true
 					}
 					if in.guardedUnderMatcher {
-						w.guardedUnderMatcher[up.Dial] = true
+						w.guardedUnderMatcher[dial] = true
 					}
 				}
 			case *caddyhttp.Subroute:
@@ -258,6 +261,34 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 			st = st.guard()
 		}
 	}
+}
+
+// upstreamKey is the catalog an upstream's dial address names, in one
+// spelling, so that two reverse_proxy handlers to it are known for the
+// same: its {env.*} placeholders expanded, and its host lower-cased, an
+// IPv4-mapped IPv6 address written as IPv4, and "localhost" and every
+// loopback address as one. Compared as written, a catch-all to
+// "localhost:8181" beside a guarded "127.0.0.1:8181" (or "{env.CATALOG}",
+// or "[::ffff:127.0.0.1]:8181") took "/v1;x/…" to the catalog unguarded
+// without a warning until the build after a95b973. Another DNS name of the
+// same host, or dynamic upstreams, are not known for it.
+func upstreamKey(dial string) string {
+	dial = caddy.NewReplacer().ReplaceKnown(dial, "")
+	network, host, port, err := caddy.SplitNetworkAddress(dial)
+	if err != nil || port == "" {
+		return dial
+	}
+	host = strings.ToLower(host)
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+		if ip.Unmap().IsLoopback() {
+			host = "localhost"
+		}
+	}
+	if network != "" && network != "tcp" {
+		return network + "/" + net.JoinHostPort(host, port)
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // sendsRequestOn reports whether rp sends the requests it gets to its

@@ -76,9 +76,16 @@ func TestBypassableHandlersWalk(t *testing.T) {
 		{"handle_errors to an error page server", ":8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:3\n\t}\n}\n", false},
 		{"handle_errors sends its own GET to the catalog", ":8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:2 {\n\t\t\tmethod GET\n\t\t}\n\t}\n}\n", false},
 		{"handle_errors to a catalog nothing guards", ":8089 {\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		// The same catalog spelt another way (until the build after
+		// a95b973 compared as written, and not warned of).
+		{"catch-all to localhost, guard to 127.0.0.1", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy localhost:2\n\t}\n}\n", true},
+		{"catch-all to an IPv4-mapped address", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 10.0.0.5:2\n\t}\n\thandle {\n\t\treverse_proxy [::ffff:10.0.0.5]:2\n\t}\n}\n", true},
+		{"catch-all to an {env.*} upstream", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy Catalog.Example:8181\n\t}\n\thandle {\n\t\treverse_proxy {env.ICEBERG_IDEMPOTENCY_TEST_UPSTREAM}\n\t}\n}\n", true},
+		{"catch-all to another port of the same host", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy localhost:3\n\t}\n}\n", false},
 		{"dynamic/no upstreams", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy {\n\t\t\tdynamic a example.com\n\t\t}\n\t}\n\thandle {\n\t\treverse_proxy\n\t}\n}\n", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("ICEBERG_IDEMPOTENCY_TEST_UPSTREAM", "catalog.example:8181")
 			core, logs := observer.New(zapcore.WarnLevel)
 			warnBypassableHandlers(provisionedHTTPApp(t, tt.caddyfile), zap.New(core))
 			if warned := logs.Len() > 0; warned != tt.warned {
