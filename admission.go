@@ -79,6 +79,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	}
 
 	if len(path) > maxBoundPath {
+		decisionCounters.inc(op, outcomeRejected)
 		closeUnreadBody(w, r)
 		writeError(w, http.StatusRequestURITooLong, typeURITooLong,
 			fmt.Sprintf("request path is %d bytes, more than the %d an Idempotency-Key can be bound to; it was not executed", len(path), maxBoundPath), 0)
@@ -113,7 +114,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	// A body announced too large is refused before it is read: a client
 	// that sent Expect: 100-continue is then not asked to upload it.
 	if r.ContentLength > h.MaxRequestSize {
-		return h.bodyTooLarge(w, r)
+		return h.bodyTooLarge(w, r, op)
 	}
 	hold := bodyHold{budget: h.bodies}
 	defer hold.release()
@@ -122,10 +123,11 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return h.bodiesFull(w, r, op)
 	}
 	if err != nil {
+		decisionCounters.inc(op, outcomeRejected)
 		return bodyUnread(w, r, err)
 	}
 	if int64(len(body)) > h.MaxRequestSize {
-		return h.bodyTooLarge(w, r)
+		return h.bodyTooLarge(w, r, op)
 	}
 	principal := h.principalOf(r)
 	if principal == "" && h.Principal != DefaultPrincipal {
@@ -259,7 +261,8 @@ func (g *guarded) passGuarded() error {
 }
 
 // bodyTooLarge answers a keyed request whose body exceeds MaxRequestSize.
-func (h *Handler) bodyTooLarge(w http.ResponseWriter, r *http.Request) error {
+func (h *Handler) bodyTooLarge(w http.ResponseWriter, r *http.Request, op string) error {
+	decisionCounters.inc(op, outcomeRejected)
 	closeUnreadBody(w, r)
 	writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge,
 		fmt.Sprintf("request body exceeds %d bytes, the largest accepted with an Idempotency-Key", h.MaxRequestSize), 0)

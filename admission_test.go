@@ -293,10 +293,14 @@ func TestUnreadableBodyGetsAnIcebergError(t *testing.T) {
 				rb := &requestbody.RequestBody{MaxSize: c.limit}
 				next = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return rb.ServeHTTP(w, r, inner) })
 			}
+			before := value(t, decisions, "operation", "createNamespace", "outcome", outcomeRejected)
 			err := next.ServeHTTP(rec, req)
 			res := result{status: rec.Code, header: rec.Header(), body: rec.Body.String(), err: err}
 			if err != nil || res.code() != c.status || res.errorType() != c.typ || up.calls.Load() != 0 {
 				t.Fatalf("%d %q (error %v), %d executions; want %d %s and none", res.code(), res.body, err, up.calls.Load(), c.status, c.typ)
+			}
+			if got := value(t, decisions, "operation", "createNamespace", "outcome", outcomeRejected) - before; got != 1 {
+				t.Fatalf("requests_total{outcome=rejected} rose by %v, want 1", got)
 			}
 		})
 	}
@@ -472,6 +476,39 @@ func TestSlowReaderGivesItsBodyBack(t *testing.T) {
 			}
 			if held := h.bodies.held.Load(); held != 0 {
 				t.Fatalf("budget holds %d after every request ended", held)
+			}
+		})
+	}
+}
+
+// Keyed requests refused for what they are, before anything is reserved,
+// are counted: until the build after a95b973 a 413 or 414 left
+// requests_total unchanged, and such refusals showed nowhere in the
+// module's metrics.
+func TestRejectedRequestsAreCounted(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.MaxRequestSize = 16
+	up := answering(http.StatusOK, `{}`)
+	longPath := "/v1/namespaces/ns/tables/" + strings.Repeat("t", maxBoundPath)
+	for _, c := range []struct {
+		name, op, path, body string
+		length               int64
+		status               int
+	}{
+		{"announced too large", "createNamespace", "/v1/namespaces", nsBody, int64(len(nsBody)), http.StatusRequestEntityTooLarge},
+		{"read past max_request_size", "createNamespace", "/v1/namespaces", nsBody, -1, http.StatusRequestEntityTooLarge},
+		{"path too long to bind", "updateTable", longPath, "{}", 2, http.StatusRequestURITooLong},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := value(t, decisions, "operation", c.op, "outcome", outcomeRejected)
+			req := httptest.NewRequest(http.MethodPost, c.path, strings.NewReader(c.body))
+			req.ContentLength = c.length
+			req.Header.Set(IdempotencyKeyHeader, storetest.NewKey(t))
+			if res := serveRequest(h, up, req); res.code() != c.status || up.calls.Load() != 0 {
+				t.Fatalf("%d %q, %d executions; want %d and none", res.code(), res.body, up.calls.Load(), c.status)
+			}
+			if got := value(t, decisions, "operation", c.op, "outcome", outcomeRejected) - before; got != 1 {
+				t.Fatalf("requests_total{operation=%q,outcome=rejected} rose by %v, want 1", c.op, got)
 			}
 		})
 	}

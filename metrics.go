@@ -147,6 +147,10 @@ const (
 	outcomeNoPrincipal      = "no_principal"
 	outcomeOverloaded       = "overloaded"
 	outcomeUnknownFull      = "unknown_full"
+	// outcomeRejected: the request itself was refused before anything was
+	// reserved, its body larger than max_request_size (413) or not read
+	// whole (400, 408), or its path too long to bind a key to (414).
+	outcomeRejected = "rejected"
 )
 
 // collectors are the collectors registerMetrics registers.
