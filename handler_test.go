@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/memory"
@@ -456,8 +457,18 @@ func TestStoreFailure(t *testing.T) {
 		t.Run(fmt.Sprint("fail_open=", failOpen), func(t *testing.T) {
 			h := newTestHandler(t, failingStore{})
 			h.FailOpen = failOpen
+			core, logs := observer.New(zap.ErrorLevel)
+			h.logger = zap.New(core)
+			h.pooled = newPooledStore(failingStore{})
+			h.pooled.backend = "postgres"
 			up := answering(200, "{}")
 			res := serve(t, h, up, "POST", "/v1/namespaces", storetest.NewKey(t), nsBody)
+			// The line names the store: with a handler per store, the
+			// error text alone did not always tell which one failed
+			// (until the build after a95b973).
+			if lines := logs.FilterMessageSnippet("store failed:").FilterField(zap.String("store", "postgres")).All(); len(lines) != 1 {
+				t.Errorf("store failure logged %d times naming the store, want once; logs: %v", len(lines), logs.All())
+			}
 			if failOpen {
 				if res.code() != 200 || up.calls.Load() != 1 {
 					t.Fatalf("fail_open: %d, calls %d; want passed through", res.code(), up.calls.Load())
@@ -639,12 +650,19 @@ func TestKeyOfAnotherVersionAcceptedElsewhere(t *testing.T) {
 	if fresh := serve(t, old, up, "POST", "/v1/namespaces", other, nsBody); fresh.code() != 400 || !strings.Contains(fresh.body, "got version 4") {
 		t.Fatalf("unrecorded v4 key = %d %s; want 400", fresh.code(), fresh.body)
 	}
-	down := &Handler{store: failingStore{s}, logger: zap.NewNop()}
+	core, logs := observer.New(zap.ErrorLevel)
+	down := &Handler{store: failingStore{s}, logger: zap.New(core)}
 	if err := down.prepare(); err != nil {
 		t.Fatal(err)
 	}
 	if res := serve(t, down, up, "POST", "/v1/namespaces", other, nsBody); res.code() != 503 || up.calls.Load() != 1 {
 		t.Fatalf("v4 key with the store down = %d %s, catalog called %d; want 503", res.code(), res.body, up.calls.Load())
+	}
+	// Logged as any store failure, with the key and the store: until the
+	// build after a95b973 it was counted and alerted on, and logged
+	// nowhere.
+	if lines := logs.FilterMessage("store failed: rejecting request").FilterField(zap.String("key", other)).FilterField(zap.String("store", "other")).All(); len(lines) != 1 {
+		t.Fatalf("store failure on a key of another version logged %d times with its key and store, want once; logs: %v", len(lines), logs.All())
 	}
 }
 

@@ -1555,7 +1555,7 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		return g.unknownFull()
 	}
 	if failOpen {
-		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.Error(err))
+		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.String("store", g.h.backend()), zap.Error(err))
 		g.count(outcomeFailOpen)
 		// Unguarded, but not replayed by the transport behind the
 		// client's back either (see hideKeyFromTransport), nor answered
@@ -1569,7 +1569,7 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		defer hideUpgrade(r)()
 		return g.next.ServeHTTP(g.w, r)
 	}
-	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.Error(err))
+	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.String("store", g.h.backend()), zap.Error(err))
 	g.count(outcomeStoreUnavailable)
 	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable,
 		"Idempotency store is unavailable; retry with the same Idempotency-Key", g.retryAfterSeconds())
@@ -1646,6 +1646,16 @@ func (g *guarded) requestEnded() error {
 // does the same (http.ErrAbortHandler is not logged as a panic).
 func abortForGoneClient() {
 	panic(http.ErrAbortHandler)
+}
+
+// backend names the handler's store kind (memory, postgres, ...) for the
+// log lines of its failures: with several handlers, each on its own store,
+// the error text alone does not always tell which one failed.
+func (h *Handler) backend() string {
+	if h.pooled != nil && h.pooled.backend != "" {
+		return h.pooled.backend
+	}
+	return "other"
 }
 
 // retryAfterSeconds is retry_after in whole seconds, rounded up, for a
