@@ -306,11 +306,22 @@ func notFound(ans keyAnswer) error {
 	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("idempotency key %s: no record in any store in use", ans.Key)}
 }
 
+// noStoreInUse answers a key's lookup on a node whose running config has
+// no iceberg_idempotency handler. "No record" would read as the key being
+// gone, to an operator who asked the wrong node or admin address.
+func noStoreInUse(key string) error {
+	return caddy.APIError{HTTPStatus: http.StatusNotFound,
+		Err: fmt.Errorf("idempotency key %s: no store in use: the running config has no iceberg_idempotency handler; ask the admin endpoint of a node that runs one", key)}
+}
+
 func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, key string) error {
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
 	list, release := inUse()
 	defer release()
+	if len(list) == 0 {
+		return noStoreInUse(key)
+	}
 	ans := lookup(ctx, list, key)
 	if len(ans.Records) == 0 {
 		return notFound(ans)
@@ -345,6 +356,9 @@ func (a *AdminAPI) forgetKey(w http.ResponseWriter, r *http.Request, key string)
 	defer cancel()
 	list, release := inUse()
 	defer release()
+	if len(list) == 0 {
+		return noStoreInUse(key)
+	}
 	ans := lookup(ctx, list, key)
 	if len(ans.Records) == 0 {
 		return notFound(ans)

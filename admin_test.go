@@ -180,14 +180,34 @@ func TestAdminGetKey(t *testing.T) {
 	}
 }
 
+// A node without a handler says so, rather than "no record": an operator
+// who asked the wrong node or admin address would read that as the key
+// being gone (until the build after a95b973 it said "no record in any
+// store in use").
 func TestAdminGetKeyWithoutRunningConfig(t *testing.T) {
-	running.Store(nil)
-	h := (&AdminAPI{logger: zaptest.NewLogger(t)}).Routes()[0].Handler
-	if status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/keys/"+uuid.NewString()); status != http.StatusNotFound {
-		t.Errorf("GET = %d %s, want 404", status, body)
-	}
-	if status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/stats"); status != http.StatusOK || !strings.Contains(string(body), `"stores":[]`) {
-		t.Errorf("stats = %d %s", status, body)
+	for name, setup := range map[string]func() caddy.AdminHandler{
+		"no app": func() caddy.AdminHandler {
+			running.Store(nil)
+			return (&AdminAPI{logger: zaptest.NewLogger(t)}).Routes()[0].Handler
+		},
+		"app without stores": func() caddy.AdminHandler { return adminFixture(t, map[string]stores.Store{}) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := setup()
+			for _, method := range []string{http.MethodGet, http.MethodDelete} {
+				target := "/iceberg_idempotency/keys/" + uuid.NewString()
+				if method == http.MethodDelete {
+					target += "?force=true"
+				}
+				status, body := call(t, h, method, target)
+				if status != http.StatusNotFound || !strings.Contains(string(body), "no store in use: the running config has no iceberg_idempotency handler") {
+					t.Errorf("%s = %d %s, want 404 saying no store is in use", method, status, body)
+				}
+			}
+			if status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/stats"); status != http.StatusOK || !strings.Contains(string(body), `"stores":[]`) {
+				t.Errorf("stats = %d %s", status, body)
+			}
+		})
 	}
 }
 

@@ -3,12 +3,14 @@ package icebergidempotency
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
 	"regexp"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
@@ -134,19 +136,50 @@ func printJSON(body []byte) error {
 	return err
 }
 
+// notAdminAnswer is the error for a 200 answer without the fields the
+// admin API always sends: another server answered (a site's address given
+// as --address, a catalog behind it), and its JSON says nothing of the key.
+func notAdminAnswer(what string) error {
+	return fmt.Errorf("the answer is not the iceberg_idempotency admin API's (it has no %s): is --address Caddy's admin endpoint (%s by default), not a site's?", what, caddy.DefaultAdminListen)
+}
+
+// keyAnswered checks that an answer about a key names that key: the admin
+// API lower-cases it, as the handler compares keys.
+func keyAnswered(got *string, asked string) error {
+	if got == nil {
+		return notAdminAnswer(`"key"`)
+	}
+	if !strings.EqualFold(*got, asked) {
+		return fmt.Errorf("the admin API answered about key %q, not %q", *got, asked)
+	}
+	return nil
+}
+
 func cmdKey(fl caddycmd.Flags) (int, error) {
 	body, err := adminRequest(fl, http.MethodGet, keyURI(fl.Arg(0)))
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
+	var ans struct {
+		Key     *string          `json:"key"`
+		Records *json.RawMessage `json:"records"`
+		// A store that failed may hold the key too: the answer is
+		// partial.
+		Errors []storeError `json:"errors"`
+	}
+	if err := json.Unmarshal(body, &ans); err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("decoding the admin API's answer: %w", err)
+	}
+	if err := keyAnswered(ans.Key, fl.Arg(0)); err != nil {
+		return caddy.ExitCodeFailedStartup, err
+	}
+	if ans.Records == nil {
+		return caddy.ExitCodeFailedStartup, notAdminAnswer(`"records"`)
+	}
 	if err := printJSON(body); err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	// A store that failed may hold the key too: the answer is partial.
-	var ans struct {
-		Errors []storeError `json:"errors"`
-	}
-	if err := json.Unmarshal(body, &ans); err == nil && len(ans.Errors) > 0 {
+	if len(ans.Errors) > 0 {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("%d store(s) could not be asked: the key may be there too", len(ans.Errors))
 	}
 	return caddy.ExitCodeSuccess, nil
@@ -162,17 +195,31 @@ func cmdForget(fl caddycmd.Flags) (int, error) {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	var ans struct {
-		Key       string       `json:"key"`
-		Forgotten int          `json:"forgotten"`
+		Key       *string      `json:"key"`
+		Forgotten *int         `json:"forgotten"`
 		Errors    []storeError `json:"errors"`
 	}
 	if err := json.Unmarshal(body, &ans); err != nil {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("decoding the admin API's answer: %w", err)
 	}
-	fmt.Fprintf(cmdOut, "forgot key %s in %d store(s)\n", ans.Key, ans.Forgotten)
-	if len(ans.Errors) > 0 {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("%d store(s) could not forget key %s: %s", len(ans.Errors), ans.Key, body)
+	if err := keyAnswered(ans.Key, fl.Arg(0)); err != nil {
+		return caddy.ExitCodeFailedStartup, err
 	}
+	if ans.Forgotten == nil {
+		return caddy.ExitCodeFailedStartup, notAdminAnswer(`"forgotten"`)
+	}
+	if len(ans.Errors) > 0 {
+		fmt.Fprintf(cmdOut, "forgot key %s in %d store(s)\n", *ans.Key, *ans.Forgotten)
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("%d store(s) could not forget key %s: %s", len(ans.Errors), *ans.Key, body)
+	}
+	if *ans.Forgotten == 0 {
+		// Only a forced delete answers so: the record it looked up was
+		// gone by its delete (another forget, or the purge), which is
+		// what was asked, but "forgot in 0 stores" reads as a failure.
+		fmt.Fprintf(cmdOut, "key %s: no store held it any more when deleting (forgotten by another call, or expired, since it was looked up)\n", *ans.Key)
+		return caddy.ExitCodeSuccess, nil
+	}
+	fmt.Fprintf(cmdOut, "forgot key %s in %d store(s)\n", *ans.Key, *ans.Forgotten)
 	return caddy.ExitCodeSuccess, nil
 }
 
@@ -181,18 +228,29 @@ func cmdStats(fl caddycmd.Flags) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
+	var ans struct {
+		Stores *[]storeStats `json:"stores"`
+	}
+	if err := json.Unmarshal(body, &ans); err != nil {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("decoding the admin API's answer: %w", err)
+	}
+	if ans.Stores == nil {
+		return caddy.ExitCodeFailedStartup, notAdminAnswer(`"stores"`)
+	}
 	if err := printJSON(body); err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	var ans struct {
-		Stores []storeStats `json:"stores"`
+	if len(*ans.Stores) == 0 {
+		return caddy.ExitCodeFailedStartup, errors.New("no store in use: the running config has no iceberg_idempotency handler; ask the admin endpoint of a node that runs one")
 	}
-	if err := json.Unmarshal(body, &ans); err == nil {
-		for _, s := range ans.Stores {
-			if s.Error != "" {
-				return caddy.ExitCodeFailedStartup, fmt.Errorf("store %s could not count: %s", s.Store, s.Error)
-			}
+	var failed []string
+	for _, s := range *ans.Stores {
+		if s.Error != "" {
+			failed = append(failed, s.Store+": "+s.Error)
 		}
+	}
+	if len(failed) > 0 {
+		return caddy.ExitCodeFailedStartup, fmt.Errorf("%d store(s) could not count: %s", len(failed), strings.Join(failed, "; "))
 	}
 	return caddy.ExitCodeSuccess, nil
 }

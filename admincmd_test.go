@@ -126,3 +126,64 @@ func TestAdminCommandsFailOnPartialAnswers(t *testing.T) {
 		t.Fatal("a mistyped subcommand succeeded")
 	}
 }
+
+// The commands check that the answer is the admin API's: a site's address
+// given as --address answered 200 with the catalog's JSON, and forget
+// printed "forgot key  in 0 store(s)" and exited 0 (until the build after
+// a95b973), key and stats printed the catalog's answer as the key's.
+func TestAdminCommandsRefuseAnotherServersAnswer(t *testing.T) {
+	addr := adminAnswering(t, `{"defaults":{},"overrides":{}}`)
+	key := uuid.NewString()
+	for name, run := range map[string]func() (int, error, string){
+		"key":    func() (int, error, string) { return runCmd(t, cmdKey, addr, key) },
+		"forget": func() (int, error, string) { return runCmd(t, cmdForget, addr, "--force", key) },
+		"stats":  func() (int, error, string) { return runCmd(t, cmdStats, addr) },
+	} {
+		code, err, out := run()
+		if code == caddy.ExitCodeSuccess || err == nil || !strings.Contains(err.Error(), "is --address Caddy's admin endpoint") || out != "" {
+			t.Errorf("%s against a catalog = %d, %v, %q; want a failure asking whether --address is the admin endpoint, nothing printed", name, code, err, out)
+		}
+	}
+}
+
+// adminAnswering serves one fixed JSON answer, as the admin API would.
+func adminAnswering(t *testing.T, body string) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, body)
+	}))
+	t.Cleanup(srv.Close)
+	return "--address=" + strings.TrimPrefix(srv.URL, "http://")
+}
+
+// A forced forget whose record went before its delete (another forget,
+// or the purge) answers forgotten 0 without errors: the key is gone, as
+// asked, and the command says why nothing was forgotten.
+func TestAdminForgetCommandWhenTheRecordWentMeanwhile(t *testing.T) {
+	key := uuid.NewString()
+	addr := adminAnswering(t, `{"key":"`+key+`","records":[{"store":"redis/x","backend":"redis","state":"final"}],"forgotten":0}`)
+	code, err, out := runCmd(t, cmdForget, addr, "--force", strings.ToUpper(key))
+	if code != caddy.ExitCodeSuccess || err != nil || !strings.Contains(out, "no store held it any more") {
+		t.Fatalf("forget = %d, %v, %q; want success saying the record had gone", code, err, out)
+	}
+	addr = adminAnswering(t, `{"key":"`+uuid.NewString()+`","records":[],"forgotten":1}`)
+	if code, err, _ := runCmd(t, cmdForget, addr, key); code == caddy.ExitCodeSuccess || err == nil || !strings.Contains(err.Error(), "answered about key") {
+		t.Fatalf("forget answered about another key = %d, %v; want failure", code, err)
+	}
+}
+
+// stats on a node without a handler fails, and names every store that
+// could not count, not only the first.
+func TestAdminStatsCommandNamesEveryFailure(t *testing.T) {
+	code, err, _ := runCmd(t, cmdStats, adminAnswering(t, `{"stores":[]}`))
+	if code == caddy.ExitCodeSuccess || err == nil || !strings.Contains(err.Error(), "no store in use") {
+		t.Fatalf("stats without stores = %d, %v; want failure saying no store is in use", code, err)
+	}
+	code, err, _ = runCmd(t, cmdStats, adminAnswering(t, `{"stores":[`+
+		`{"store":"postgres/a","backend":"postgres","counts":"unavailable","error":"dial tcp: refused"},`+
+		`{"store":"redis/b","backend":"redis","counts":"unavailable","error":"i/o timeout"}]}`))
+	if code == caddy.ExitCodeSuccess || err == nil || !strings.Contains(err.Error(), "postgres/a: dial tcp: refused") || !strings.Contains(err.Error(), "redis/b: i/o timeout") {
+		t.Fatalf("stats with two failing stores = %d, %v; want failure naming both", code, err)
+	}
+}
