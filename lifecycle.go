@@ -636,11 +636,17 @@ func (g *guarded) mayHaveReachedCatalog() bool {
 // answer. Either way the first upstream's connection counts as the
 // catalog's (see connTrace), and a resent commit may execute twice.
 func (g *guarded) warnAskedAfterAnswer() {
-	if atomic.CompareAndSwapInt32(&g.h.askedAfterAnswerWarned, 0, 1) {
-		g.log(zapcore.WarnLevel, "a keyed request went to an upstream again after an answer came back: "+
-			"forward_auth (or a reverse_proxy with handle_response) after iceberg_idempotency, or lb_retry_match resending after an answer. "+
-			"The first upstream's connection counts as the catalog's, so a catalog that cannot be reached leaves the key unknown "+
-			"instead of released; put forward_auth before iceberg_idempotency, and do not retry mutations in reverse_proxy")
+	g.warnOnce(&g.h.askedAfterAnswerWarned, "a keyed request went to an upstream again after an answer came back: "+
+		"forward_auth (or a reverse_proxy with handle_response) after iceberg_idempotency, or lb_retry_match resending after an answer. "+
+		"The first upstream's connection counts as the catalog's, so a catalog that cannot be reached leaves the key unknown "+
+		"instead of released; put forward_auth before iceberg_idempotency, and do not retry mutations in reverse_proxy")
+}
+
+// warnOnce logs msg as a warning with the request's key and operation, the
+// first time for the handler's flag.
+func (g *guarded) warnOnce(flag *int32, msg string) {
+	if atomic.CompareAndSwapInt32(flag, 0, 1) {
+		g.log(zapcore.WarnLevel, msg)
 	}
 }
 
@@ -648,11 +654,9 @@ func (g *guarded) warnAskedAfterAnswer() {
 // after an attempt that was written and never answered (see connTrace):
 // the catalog may execute a mutation twice within the one request.
 func (g *guarded) warnResent() {
-	if atomic.CompareAndSwapInt32(&g.h.resentWarned, 0, 1) {
-		g.log(zapcore.WarnLevel, "a keyed request was sent to the catalog again after an attempt that got no answer: "+
-			"lb_retry_match retrying mutations after a transport error makes the catalog execute them twice, which no key can stop. "+
-			"Do not retry POST or DELETE in reverse_proxy; such answers other than 2xx are not stored and the key's outcome is unknown")
-	}
+	g.warnOnce(&g.h.resentWarned, "a keyed request was sent to the catalog again after an attempt that got no answer: "+
+		"lb_retry_match retrying mutations after a transport error makes the catalog execute them twice, which no key can stop. "+
+		"Do not retry POST or DELETE in reverse_proxy; such answers other than 2xx are not stored and the key's outcome is unknown")
 }
 
 // warnTransportResent says, once per handler, that Go's HTTP transport
@@ -661,12 +665,10 @@ func (g *guarded) warnResent() {
 // request went with a nil body, which reverse_proxy's request_buffers makes
 // of the unrewindable one the handler gives it (see transportReplays).
 func (g *guarded) warnTransportResent() {
-	if atomic.CompareAndSwapInt32(&g.h.transportResentWarned, 0, 1) {
-		g.log(zapcore.WarnLevel, "Go's HTTP transport sent a keyed GET, HEAD or OPTIONS (a mutation X-HTTP-Method-Override names) to the catalog again "+
-			"after an attempt that got no answer, so the catalog may have executed it twice: reverse_proxy's request_buffers sends such a request "+
-			"with the body that lets the transport resend it. Remove request_buffers from the catalog's reverse_proxy; "+
-			"such answers other than 2xx are not stored and the key's outcome is unknown")
-	}
+	g.warnOnce(&g.h.transportResentWarned, "Go's HTTP transport sent a keyed GET, HEAD or OPTIONS (a mutation X-HTTP-Method-Override names) to the catalog again "+
+		"after an attempt that got no answer, so the catalog may have executed it twice: reverse_proxy's request_buffers sends such a request "+
+		"with the body that lets the transport resend it. Remove request_buffers from the catalog's reverse_proxy; "+
+		"such answers other than 2xx are not stored and the key's outcome is unknown")
 }
 
 // warnStaleConnection names the likely cause, and its remedy, of a catalog

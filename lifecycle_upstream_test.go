@@ -103,6 +103,26 @@ func TestKeyedDeleteIsNotResentByTheTransport(t *testing.T) {
 	}
 }
 
+// breakFirstOverride is a catalog that executes every request carrying an
+// X-HTTP-Method-Override and counts it; the first one's connection it then
+// breaks before any answer, and the others get second's answer. Requests
+// without the header get 200.
+func breakFirstOverride(t *testing.T, second func(w http.ResponseWriter)) (addr string, executed *atomic.Int32) {
+	t.Helper()
+	executed = new(atomic.Int32)
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Header.Get(methodOverrideHeader) == "":
+			answerOK(w, r)
+		case executed.Add(1) == 1:
+			answerNothing(w, r)
+		default:
+			second(w)
+		}
+	})
+	return catalog.addr(), executed
+}
+
 // A GET, HEAD or OPTIONS that X-HTTP-Method-Override makes a commit (a
 // catalog on Javalin executes it as one), executed on a reused connection
 // that then broke before the answer. Go's HTTP transport takes any
@@ -118,19 +138,9 @@ func TestOverriddenReadIsNotResentByTheTransport(t *testing.T) {
 		{http.MethodOptions, http.MethodDelete},
 	} {
 		t.Run(c.method+" as "+c.override, func(t *testing.T) {
-			var executed atomic.Int32
-			catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
-				switch {
-				case r.Header.Get(methodOverrideHeader) == "":
-					answerOK(w, r)
-				case executed.Add(1) == 1:
-					answerNothing(w, r)
-				default:
-					w.WriteHeader(http.StatusConflict)
-				}
-			})
+			addr, executed := breakFirstOverride(t, func(w http.ResponseWriter) { w.WriteHeader(http.StatusConflict) })
 			h := newTestHandler(t, newMemoryStore(t))
-			proxy := newReverseProxy(t, catalog.addr())
+			proxy := newReverseProxy(t, addr)
 			// An unkeyed read first, so that the commit goes on a reused
 			// keep-alive connection: the transport replays only on those.
 			if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
@@ -906,22 +916,14 @@ func TestClientLeavingAReleasedAnswerReleasesTheKey(t *testing.T) {
 // takes a 409 for a failed commit and cleans up after it. Now the outcome
 // is unknown and a warning names request_buffers.
 func TestOverriddenReadResentBehindRequestBuffersIsUnknown(t *testing.T) {
-	var executed atomic.Int32
-	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.Header.Get(methodOverrideHeader) == "":
-			answerOK(w, r)
-		case executed.Add(1) == 1:
-			answerNothing(w, r)
-		default:
-			w.WriteHeader(http.StatusConflict)
-			_, _ = io.WriteString(w, `{"error":{"message":"Requirement failed","type":"CommitFailedException","code":409}}`)
-		}
+	addr, executed := breakFirstOverride(t, func(w http.ResponseWriter) {
+		w.WriteHeader(http.StatusConflict)
+		_, _ = io.WriteString(w, `{"error":{"message":"Requirement failed","type":"CommitFailedException","code":409}}`)
 	})
 	h := newTestHandler(t, newMemoryStore(t))
 	core, logs := observer.New(zapcore.WarnLevel)
 	h.logger = zap.New(core)
-	proxy := newReverseProxy(t, catalog.addr(), func(rp *reverseproxy.Handler) { rp.RequestBuffers = 1 << 20 })
+	proxy := newReverseProxy(t, addr, func(rp *reverseproxy.Handler) { rp.RequestBuffers = 1 << 20 })
 	// An unkeyed read first, so that the commit goes on a reused
 	// keep-alive connection: the transport replays only on those.
 	if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
