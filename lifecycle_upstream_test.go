@@ -36,16 +36,22 @@ import (
 // answer (answerNothing), a reused keep-alive connection by then. Other
 // requests get 200. newCatalog is newCountingCatalog or its TLS twin.
 func breakAfterExecuting(t *testing.T, method string, answer func(w http.ResponseWriter)) (addr string, executed *atomic.Int32) {
-	return breakAfterExecutingOn(t, newCountingCatalog, method, answer)
+	return breakAfterExecutingOn(t, newCountingCatalog, withMethod(method), answer)
 }
 
+func withMethod(method string) func(*http.Request) bool {
+	return func(r *http.Request) bool { return r.Method == method }
+}
+
+// breakAfterExecutingOn is breakAfterExecuting for the requests executes
+// picks, on the catalog newCatalog makes.
 func breakAfterExecutingOn(t *testing.T, newCatalog func(*testing.T, func(http.ResponseWriter, *http.Request)) *countingCatalog,
-	method string, answer func(w http.ResponseWriter)) (addr string, executed *atomic.Int32) {
+	executes func(*http.Request) bool, answer func(w http.ResponseWriter)) (addr string, executed *atomic.Int32) {
 	t.Helper()
 	executed = new(atomic.Int32)
 	catalog := newCatalog(t, func(w http.ResponseWriter, r *http.Request) {
 		switch {
-		case r.Method != method:
+		case !executes(r):
 			answerOK(w, r)
 		case executed.Add(1) == 1:
 			answerNothing(w, r)
@@ -76,7 +82,7 @@ func TestKeyedDeleteIsNotResentByTheTransport(t *testing.T) {
 		{"https upstream", newCountingCatalogTLS, []func(*reverseproxy.Handler){overTLS}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			addr, executed := breakAfterExecutingOn(t, c.newCatalog, http.MethodDelete, func(w http.ResponseWriter) {
+			addr, executed := breakAfterExecutingOn(t, c.newCatalog, withMethod(http.MethodDelete), func(w http.ResponseWriter) {
 				w.WriteHeader(http.StatusNotFound)
 				_, _ = io.WriteString(w, `{"error":{"message":"Table does not exist","type":"NoSuchTableException","code":404}}`)
 			})
@@ -109,18 +115,7 @@ func TestKeyedDeleteIsNotResentByTheTransport(t *testing.T) {
 // without the header get 200.
 func breakFirstOverride(t *testing.T, second func(w http.ResponseWriter)) (addr string, executed *atomic.Int32) {
 	t.Helper()
-	executed = new(atomic.Int32)
-	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.Header.Get(methodOverrideHeader) == "":
-			answerOK(w, r)
-		case executed.Add(1) == 1:
-			answerNothing(w, r)
-		default:
-			second(w)
-		}
-	})
-	return catalog.addr(), executed
+	return breakAfterExecutingOn(t, newCountingCatalog, func(r *http.Request) bool { return r.Header.Get(methodOverrideHeader) != "" }, second)
 }
 
 // A GET, HEAD or OPTIONS that X-HTTP-Method-Override makes a commit (a
