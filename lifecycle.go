@@ -483,7 +483,7 @@ func (g *guarded) execute() error {
 		// (409), which must neither be stored nor reach a client that
 		// would clean up after it.
 		g.log(zapcore.ErrorLevel, "the request was sent to the catalog again after an attempt was sent (reverse_proxy's lb_retry_match or retry_match retrying mutations, "+
-			"or Go's transport resending a body-less GET, HEAD or OPTIONS behind request_buffers): "+
+			"or Go's transport resending a body-less GET, HEAD, OPTIONS or TRACE behind request_buffers): "+
 			"its answer is not delivered nor stored; the key's outcome is unknown", zap.Int("status", status))
 		g.markUnknown(detached, nil)
 		if cw.overflowed {
@@ -652,8 +652,18 @@ func (g *guarded) warnOnce(flag *int32, msg string) {
 
 // warnResent says, once per handler, that a catalog call was sent again
 // after an attempt that was written and never answered (see connTrace):
-// the catalog may execute a mutation twice within the one request.
+// the catalog may execute a mutation twice within the one request. A GET
+// needs no lb_retry_match for that: with lb_retries or lb_try_duration
+// set, reverse_proxy retries a GET after a transport error by default, and
+// X-HTTP-Method-Override made this one a mutation.
 func (g *guarded) warnResent() {
+	if g.r.Method == http.MethodGet {
+		g.warnOnce(&g.h.resentWarned, "a keyed GET (a mutation X-HTTP-Method-Override names) was sent to the catalog again after an attempt that got no answer: "+
+			"reverse_proxy's lb_retries or lb_try_duration retry a GET after a transport error unless lb_retry_match says otherwise, "+
+			"which makes the catalog execute the mutation twice. Give that reverse_proxy an lb_retry_match that leaves out requests "+
+			"with an X-HTTP-Method-Override header; such answers other than 2xx are not stored and the key's outcome is unknown")
+		return
+	}
 	g.warnOnce(&g.h.resentWarned, "a keyed request was sent to the catalog again after an attempt that got no answer: "+
 		"lb_retry_match retrying mutations after a transport error makes the catalog execute them twice, which no key can stop. "+
 		"Do not retry POST or DELETE in reverse_proxy; such answers other than 2xx are not stored and the key's outcome is unknown")
@@ -665,7 +675,7 @@ func (g *guarded) warnResent() {
 // request went with a nil body, which reverse_proxy's request_buffers makes
 // of the unrewindable one the handler gives it (see transportReplays).
 func (g *guarded) warnTransportResent() {
-	g.warnOnce(&g.h.transportResentWarned, "Go's HTTP transport sent a keyed GET, HEAD or OPTIONS (a mutation X-HTTP-Method-Override names) to the catalog again "+
+	g.warnOnce(&g.h.transportResentWarned, "Go's HTTP transport sent a keyed GET, HEAD, OPTIONS or TRACE (a mutation X-HTTP-Method-Override names) to the catalog again "+
 		"after an attempt that got no answer, so the catalog may have executed it twice: reverse_proxy's request_buffers sends such a request "+
 		"with the body that lets the transport resend it. Remove request_buffers from the catalog's reverse_proxy; "+
 		"such answers other than 2xx are not stored and the key's outcome is unknown")

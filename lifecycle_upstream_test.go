@@ -927,7 +927,7 @@ func TestOverriddenReadResentBehindRequestBuffersIsUnknown(t *testing.T) {
 	key := storetest.NewKey(t)
 	first := serve(t, h, proxy, http.MethodGet, commitPath, key, "", methodOverrideHeader, http.MethodPost)
 	if n := executed.Load(); n != 2 {
-		t.Skipf("the transport sent the overridden GET %d times; this test needs its resend to show the handling of it", n)
+		t.Fatalf("the transport sent the overridden GET %d times; behind request_buffers Go's transport resent it (2): if a Go release no longer does, this test and transportReplays need another look", n)
 	}
 	if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
 		t.Fatalf("first answer = %d %q %v, want 502 %s, not the catalog's 409 to the resend", first.code(), first.body, first.err, typeCommitStateUnknown)
@@ -938,5 +938,51 @@ func TestOverriddenReadResentBehindRequestBuffersIsUnknown(t *testing.T) {
 	}
 	if n := logs.FilterMessageSnippet("Remove request_buffers").Len(); n != 1 {
 		t.Fatalf("%d warnings naming request_buffers, want 1; logs: %v", n, logs.All())
+	}
+}
+
+// With lb_retries (or lb_try_duration) and no lb_retry_match, reverse_proxy
+// retries a GET after a transport error by default: a GET that
+// X-HTTP-Method-Override makes a commit runs twice, which no key can stop.
+// The answer is handled as any retried request's (502 unknown, not the
+// 409 to the resend); the warning names lb_retries and the lb_retry_match
+// that avoids it (until the build after cdf0fd7 it named lb_retry_match
+// retrying POST or DELETE, which this configuration does not have). With
+// that lb_retry_match, the GET is not retried: one execution.
+func TestOverriddenGetRetriedByLBRetries(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		retryMatch caddyhttp.RawMatcherSets
+		executions int32
+	}{
+		{"lb_retries alone", nil, 2},
+		{"lb_retry_match leaving the override out", caddyhttp.RawMatcherSets{{
+			"method": json.RawMessage(`["GET"]`),
+			"not":    json.RawMessage(`[{"header":{"X-HTTP-Method-Override":["*"]}}]`),
+		}}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			addr, executed := breakFirstOverride(t, func(w http.ResponseWriter) {
+				w.WriteHeader(http.StatusConflict)
+				_, _ = io.WriteString(w, `{"error":{"message":"Requirement failed","type":"CommitFailedException","code":409}}`)
+			})
+			h := newTestHandler(t, newMemoryStore(t))
+			core, logs := observer.New(zapcore.WarnLevel)
+			h.logger = zap.New(core)
+			proxy := newReverseProxy(t, addr, func(rp *reverseproxy.Handler) {
+				rp.LoadBalancing = &reverseproxy.LoadBalancing{Retries: 1, RetryMatchRaw: c.retryMatch}
+			})
+			first := serve(t, h, proxy, http.MethodGet, commitPath, storetest.NewKey(t), "", methodOverrideHeader, http.MethodPost)
+			if first.code() != http.StatusBadGateway || first.errorType() != typeCommitStateUnknown {
+				t.Fatalf("first answer = %d %q %v, want 502 %s", first.code(), first.body, first.err, typeCommitStateUnknown)
+			}
+			if n := executed.Load(); n != c.executions {
+				t.Fatalf("the catalog executed the overridden GET %d times, want %d", n, c.executions)
+			}
+			warned := logs.FilterMessageSnippet("lb_retries or lb_try_duration retry a GET").Len()
+			if want := int(c.executions - 1); warned != want {
+				t.Fatalf("%d warnings naming lb_retries, want %d; logs: %v", warned, want, logs.All())
+			}
+		})
 	}
 }
