@@ -102,7 +102,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			// Logged as every other store failure: counted and alerted
 			// on, it had no line saying what failed.
 			h.logger.Error("store failed: rejecting request", zap.String("step", "load (a key of a version key_versions leaves out)"),
-				zap.String("store", h.backend()), zap.Error(lerr), zap.String("key", key), zap.String("operation", op))
+				zap.String("store", h.storeName()), zap.Error(lerr), zap.String("key", key), zap.String("operation", op))
 			decisionCounters.inc(op, outcomeStoreUnavailable)
 			closeUnreadBody(w, r)
 			writeError(w, http.StatusServiceUnavailable, typeUnavailable,

@@ -459,14 +459,13 @@ func TestStoreFailure(t *testing.T) {
 			h.FailOpen = failOpen
 			core, logs := observer.New(zap.ErrorLevel)
 			h.logger = zap.New(core)
-			h.pooled = newPooledStore(failingStore{})
-			h.pooled.backend = "postgres"
+			h.storeKey = "postgres/iceberg_idempotency_records/3f9c0d1e2a4b5c6d"
 			up := answering(200, "{}")
 			res := serve(t, h, up, "POST", "/v1/namespaces", storetest.NewKey(t), nsBody)
 			// The line names the store: with a handler per store, the
 			// error text alone did not always tell which one failed
 			// (until the build after a95b973).
-			if lines := logs.FilterMessageSnippet("store failed:").FilterField(zap.String("store", "postgres")).All(); len(lines) != 1 {
+			if lines := logs.FilterMessageSnippet("store failed:").FilterField(zap.String("store", h.storeKey)).All(); len(lines) != 1 {
 				t.Errorf("store failure logged %d times naming the store, want once; logs: %v", len(lines), logs.All())
 			}
 			if failOpen {

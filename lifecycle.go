@@ -1567,7 +1567,7 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		return g.unknownFull()
 	}
 	if failOpen {
-		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.String("store", g.h.backend()), zap.Error(err))
+		g.log(zapcore.ErrorLevel, "store failed: passing through unguarded (fail_open)", zap.String("step", step), zap.String("store", g.h.storeName()), zap.Error(err))
 		g.count(outcomeFailOpen)
 		// Unguarded, but not replayed by the transport behind the
 		// client's back either (see hideKeyFromTransport), nor answered
@@ -1581,7 +1581,7 @@ func (g *guarded) storeError(step string, err error, failOpen bool) error {
 		defer hideUpgrade(r)()
 		return g.next.ServeHTTP(g.w, r)
 	}
-	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.String("store", g.h.backend()), zap.Error(err))
+	g.log(zapcore.ErrorLevel, "store failed: rejecting request", zap.String("step", step), zap.String("store", g.h.storeName()), zap.Error(err))
 	g.count(outcomeStoreUnavailable)
 	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable,
 		"Idempotency store is unavailable; retry with the same Idempotency-Key", g.retryAfterSeconds())
@@ -1660,11 +1660,16 @@ func abortForGoneClient() {
 	panic(http.ErrAbortHandler)
 }
 
-// backend names the handler's store kind (memory, postgres, ...) for the
-// log lines of its failures: with several handlers, each on its own store,
-// the error text alone does not always tell which one failed.
-func (h *Handler) backend() string {
-	if h.pooled != nil && h.pooled.backend != "" {
+// storeName names the handler's store for the log lines of its failures:
+// with several handlers, each on its own store, the error text alone does
+// not always tell which one failed. It is the store's pool key, as the
+// admin API shows it (the backend, the table, and a hash that holds no
+// secret), or after Cleanup, for the requests still draining, its kind.
+func (h *Handler) storeName() string {
+	switch {
+	case h.storeKey != "":
+		return h.storeKey
+	case h.pooled != nil && h.pooled.backend != "":
 		return h.pooled.backend
 	}
 	return "other"
