@@ -143,6 +143,15 @@ func notAdminAnswer(what string) error {
 	return fmt.Errorf("the answer is not the iceberg_idempotency admin API's (it has no %s): is --address Caddy's admin endpoint (%s by default), not a site's?", what, caddy.DefaultAdminListen)
 }
 
+// decodeAnswer decodes a 200 answer into v. One that is not JSON (a
+// site's HTML page) came from another server, as notAdminAnswer says.
+func decodeAnswer(body []byte, v any) error {
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("decoding the admin API's answer: %w; is --address Caddy's admin endpoint (%s by default), not a site's?", err, caddy.DefaultAdminListen)
+	}
+	return nil
+}
+
 // keyAnswered checks that an answer about a key names that key: the admin
 // API lower-cases it, as the handler compares keys.
 func keyAnswered(got *string, asked string) error {
@@ -167,8 +176,8 @@ func cmdKey(fl caddycmd.Flags) (int, error) {
 		// partial.
 		Errors []storeError `json:"errors"`
 	}
-	if err := json.Unmarshal(body, &ans); err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("decoding the admin API's answer: %w", err)
+	if err := decodeAnswer(body, &ans); err != nil {
+		return caddy.ExitCodeFailedStartup, err
 	}
 	if err := keyAnswered(ans.Key, fl.Arg(0)); err != nil {
 		return caddy.ExitCodeFailedStartup, err
@@ -199,8 +208,8 @@ func cmdForget(fl caddycmd.Flags) (int, error) {
 		Forgotten *int         `json:"forgotten"`
 		Errors    []storeError `json:"errors"`
 	}
-	if err := json.Unmarshal(body, &ans); err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("decoding the admin API's answer: %w", err)
+	if err := decodeAnswer(body, &ans); err != nil {
+		return caddy.ExitCodeFailedStartup, err
 	}
 	if err := keyAnswered(ans.Key, fl.Arg(0)); err != nil {
 		return caddy.ExitCodeFailedStartup, err
@@ -231,8 +240,8 @@ func cmdStats(fl caddycmd.Flags) (int, error) {
 	var ans struct {
 		Stores *[]storeStats `json:"stores"`
 	}
-	if err := json.Unmarshal(body, &ans); err != nil {
-		return caddy.ExitCodeFailedStartup, fmt.Errorf("decoding the admin API's answer: %w", err)
+	if err := decodeAnswer(body, &ans); err != nil {
+		return caddy.ExitCodeFailedStartup, err
 	}
 	if ans.Stores == nil {
 		return caddy.ExitCodeFailedStartup, notAdminAnswer(`"stores"`)

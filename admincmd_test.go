@@ -132,16 +132,18 @@ func TestAdminCommandsFailOnPartialAnswers(t *testing.T) {
 // printed "forgot key  in 0 store(s)" and exited 0 (until the build after
 // a95b973), key and stats printed the catalog's answer as the key's.
 func TestAdminCommandsRefuseAnotherServersAnswer(t *testing.T) {
-	addr := adminAnswering(t, `{"defaults":{},"overrides":{}}`)
 	key := uuid.NewString()
-	for name, run := range map[string]func() (int, error, string){
-		"key":    func() (int, error, string) { return runCmd(t, cmdKey, addr, key) },
-		"forget": func() (int, error, string) { return runCmd(t, cmdForget, addr, "--force", key) },
-		"stats":  func() (int, error, string) { return runCmd(t, cmdStats, addr) },
-	} {
-		code, err, out := run()
-		if code == caddy.ExitCodeSuccess || err == nil || !strings.Contains(err.Error(), "is --address Caddy's admin endpoint") || out != "" {
-			t.Errorf("%s against a catalog = %d, %v, %q; want a failure asking whether --address is the admin endpoint, nothing printed", name, code, err, out)
+	for _, answer := range []string{`{"defaults":{},"overrides":{}}`, "<!DOCTYPE html><html><body>Catalog</body></html>"} {
+		addr := adminAnswering(t, answer)
+		for name, run := range map[string]func() (int, error, string){
+			"key":    func() (int, error, string) { return runCmd(t, cmdKey, addr, key) },
+			"forget": func() (int, error, string) { return runCmd(t, cmdForget, addr, "--force", key) },
+			"stats":  func() (int, error, string) { return runCmd(t, cmdStats, addr) },
+		} {
+			code, err, out := run()
+			if code == caddy.ExitCodeSuccess || err == nil || !strings.Contains(err.Error(), "is --address Caddy's admin endpoint") || out != "" {
+				t.Errorf("%s against a site answering %.20q = %d, %v, %q; want a failure asking whether --address is the admin endpoint, nothing printed", name, answer, code, err, out)
+			}
 		}
 	}
 }
