@@ -173,6 +173,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"negative duration", "iceberg_idempotency {\n\t\tin_flight_wait -1s\n\t}", `in_flight_wait must be a positive duration`, "at Caddyfile:3"},
 		{"duration past ten years", "iceberg_idempotency {\n\t\tlifetime 3651d\n\t}", `lifetime must be at most 87600h0m0s (ten years)`, "at Caddyfile:3"},
 		{"lease past ten years", "iceberg_idempotency {\n\t\tlease 3651d\n\t}", `lease must be at most 87600h0m0s (ten years)`, "at Caddyfile:3"},
+		{"execution_timeout below 100ms", "iceberg_idempotency {\n\t\tlifetime 30m\n\t\texecution_timeout 50ms\n\t}", `execution_timeout must be at least 100ms, got 50ms`, "at Caddyfile:4"},
 		{"missing value", "iceberg_idempotency {\n\t\tgrace\n\t}", `grace needs a value`, "at Caddyfile:3"},
 		{"negative grace", "iceberg_idempotency {\n\t\tgrace -1s\n\t}", `grace must be a duration`, "at Caddyfile:3"},
 		{"two values", "iceberg_idempotency {\n\t\tlease 1s 2s\n\t}", `lease takes a single value`, "at Caddyfile:3"},

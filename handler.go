@@ -459,6 +459,12 @@ func (h *Handler) validateOption(opt string) error {
 	case "retry_after":
 		return nonNegative(opt, h.RetryAfter)
 	case "execution_timeout":
+		// In JSON a bare number is nanoseconds: "execution_timeout": 60
+		// cut every catalog call off before it went out, and each keyed
+		// mutation answered 504 with its key unknown for the lifetime.
+		if h.ExecutionTimeout > 0 && time.Duration(h.ExecutionTimeout) < minExecutionTimeout {
+			return fmt.Errorf("execution_timeout must be at least %v, got %v: every catalog call would be cut off, its key left unknown (in JSON a bare number is nanoseconds: write \"60s\")", minExecutionTimeout, time.Duration(h.ExecutionTimeout))
+		}
 		return nonNegative(opt, h.ExecutionTimeout)
 	case "lease":
 		if h.Lease != 0 && time.Duration(h.Lease) < 3*time.Millisecond {
@@ -687,6 +693,11 @@ func nonNegative(opt string, d caddy.Duration) error {
 // minLifetime bounds lifetime from below: the spec's retries come seconds
 // apart.
 const minLifetime = time.Second
+
+// minExecutionTimeout bounds execution_timeout from below: a catalog commit
+// writes metadata files to object storage, which takes longer; bare JSON
+// numbers (nanoseconds) such as 60 or 60000 fall far below it.
+const minExecutionTimeout = 100 * time.Millisecond
 
 // maxDuration bounds every duration option: a record's TTL adds lifetime,
 // grace, execution_timeout and lease, and a sum past time.Duration's 292

@@ -492,6 +492,11 @@ func TestValidateNamesTheOption(t *testing.T) {
 		// retry executed again.
 		{func(h *Handler) { h.Lifetime = 1800 }, `lifetime must be at least 1s, got 1.8µs`},
 		{func(h *Handler) { h.Lifetime = caddy.Duration(999 * time.Millisecond) }, `lifetime must be at least 1s, got 999ms`},
+		// 60 was 60ns: every catalog call was cut off before it went out,
+		// and each keyed commit answered 504, its key unknown for good
+		// (until the build after 299dffb).
+		{func(h *Handler) { h.ExecutionTimeout = 60 }, `execution_timeout must be at least 100ms, got 60ns`},
+		{func(h *Handler) { h.ExecutionTimeout = 60000 }, `execution_timeout must be at least 100ms, got 60µs`},
 		{func(h *Handler) { h.Lease = caddy.Duration(time.Millisecond) }, "lease must be at least 3ms"},
 		{func(h *Handler) { h.InFlightStatus = 429 }, "in_flight_status must be 503 or 409"},
 		{func(h *Handler) { h.Abandoned = "retry" }, "abandoned must be"},
