@@ -152,16 +152,33 @@ func decodeAnswer(body []byte, v any) error {
 	return nil
 }
 
-// keyAnswered checks that an answer about a key names that key: the admin
-// API lower-cases it, as the handler compares keys.
-func keyAnswered(got *string, asked string) error {
-	if got == nil {
-		return notAdminAnswer(`"key"`)
+// keyReply is what the commands read of an answer about a key (keyAnswer
+// as sent); a field left out of the JSON stays nil.
+type keyReply struct {
+	Key       *string          `json:"key"`
+	Records   *json.RawMessage `json:"records"`
+	Forgotten *int             `json:"forgotten"`
+	Errors    []storeError     `json:"errors"`
+}
+
+// readKeyReply decodes an answer about the key asked and checks that it is
+// the admin API's: it names that key (lower-cased, as the handler compares
+// keys) and lists records.
+func readKeyReply(body []byte, asked string) (keyReply, error) {
+	var ans keyReply
+	if err := decodeAnswer(body, &ans); err != nil {
+		return ans, err
 	}
-	if !strings.EqualFold(*got, asked) {
-		return fmt.Errorf("the admin API answered about key %q, not %q", *got, asked)
+	if ans.Key == nil {
+		return ans, notAdminAnswer(`"key"`)
 	}
-	return nil
+	if !strings.EqualFold(*ans.Key, asked) {
+		return ans, fmt.Errorf("the admin API answered about key %q, not %q", *ans.Key, asked)
+	}
+	if ans.Records == nil {
+		return ans, notAdminAnswer(`"records"`)
+	}
+	return ans, nil
 }
 
 func cmdKey(fl caddycmd.Flags) (int, error) {
@@ -169,25 +186,14 @@ func cmdKey(fl caddycmd.Flags) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	var ans struct {
-		Key     *string          `json:"key"`
-		Records *json.RawMessage `json:"records"`
-		// A store that failed may hold the key too: the answer is
-		// partial.
-		Errors []storeError `json:"errors"`
-	}
-	if err := decodeAnswer(body, &ans); err != nil {
+	ans, err := readKeyReply(body, fl.Arg(0))
+	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
-	}
-	if err := keyAnswered(ans.Key, fl.Arg(0)); err != nil {
-		return caddy.ExitCodeFailedStartup, err
-	}
-	if ans.Records == nil {
-		return caddy.ExitCodeFailedStartup, notAdminAnswer(`"records"`)
 	}
 	if err := printJSON(body); err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
+	// A store that failed may hold the key too: the answer is partial.
 	if len(ans.Errors) > 0 {
 		return caddy.ExitCodeFailedStartup, fmt.Errorf("%d store(s) could not be asked: the key may be there too", len(ans.Errors))
 	}
@@ -203,15 +209,8 @@ func cmdForget(fl caddycmd.Flags) (int, error) {
 	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
-	var ans struct {
-		Key       *string      `json:"key"`
-		Forgotten *int         `json:"forgotten"`
-		Errors    []storeError `json:"errors"`
-	}
-	if err := decodeAnswer(body, &ans); err != nil {
-		return caddy.ExitCodeFailedStartup, err
-	}
-	if err := keyAnswered(ans.Key, fl.Arg(0)); err != nil {
+	ans, err := readKeyReply(body, fl.Arg(0))
+	if err != nil {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	if ans.Forgotten == nil {

@@ -901,6 +901,22 @@ func TestClientLeavingAReleasedAnswerReleasesTheKey(t *testing.T) {
 	}
 }
 
+// resendFixture is a handler whose warnings are observed, before
+// reverse_proxy (as configure sets it) to a breakFirstOverride catalog
+// whose answer to a second override is 409 CommitFailedException: its
+// refusal of the commit the first attempt made.
+func resendFixture(t *testing.T, configure func(*reverseproxy.Handler)) (*Handler, caddyhttp.Handler, *atomic.Int32, *observer.ObservedLogs) {
+	t.Helper()
+	addr, executed := breakFirstOverride(t, func(w http.ResponseWriter) {
+		w.WriteHeader(http.StatusConflict)
+		_, _ = io.WriteString(w, `{"error":{"message":"Requirement failed","type":"CommitFailedException","code":409}}`)
+	})
+	h := newTestHandler(t, newMemoryStore(t))
+	core, logs := observer.New(zapcore.WarnLevel)
+	h.logger = zap.New(core)
+	return h, newReverseProxy(t, addr, configure), executed, logs
+}
+
 // Behind reverse_proxy's request_buffers, a body-less GET, HEAD or OPTIONS
 // goes to the catalog with a nil body whatever the handler gives it, and
 // Go's transport resends it after a reused connection broke: the commit
@@ -911,14 +927,7 @@ func TestClientLeavingAReleasedAnswerReleasesTheKey(t *testing.T) {
 // takes a 409 for a failed commit and cleans up after it. Now the outcome
 // is unknown and a warning names request_buffers.
 func TestOverriddenReadResentBehindRequestBuffersIsUnknown(t *testing.T) {
-	addr, executed := breakFirstOverride(t, func(w http.ResponseWriter) {
-		w.WriteHeader(http.StatusConflict)
-		_, _ = io.WriteString(w, `{"error":{"message":"Requirement failed","type":"CommitFailedException","code":409}}`)
-	})
-	h := newTestHandler(t, newMemoryStore(t))
-	core, logs := observer.New(zapcore.WarnLevel)
-	h.logger = zap.New(core)
-	proxy := newReverseProxy(t, addr, func(rp *reverseproxy.Handler) { rp.RequestBuffers = 1 << 20 })
+	h, proxy, executed, logs := resendFixture(t, func(rp *reverseproxy.Handler) { rp.RequestBuffers = 1 << 20 })
 	// An unkeyed read first, so that the commit goes on a reused
 	// keep-alive connection: the transport replays only on those.
 	if r := serve(t, h, proxy, http.MethodGet, commitPath, "", ""); r.code() != http.StatusOK {
@@ -962,14 +971,7 @@ func TestOverriddenGetRetriedByLBRetries(t *testing.T) {
 		}}, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			addr, executed := breakFirstOverride(t, func(w http.ResponseWriter) {
-				w.WriteHeader(http.StatusConflict)
-				_, _ = io.WriteString(w, `{"error":{"message":"Requirement failed","type":"CommitFailedException","code":409}}`)
-			})
-			h := newTestHandler(t, newMemoryStore(t))
-			core, logs := observer.New(zapcore.WarnLevel)
-			h.logger = zap.New(core)
-			proxy := newReverseProxy(t, addr, func(rp *reverseproxy.Handler) {
+			h, proxy, executed, logs := resendFixture(t, func(rp *reverseproxy.Handler) {
 				rp.LoadBalancing = &reverseproxy.LoadBalancing{Retries: 1, RetryMatchRaw: c.retryMatch}
 			})
 			first := serve(t, h, proxy, http.MethodGet, commitPath, storetest.NewKey(t), "", methodOverrideHeader, http.MethodPost)
