@@ -182,6 +182,9 @@ type Handler struct {
 	store    stores.Store
 	pooled   *pooledStore // store's pool entry; nil in tests that set store directly
 	storeKey string
+	// storeLabel is storeKey as Provision set it, for log lines: requests
+	// read it, so nothing writes it after Provision (see storeName).
+	storeLabel string
 	// retention is the floor of the records' TTL on the store's table
 	// (see retentionFloors); releaseRetention lets this config's hold go.
 	retention        *retentionFloor
@@ -221,9 +224,10 @@ type Handler struct {
 	// again after an attempt that was written and never answered: see
 	// warnResent.
 	resentWarned int32
-	// transportResentWarned: the same, for a resend by Go's transport
-	// itself (see warnTransportResent).
-	transportResentWarned int32
+	// overrideResentWarned: the same, for a GET, HEAD, OPTIONS or TRACE
+	// that X-HTTP-Method-Override makes a mutation (see
+	// warnOverrideResent).
+	overrideResentWarned int32
 	// bodiesFullWarned is set (atomically) once a keyed request was
 	// refused because the held bodies filled max_buffered_bytes.
 	bodiesFullWarned int32
@@ -304,6 +308,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// tracks the pool entry itself, and times its purges the same way.
 	h.store = instrumentStore(h.pooled, h.pooled.backend)
 	h.storeKey = provider.StoreKey()
+	h.storeLabel = h.storeKey
 	h.retention, h.releaseRetention = holdRetention(placeOf(h.storeKey), time.Duration(h.Lifetime+*h.Grace))
 	app.track(h.storeKey, h.pooled)
 	return nil

@@ -459,13 +459,13 @@ func TestStoreFailure(t *testing.T) {
 			h.FailOpen = failOpen
 			core, logs := observer.New(zap.ErrorLevel)
 			h.logger = zap.New(core)
-			h.storeKey = "postgres/iceberg_idempotency_records/3f9c0d1e2a4b5c6d"
+			h.storeLabel = "postgres/iceberg_idempotency_records/3f9c0d1e2a4b5c6d"
 			up := answering(200, "{}")
 			res := serve(t, h, up, "POST", "/v1/namespaces", storetest.NewKey(t), nsBody)
 			// The line names the store: with a handler per store, the
 			// error text alone did not always tell which one failed
 			// (until the build after a95b973).
-			if lines := logs.FilterMessageSnippet("store failed:").FilterField(zap.String("store", h.storeKey)).All(); len(lines) != 1 {
+			if lines := logs.FilterMessageSnippet("store failed:").FilterField(zap.String("store", h.storeLabel)).All(); len(lines) != 1 {
 				t.Errorf("store failure logged %d times naming the store, want once; logs: %v", len(lines), logs.All())
 			}
 			if failOpen {
@@ -478,6 +478,31 @@ func TestStoreFailure(t *testing.T) {
 				t.Fatalf("fail closed: %d %v %s, calls %d", res.code(), res.header, res.body, up.calls.Load())
 			}
 		})
+	}
+}
+
+// A request that meets a store failure while its handler is cleaned up (a
+// reload, whose draining requests outlive Cleanup) names the store without
+// racing Cleanup: storeName read storeKey, which Cleanup clears, until the
+// build after c348b03 (go test -race reported it).
+func TestStoreNameDuringCleanup(t *testing.T) {
+	const label = "postgres/iceberg_idempotency_records/3f9c0d1e2a4b5c6d"
+	h := newTestHandler(t, failingStore{})
+	h.storeKey, h.storeLabel = label, label
+	core, logs := observer.New(zap.ErrorLevel)
+	h.logger = zap.New(core)
+	up := answering(200, "{}")
+	cleaned := make(chan error)
+	go func() { cleaned <- h.Cleanup() }()
+	res := serve(t, h, up, "POST", "/v1/namespaces", storetest.NewKey(t), nsBody)
+	if err := <-cleaned; err != nil {
+		t.Fatal(err)
+	}
+	if res.code() != http.StatusServiceUnavailable {
+		t.Fatalf("store down = %d %s, want 503", res.code(), res.body)
+	}
+	if n := logs.FilterMessage("store failed: rejecting request").FilterField(zap.String("store", label)).Len(); n != 1 {
+		t.Fatalf("store failure logged %d times naming %s, want once; logs: %v", n, label, logs.All())
 	}
 }
 

@@ -380,10 +380,11 @@ func (g *guarded) execute() error {
 		g.warnAskedAfterAnswer()
 	}
 	if g.conns.resent.Load() {
-		if proxyRetried(g.r) {
+		switch {
+		case transportReplays(g.r):
+			g.warnOverrideResent()
+		case proxyRetried(g.r):
 			g.warnResent()
-		} else if transportReplays(g.r) {
-			g.warnTransportResent()
 		}
 	}
 
@@ -483,7 +484,7 @@ func (g *guarded) execute() error {
 		// (409), which must neither be stored nor reach a client that
 		// would clean up after it.
 		g.log(zapcore.ErrorLevel, "the request was sent to the catalog again after an attempt was sent (reverse_proxy's lb_retry_match or retry_match retrying mutations, "+
-			"or Go's transport resending a body-less GET, HEAD, OPTIONS or TRACE behind request_buffers): "+
+			"its lb_retries or lb_try_duration retrying a GET, or Go's transport resending a body-less GET, HEAD, OPTIONS or TRACE behind request_buffers): "+
 			"its answer is not delivered nor stored; the key's outcome is unknown", zap.Int("status", status))
 		g.markUnknown(detached, nil)
 		if cw.overflowed {
@@ -652,33 +653,27 @@ func (g *guarded) warnOnce(flag *int32, msg string) {
 
 // warnResent says, once per handler, that a catalog call was sent again
 // after an attempt that was written and never answered (see connTrace):
-// the catalog may execute a mutation twice within the one request. A GET
-// needs no lb_retry_match for that: with lb_retries or lb_try_duration
-// set, reverse_proxy retries a GET after a transport error by default, and
-// X-HTTP-Method-Override made this one a mutation.
+// the catalog may execute a mutation twice within the one request.
 func (g *guarded) warnResent() {
-	if g.r.Method == http.MethodGet {
-		g.warnOnce(&g.h.resentWarned, "a keyed GET (a mutation X-HTTP-Method-Override names) was sent to the catalog again after an attempt that got no answer: "+
-			"reverse_proxy's lb_retries or lb_try_duration retry a GET after a transport error unless lb_retry_match says otherwise, "+
-			"which makes the catalog execute the mutation twice. Give that reverse_proxy an lb_retry_match that leaves out requests "+
-			"with an X-HTTP-Method-Override header; such answers other than 2xx are not stored and the key's outcome is unknown")
-		return
-	}
 	g.warnOnce(&g.h.resentWarned, "a keyed request was sent to the catalog again after an attempt that got no answer: "+
 		"lb_retry_match retrying mutations after a transport error makes the catalog execute them twice, which no key can stop. "+
 		"Do not retry POST or DELETE in reverse_proxy; such answers other than 2xx are not stored and the key's outcome is unknown")
 }
 
-// warnTransportResent says, once per handler, that Go's HTTP transport
-// sent a keyed GET, HEAD or OPTIONS (a commit that X-HTTP-Method-Override
-// names) to the catalog again after an attempt that got no answer: the
-// request went with a nil body, which reverse_proxy's request_buffers makes
-// of the unrewindable one the handler gives it (see transportReplays).
-func (g *guarded) warnTransportResent() {
-	g.warnOnce(&g.h.transportResentWarned, "Go's HTTP transport sent a keyed GET, HEAD, OPTIONS or TRACE (a mutation X-HTTP-Method-Override names) to the catalog again "+
-		"after an attempt that got no answer, so the catalog may have executed it twice: reverse_proxy's request_buffers sends such a request "+
-		"with the body that lets the transport resend it. Remove request_buffers from the catalog's reverse_proxy; "+
-		"such answers other than 2xx are not stored and the key's outcome is unknown")
+// warnOverrideResent says, once per handler, that a keyed GET, HEAD,
+// OPTIONS or TRACE (a commit that X-HTTP-Method-Override names) was sent
+// to the catalog again after an attempt that got no answer. Two causes
+// send it so, which the trace does not tell apart, as one request may meet
+// both: reverse_proxy's lb_retries or lb_try_duration, which retry a GET
+// after a transport error unless lb_retry_match says otherwise, and Go's
+// transport, which resends such a request by itself behind
+// reverse_proxy's request_buffers (see transportReplays).
+func (g *guarded) warnOverrideResent() {
+	g.warnOnce(&g.h.overrideResentWarned, "a keyed GET, HEAD, OPTIONS or TRACE (a mutation X-HTTP-Method-Override names) was sent to the catalog again "+
+		"after an attempt that got no answer, so the catalog may have executed it twice: reverse_proxy's lb_retries or lb_try_duration retry a GET "+
+		"after a transport error unless lb_retry_match says otherwise (give it one that leaves out requests with an X-HTTP-Method-Override header), "+
+		"and Go's HTTP transport resends such a request by itself behind request_buffers (Remove request_buffers from the catalog's reverse_proxy). "+
+		"Such answers other than 2xx are not stored and the key's outcome is unknown")
 }
 
 // warnStaleConnection names the likely cause, and its remedy, of a catalog
@@ -1664,13 +1659,11 @@ func abortForGoneClient() {
 // with several handlers, each on its own store, the error text alone does
 // not always tell which one failed. It is the store's pool key, as the
 // admin API shows it (the backend, the table, and a hash that holds no
-// secret), or after Cleanup, for the requests still draining, its kind.
+// secret). It reads storeLabel, which only Provision writes: storeKey,
+// which Cleanup clears, would race with the requests still draining.
 func (h *Handler) storeName() string {
-	switch {
-	case h.storeKey != "":
-		return h.storeKey
-	case h.pooled != nil && h.pooled.backend != "":
-		return h.pooled.backend
+	if h.storeLabel != "" {
+		return h.storeLabel
 	}
 	return "other"
 }
