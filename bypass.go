@@ -266,8 +266,8 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 // upstreamKey is the catalog an upstream's dial address names, in one
 // spelling, so that two reverse_proxy handlers to it are known for the
 // same: its {env.*} placeholders expanded, and its host lower-cased, an
-// IPv4-mapped IPv6 address written as IPv4, and "localhost", an empty host
-// and every loopback address as one. Compared as written, a catch-all to
+// IPv4-mapped IPv6 address written as IPv4, and "localhost", an empty host,
+// the unspecified addresses and every loopback address as one. Compared as written, a catch-all to
 // "localhost:8181" beside a guarded "127.0.0.1:8181" (or "{env.CATALOG}",
 // or "[::ffff:127.0.0.1]:8181") took "/v1;x/…" to the catalog unguarded
 // without a warning until the build after a95b973. Another DNS name of the
@@ -284,7 +284,7 @@ func upstreamKey(dial string) string {
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
 		host = ip.Unmap().String()
-		if ip.Unmap().IsLoopback() {
+		if ip.Unmap().IsLoopback() || ip.IsUnspecified() { // Go dials 0.0.0.0 and [::] on this host
 			host = "localhost"
 		}
 	}

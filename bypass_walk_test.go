@@ -82,6 +82,7 @@ func TestBypassableHandlersWalk(t *testing.T) {
 		{"catch-all to an IPv4-mapped address", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 10.0.0.5:2\n\t}\n\thandle {\n\t\treverse_proxy [::ffff:10.0.0.5]:2\n\t}\n}\n", true},
 		{"catch-all to an {env.*} upstream", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy Catalog.Example:8181\n\t}\n\thandle {\n\t\treverse_proxy {env.ICEBERG_IDEMPOTENCY_TEST_UPSTREAM}\n\t}\n}\n", true},
 		{"catch-all to an empty host", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy :2\n\t}\n}\n", true},
+		{"catch-all to the unspecified address", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy 0.0.0.0:2\n\t}\n}\n", true},
 		{"catch-all to another port of the same host", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy localhost:3\n\t}\n}\n", false},
 		{"dynamic/no upstreams", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy {\n\t\t\tdynamic a example.com\n\t\t}\n\t}\n\thandle {\n\t\treverse_proxy\n\t}\n}\n", false},
 	} {
