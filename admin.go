@@ -310,9 +310,12 @@ func notFound(ans keyAnswer) error {
 // no iceberg_idempotency handler. "No record" would read as the key being
 // gone, to an operator who asked the wrong node or admin address.
 func noStoreInUse(key string) error {
-	return caddy.APIError{HTTPStatus: http.StatusNotFound,
-		Err: fmt.Errorf("idempotency key %s: no store in use: the running config has no iceberg_idempotency handler; ask the admin endpoint of a node that runs one", key)}
+	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("idempotency key %s: %s", key, noStoreInUseText)}
 }
+
+// noStoreInUseText says that a node runs no handler, for the admin API's
+// answers and the command's errors alike.
+const noStoreInUseText = "no store in use: the running config has no iceberg_idempotency handler; ask the admin endpoint of a node that runs one"
 
 func (a *AdminAPI) getKey(w http.ResponseWriter, r *http.Request, key string) error {
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)

@@ -249,7 +249,7 @@ func cmdStats(fl caddycmd.Flags) (int, error) {
 		return caddy.ExitCodeFailedStartup, err
 	}
 	if len(*ans.Stores) == 0 {
-		return caddy.ExitCodeFailedStartup, errors.New("no store in use: the running config has no iceberg_idempotency handler; ask the admin endpoint of a node that runs one")
+		return caddy.ExitCodeFailedStartup, errors.New(noStoreInUseText)
 	}
 	var failed []string
 	for _, s := range *ans.Stores {

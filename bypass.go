@@ -267,11 +267,12 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 // spelling, so that two reverse_proxy handlers to it are known for the
 // same: its {env.*} placeholders expanded, and its host lower-cased, an
 // IPv4-mapped IPv6 address written as IPv4, and "localhost", an empty host,
-// the unspecified addresses and every loopback address as one. Compared as written, a catch-all to
-// "localhost:8181" beside a guarded "127.0.0.1:8181" (or "{env.CATALOG}",
-// or "[::ffff:127.0.0.1]:8181") took "/v1;x/…" to the catalog unguarded
-// without a warning until the build after a95b973. Another DNS name of the
-// same host, or dynamic upstreams, are not known for it.
+// the unspecified addresses and every loopback address as one. Compared
+// as written, a catch-all to "localhost:8181" beside a guarded
+// "127.0.0.1:8181" (or "{env.CATALOG}", or "[::ffff:127.0.0.1]:8181") took
+// "/v1;x/…" to the catalog unguarded without a warning until the build
+// after a95b973. Another DNS name of the same host, or dynamic upstreams,
+// are not known for it.
 func upstreamKey(dial string) string {
 	dial = caddy.NewReplacer().ReplaceKnown(dial, "")
 	network, host, port, err := caddy.SplitNetworkAddress(dial)
@@ -283,8 +284,9 @@ func upstreamKey(dial string) string {
 		host = "localhost" // ":8181" dials this host
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
-		host = ip.Unmap().String()
-		if ip.Unmap().IsLoopback() || ip.IsUnspecified() { // Go dials 0.0.0.0 and [::] on this host
+		ip = ip.Unmap()
+		host = ip.String()
+		if ip.IsLoopback() || ip.IsUnspecified() { // Go dials 0.0.0.0 and [::] on this host
 			host = "localhost"
 		}
 	}

@@ -757,12 +757,7 @@ func hideKeyFromTransport(r *http.Request) (hidden hiddenKey) {
 // the body and sets the length back to 0 first: behind it, the resend
 // stays.
 func unrewindableBody(r *http.Request) (swapped swappedBody) {
-	if r.ContentLength != 0 {
-		return swappedBody{}
-	}
-	switch r.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-	default:
+	if r.ContentLength != 0 || !transportReplays(r) {
 		return swappedBody{}
 	}
 	swapped = swappedBody{r: r, body: r.Body}
