@@ -3,10 +3,12 @@ package icebergidempotency
 import (
 	"encoding/json"
 	"fmt"
+	"math/big"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -401,8 +403,33 @@ func parseSize(d *caddyfile.Dispenser, into *int64) error {
 	if err != nil || n == 0 || n > 1<<40 {
 		return d.Errf("%s must be a positive size of at most 1TiB, like 16MiB, got %q", opt, arg)
 	}
+	// ParseBytes drops a fraction silently: "max_request_size 1.9", meant as
+	// 1.9 of some unit, was one byte, and every keyed request with a body was
+	// answered 413.
+	if exact := bytesOf(arg); exact != nil && !exact.IsInt() {
+		return d.Errf("%s must be a whole number of bytes, got %q (%s bytes): give a unit, like 1.5MiB", opt, arg, exact.FloatString(1))
+	}
 	*into = int64(n)
 	return nil
+}
+
+// bytesOf is the exact number of bytes a size names, or nil if it cannot be
+// read the way humanize reads it: the number (digits, '.' and ',') times its
+// unit's multiplier.
+func bytesOf(size string) *big.Rat {
+	end := strings.IndexFunc(size, func(r rune) bool { return !unicode.IsDigit(r) && r != '.' && r != ',' })
+	if end < 0 {
+		end = len(size)
+	}
+	num, ok := new(big.Rat).SetString(strings.ReplaceAll(size[:end], ",", ""))
+	if !ok {
+		return nil
+	}
+	unit, err := humanize.ParseBigBytes("1" + size[end:])
+	if err != nil {
+		return nil
+	}
+	return num.Mul(num, new(big.Rat).SetInt(unit))
 }
 
 // parseApp parses the global option block:

@@ -195,6 +195,11 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"block after a flag", "iceberg_idempotency {\n\t\trequire_key {\n\t\t}\n\t}", `unexpected {: of the options only store takes a block`, "at Caddyfile:3"},
 		// The error said "positive" of a positive size.
 		{"size past 1TiB", "iceberg_idempotency {\n\t\tmax_request_size 2TiB\n\t}", `max_request_size must be a positive size of at most 1TiB`, "at Caddyfile:3"},
+		// humanize dropped the fraction: 1 byte, and every keyed request
+		// with a body was answered 413.
+		{"size with a fraction of a byte", "iceberg_idempotency {\n\t\tmax_request_size 1.9\n\t}", `max_request_size must be a whole number of bytes, got "1.9" (1.9 bytes): give a unit, like 1.5MiB`, "at Caddyfile:3"},
+		{"size with a fraction of a byte in a unit", "iceberg_idempotency {\n\t\tmax_request_size 1.3KiB\n\t}", `got "1.3KiB" (1331.2 bytes)`, "at Caddyfile:3"},
+		{"memory size with a fraction of a byte", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_bytes 2.5B\n\t\t}\n\t}", `max_bytes must be a whole number of bytes`, "at Caddyfile:4"},
 		{"unknown store", "iceberg_idempotency {\n\t\tstore rediss\n\t}", `unknown store "rediss": want one of memory`, "at Caddyfile:3"},
 		{"memory store option", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entrys 5\n\t\t}\n\t}", `unknown memory store option "max_entrys"`, "at Caddyfile:4"},
 		// The adapter carries a store's numbers as JSON floats: this one
@@ -338,6 +343,21 @@ func TestCaddyfileFlagSpellings(t *testing.T) {
 		}
 		if h.RequireKey != tt.want || h.FailOpen != tt.want || h.RequireSecret != tt.want {
 			t.Fatalf("%q: require_key %v, fail_open %v, require_secret %v; want %v", tt.arg, h.RequireKey, h.FailOpen, h.RequireSecret, tt.want)
+		}
+	}
+}
+
+// TestCaddyfileSizes: a size is read exactly, a fraction of a unit
+// included, so long as it comes to whole bytes.
+func TestCaddyfileSizes(t *testing.T) {
+	for arg, want := range map[string]int64{"1536": 1536, "1.5KiB": 1536, "1,024": 1024, "2b": 2, "16MiB": 16 << 20, "0.5MB": 500_000} {
+		var h Handler
+		d := caddyfile.NewTestDispenser("iceberg_idempotency {\nmax_request_size " + arg + "\n}")
+		if err := h.UnmarshalCaddyfile(d); err != nil {
+			t.Fatalf("%q: %v", arg, err)
+		}
+		if h.MaxRequestSize != want {
+			t.Fatalf("%q: %d bytes, want %d", arg, h.MaxRequestSize, want)
 		}
 	}
 }
