@@ -267,6 +267,8 @@ func (a *App) PurgeOnce(ctx context.Context) {
 		}
 		backend := backendOf(s)
 		s := instrumentStore(s, backend)
+		// The series exists at zero from the first run, for the alert.
+		failed := purgeFailures.WithLabelValues(backend)
 		total, inARow, failures := 0, 0, 0
 		pace := a.pacer(key)
 		for ctx.Err() == nil {
@@ -294,7 +296,13 @@ func (a *App) PurgeOnce(ctx context.Context) {
 					}
 					continue
 				}
-				a.logger.Error("purging expired records", zap.String("store", key), zap.Error(err))
+				// Expired records answer no request, so nothing is
+				// lost; but while runs keep failing (a user without
+				// DELETE, a statement_timeout too short for one row) the
+				// table only grows.
+				failed.Inc()
+				a.logger.Error("purging expired records failed: they stay in the table, answering no request, until a run succeeds",
+					zap.String("store", key), zap.Int("purged", total), zap.Duration("cleanup_interval", time.Duration(a.CleanupInterval)), zap.Error(err))
 				break
 			}
 			inARow = 0

@@ -62,6 +62,13 @@ var (
 		Help:      "Expired records the cleanup loop deleted, by store backend.",
 	}, []string{"store"})
 
+	purgeFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy",
+		Subsystem: "iceberg_idempotency",
+		Name:      "purge_failures_total",
+		Help:      "Cleanup runs that a store error ended before they purged every expired record, by store backend.",
+	}, []string{"store"})
+
 	leaseRenewalsFailed = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy",
 		Subsystem: "iceberg_idempotency",
@@ -155,7 +162,7 @@ const (
 
 // collectors are the collectors registerMetrics registers.
 var collectors = []prometheus.Collector{
-	decisions, executions, memoryEvictions, storeDuration, executing, purged, leaseRenewalsFailed,
+	decisions, executions, memoryEvictions, storeDuration, executing, purged, purgeFailures, leaseRenewalsFailed,
 }
 
 func registerMetrics(reg *prometheus.Registry) error {

@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
@@ -163,4 +167,43 @@ func TestPurgeDoesNotShrinkOnARefusal(t *testing.T) {
 	if !slices.Equal(s.limits, []int{50}) {
 		t.Fatalf("limits %v: want one statement of cleanup_batch", s.limits)
 	}
+}
+
+// A run that a store error ends is counted, so that purges failing run
+// after run can alert before the table has grown for days; the log line
+// says what it means. The refusing purger stands in for a store whose
+// DELETE fails (a user without the privilege, a server down).
+func TestPurgeFailureIsCounted(t *testing.T) {
+	s := &timingOutPurger{Store: newMemoryStore(t), left: 10, fits: 100, refusing: true}
+	app := &App{CleanupBatch: 50}
+	if err := app.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.ErrorLevel)
+	app.logger = zap.New(core)
+	app.track("refusing/test", s)
+	before := purgeFailureCount(t)
+	app.PurgeOnce(t.Context())
+	app.PurgeOnce(t.Context())
+	if n := purgeFailureCount(t) - before; n != 2 {
+		t.Fatalf("purge_failures_total rose by %v over two failed runs, want 2", n)
+	}
+	entries := logs.FilterMessageSnippet("they stay in the table, answering no request, until a run succeeds").AllUntimed()
+	if len(entries) != 2 || entries[0].ContextMap()["store"] != "refusing/test" || entries[0].ContextMap()["cleanup_interval"] == nil {
+		t.Fatalf("log lines %v: want one per failed run naming the store and when the next run is", entries)
+	}
+}
+
+func purgeFailureCount(t *testing.T) float64 {
+	t.Helper()
+	for _, labels := range gather(t, purgeFailures) {
+		if labels["store"] == "other" {
+			v, err := strconv.ParseFloat(labels["__value"], 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
+	return 0
 }
