@@ -24,6 +24,13 @@ import (
 // user is dropped when the test ends.
 func rowsOnlyUser(t *testing.T, table string) string {
 	t.Helper()
+	return userWith(t, table, "SELECT, INSERT, UPDATE, DELETE")
+}
+
+// userWith creates a user granted privileges on table and its version
+// table and returns a DSN for it.
+func userWith(t *testing.T, table, privileges string) string {
+	t.Helper()
 	a := admin(t)
 	mc, err := mysql.ParseDSN(testDSN(t))
 	if err != nil {
@@ -32,7 +39,7 @@ func rowsOnlyUser(t *testing.T, table string) string {
 	user := "idem_rows_" + sqltest.TableName(t)[len("idem_test_"):]
 	stmts := []string{fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY 'rows-only'", user)}
 	for _, tb := range []string{table, table + "_schema"} {
-		stmts = append(stmts, fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s.%s TO '%s'@'%%'", mc.DBName, tb, user))
+		stmts = append(stmts, fmt.Sprintf("GRANT %s ON %s.%s TO '%s'@'%%'", privileges, mc.DBName, tb, user))
 	}
 	for _, stmt := range stmts {
 		if _, err := a.Exec(stmt); err != nil {
@@ -103,4 +110,40 @@ func TestMigrationRefused(t *testing.T) {
 	if _, err := s.Load(ctx, storetest.NewKey(t)); err != nil {
 		t.Fatalf("Load after the migration was applied: %v", err)
 	}
+}
+
+// TestUserWithoutDelete: the server checks a statement's privileges as the
+// store prepares it, so a user granted rows but not DELETE leaves the
+// store unready. Until the build after 068a81b the refusal was logged as
+// "database unreachable"; now it is an error that names the grant, and
+// once the grant is given the store becomes ready by itself.
+func TestUserWithoutDelete(t *testing.T) {
+	_, cfg := openStore(t, nil) // creates the table as root
+	cfg.DSN = userWith(t, cfg.Table, "SELECT, INSERT, UPDATE")
+	cfg.RetryMin, cfg.RetryMax, cfg.RetryCooldown = 10*time.Millisecond, 50*time.Millisecond, time.Nanosecond
+	core, logs := observer.New(zap.InfoLevel)
+	s := openAs(t, cfg, zap.New(core))
+	err := s.Ready(context.Background())
+	var ae *sqlstore.AccessError
+	if !errors.As(err, &ae) {
+		t.Fatalf("Ready = %v, want the refusal of a privilege", err)
+	}
+	for _, want := range []string{"DELETE command denied", "grant it SELECT, INSERT, UPDATE and DELETE on " + cfg.Table} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	s.Warm()
+	waitLogged(t, logs, "database refused the store's user a statement, will retry")
+	if n := logs.FilterMessageSnippet("database unreachable").Len(); n != 0 {
+		t.Errorf("the refused privilege was logged %d times as an unreachable database", n)
+	}
+	mc, err := mysql.ParseDSN(cfg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin(t).Exec(fmt.Sprintf("GRANT DELETE ON %s.%s TO '%s'@'%%'", mc.DBName, cfg.Table, mc.User)); err != nil {
+		t.Fatal(err)
+	}
+	waitLogged(t, logs, "database reachable, store ready")
 }

@@ -329,6 +329,11 @@ func (s *Store) firstContact(ctx context.Context) error {
 		stmt, err := s.db.PrepareContext(pctx, p.sql)
 		cancel()
 		if err != nil {
+			// The server checks a statement's privileges as it
+			// prepares it: a user without DELETE was "unreachable".
+			if privilegeRefused(err) {
+				return sqlstore.PrivilegeMissing("mysql", s.cfg.Table, sqlstore.RedactError(err, s.dsn, s.password))
+			}
 			return s.wrap("prepare", err)
 		}
 		*p.dst = stmt

@@ -24,12 +24,19 @@ import (
 // The role is dropped when the test ends.
 func rowsOnlyRole(t *testing.T, table string) string {
 	t.Helper()
+	return roleWith(t, table, "SELECT, INSERT, UPDATE, DELETE")
+}
+
+// roleWith creates a role granted privileges on table and its version
+// table and returns a DSN for it.
+func roleWith(t *testing.T, table, privileges string) string {
+	t.Helper()
 	ctx := context.Background()
 	a := admin(t)
 	role := "idem_rows_" + sqltest.TableName(t)[len("idem_test_"):]
 	for _, stmt := range []string{
 		"CREATE ROLE " + role + " LOGIN",
-		fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s, %s_schema TO %s", table, table, role),
+		fmt.Sprintf("GRANT %s ON %s, %s_schema TO %s", privileges, table, table, role),
 	} {
 		if _, err := a.Exec(ctx, stmt); err != nil {
 			t.Fatal(err)
@@ -109,5 +116,47 @@ func TestMigrationRefused(t *testing.T) {
 	waitLogged(t, logs, "database reachable, store ready")
 	if _, err := s.Load(ctx, storetest.NewKey(t)); err != nil {
 		t.Fatalf("Load after the owner applied the migration: %v", err)
+	}
+}
+
+// TestRoleWithoutDelete: PostgreSQL checks a privilege only as a statement
+// runs, and until the build after 068a81b a role without DELETE made a
+// ready store whose every Release failed: a key the catalog provably did
+// not execute was left to lapse into "unknown" (500 to its retries), and
+// no purge ever deleted a row. Now the store is not ready, with the same
+// verdict as MySQL's, until the role is granted DELETE.
+func TestRoleWithoutDelete(t *testing.T) {
+	_, cfg := openStore(t, nil) // creates the table as its owner
+	cfg.DSN = roleWith(t, cfg.Table, "SELECT, INSERT, UPDATE")
+	cfg.RetryMin, cfg.RetryMax, cfg.RetryCooldown = 10*time.Millisecond, 50*time.Millisecond, time.Nanosecond
+	core, logs := observer.New(zap.InfoLevel)
+	s := openAs(t, cfg, zap.New(core))
+	ctx := context.Background()
+	err := s.Ready(ctx)
+	var ae *sqlstore.AccessError
+	if !errors.As(err, &ae) {
+		t.Fatalf("Ready = %v, want the refusal of a privilege", err)
+	}
+	for _, want := range []string{"lacks DELETE", "grant it SELECT, INSERT, UPDATE and DELETE on " + cfg.Table} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	s.Warm()
+	waitLogged(t, logs, "database refused the store's user a statement, will retry")
+	cc, err := pgx.ParseConfig(cfg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin(t).Exec(ctx, fmt.Sprintf("GRANT DELETE ON %s TO %s", cfg.Table, cc.User)); err != nil {
+		t.Fatal(err)
+	}
+	waitLogged(t, logs, "database reachable, store ready")
+	r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve after the grant: %+v, %v", res, err)
+	}
+	if err := s.Release(ctx, r.Key, r.Owner); err != nil {
+		t.Fatalf("Release after the grant: %v", err)
 	}
 }

@@ -170,6 +170,9 @@ func (s *Store) firstContact(ctx context.Context) error {
 		}
 		s.migrated = true
 	}
+	if err := s.checkPrivileges(ctx); err != nil {
+		return err
+	}
 	if !s.timeoutChecked {
 		if err := s.checkServerTimeout(ctx); err != nil {
 			return err

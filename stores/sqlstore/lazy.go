@@ -28,6 +28,13 @@ type SchemaError struct{ Msg string }
 
 func (e *SchemaError) Error() string { return e.Msg }
 
+// AccessError is the database's refusal of a statement the store needs
+// for want of privilege: it answers, but a DBA must grant the store's user
+// what the README's Privileges paragraph lists. Its message says so.
+type AccessError struct{ Msg string }
+
+func (e *AccessError) Error() string { return e.Msg }
+
 // Defaults of Lazy's retry timing.
 const (
 	DefaultRetryMin = 500 * time.Millisecond
@@ -178,7 +185,8 @@ func (l *Lazy) run(a *attempt) {
 // attempt succeeds or the store closes, with backoff between attempts. It
 // returns at once, and does nothing when the store is ready or already
 // warming. A failed attempt is logged: a warning while the database is
-// unreachable, an error when its schema needs a file applied by hand.
+// unreachable, an error when its schema needs a file applied by hand or its
+// user a grant.
 func (l *Lazy) Warm() {
 	l.mu.Lock()
 	l.init()
@@ -219,6 +227,9 @@ func (l *Lazy) warm() {
 		wait := backoff.Next()
 		if se := (*SchemaError)(nil); errors.As(err, &se) {
 			l.Log.Error("database schema check failed, will retry", zap.String("dsn", dsn),
+				zap.Duration("retry_in", wait), zap.Error(err))
+		} else if ae := (*AccessError)(nil); errors.As(err, &ae) {
+			l.Log.Error("database refused the store's user a statement, will retry", zap.String("dsn", dsn),
 				zap.Duration("retry_in", wait), zap.Error(err))
 		} else {
 			l.Log.Warn("database unreachable, will retry", zap.String("dsn", dsn),

@@ -36,6 +36,13 @@ func MigrationRefused(dialect, applyHow, table string, have int, ms []schema.Mig
 		dialect, table, have, schema.Latest(ms), refusal, toApply(applyHow, table, missingFiles(have, ms)))}
 }
 
+// PrivilegeMissing is the verdict on a statement of the store's that the
+// server refused its user for want of privilege (refusal, its error).
+func PrivilegeMissing(dialect, table string, refusal error) error {
+	return &AccessError{Msg: fmt.Sprintf("%s: the store's database user may not run the store's statements on table %s (%v): grant it SELECT, INSERT, UPDATE and DELETE on %s and %s_schema",
+		dialect, table, refusal, table, table)}
+}
+
 // missingFiles lists the files of ms past version have, in order.
 func missingFiles(have int, ms []schema.Migration) []string {
 	var missing []string
