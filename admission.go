@@ -48,6 +48,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	values := keyHeaderValues(r)
 	if len(values) == 0 {
 		if h.RequireKey {
+			decisionCounters.inc(op, outcomeMissingKey)
 			closeUnreadBody(w, r)
 			writeError(w, http.StatusBadRequest, typeBadRequest, "Idempotency-Key header is required for "+op, 0)
 			return nil

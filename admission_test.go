@@ -513,3 +513,21 @@ func TestRejectedRequestsAreCounted(t *testing.T) {
 		})
 	}
 }
+
+// A mutation without a key that require_key refuses is counted: until the
+// build after 068a81b its 400 left requests_total unchanged, so an
+// operator who turned require_key on could not see which clients sent no
+// key.
+func TestMissingKeyIsCounted(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.RequireKey = true
+	up := answering(http.StatusOK, `{}`)
+	before := value(t, decisions, "operation", "createNamespace", "outcome", outcomeMissingKey)
+	req := httptest.NewRequest(http.MethodPost, "/v1/namespaces", strings.NewReader(nsBody))
+	if res := serveRequest(h, up, req); res.code() != http.StatusBadRequest || up.calls.Load() != 0 {
+		t.Fatalf("%d %q, %d executions; want 400 and none", res.code(), res.body, up.calls.Load())
+	}
+	if got := value(t, decisions, "operation", "createNamespace", "outcome", outcomeMissingKey) - before; got != 1 {
+		t.Fatalf("requests_total{outcome=missing_key} rose by %v, want 1", got)
+	}
+}

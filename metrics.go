@@ -142,6 +142,7 @@ const (
 // Request outcomes, the "outcome" label of requests_total.
 const (
 	outcomeNoKey            = "no_key"
+	outcomeMissingKey       = "missing_key" // no key, and require_key: 400
 	outcomeInvalidKey       = "invalid_key"
 	outcomeExecuted         = "executed"
 	outcomeReplayed         = "replayed"
