@@ -150,8 +150,13 @@ func (h *Handler) prepareKeys() (keyring, []string, error) {
 		if len(secret) < minSecretLen {
 			warnings = append(warnings, fmt.Sprintf("%s is shorter than %d bytes: keyed fingerprints are only as hard to guess as the secret", opt, minSecretLen))
 		}
-		if secret == raw {
+		// What is left of raw without its placeholders is in the
+		// configuration for anyone who reads it.
+		switch literal := caddy.NewEmptyReplacer().ReplaceAll(raw, ""); {
+		case secret == raw:
 			warnings = append(warnings, opt+" is written literally in the configuration, where the admin API and `caddy adapt` show it: use a placeholder such as {env.ICEBERG_IDEMPOTENCY_SECRET}")
+		case literal != "":
+			warnings = append(warnings, fmt.Sprintf("%d bytes of %s are written literally in the configuration, beside its placeholders, where the admin API and `caddy adapt` show them: put the whole secret in the variable or file", len(literal), opt))
 		}
 		k, err := deriveKeys(secret)
 		if err != nil {

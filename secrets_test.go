@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -572,5 +573,30 @@ func TestSealedRecordLayoutIsStable(t *testing.T) {
 		Body: []byte(`{"metadata-location":"s3://w/t/m/1.json"}`)}
 	if resp.Status != want.Status || !reflect.DeepEqual(resp.Header, want.Header) || !bytes.Equal(resp.Body, want.Body) {
 		t.Fatalf("opened %d %v %s, want %d %v %s", resp.Status, resp.Header, resp.Body, want.Status, want.Header, want.Body)
+	}
+}
+
+// A secret is warned of when the configuration holds it, or part of it:
+// until the build after 068a81b, "AUDIT{env.X}" got no warning, though the
+// admin API and caddy adapt show its literal part.
+func TestSecretWrittenLiterallyWarning(t *testing.T) {
+	t.Setenv("ICEBERG_TEST_SECRET", "secret-"+randomHex(t, 16))
+	for _, tt := range []struct{ raw, want string }{
+		{"{env.ICEBERG_TEST_SECRET}", ""},
+		{"secret-" + randomHex(t, 16), "secret is written literally"},
+		{"prefix-{env.ICEBERG_TEST_SECRET}", "7 bytes of secret are written literally"},
+	} {
+		h := &Handler{Secret: tt.raw}
+		_, warnings, err := h.prepareKeys()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(warnings, "\n")
+		if tt.want == "" && strings.Contains(got, "literally") || tt.want != "" && !strings.Contains(got, tt.want) {
+			t.Errorf("%q: warnings %q, want %q", tt.raw, got, tt.want)
+		}
+		if strings.Contains(got, os.Getenv("ICEBERG_TEST_SECRET")) {
+			t.Errorf("%q: a warning shows the secret", tt.raw)
+		}
 	}
 }
