@@ -301,7 +301,7 @@ func upstreamKey(dial string) string {
 // which sends a GET of its own. One with handle_response routes (a page of
 // its own for the catalog's 5xx) sends them on all the same, whatever it
 // does with the response: until the build after 521c3b1 the walk skipped
-// it as it skips forward_auth (see answers), and a catch-all written so
+// it as it skips forward_auth, and a catch-all written so
 // took "/v1;x/…" to the catalog unguarded without a warning.
 func sendsRequestOn(rp *reverseproxy.Handler) bool {
 	return rp.Rewrite == nil || rp.Rewrite.Method == ""

@@ -17,14 +17,15 @@ import (
 // reverse_proxy.
 func warnShadowedHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	for name, srv := range app.Servers {
-		n := shadowedIn(srv.Routes, false)
+		w := &shadowWalk{named: srv.NamedRoutes}
+		n := w.shadowedIn(srv.Routes, false)
 		for _, r := range srv.NamedRoutes {
 			if r != nil {
-				n += shadowedIn(caddyhttp.RouteList{*r}, false)
+				n += w.shadowedIn(caddyhttp.RouteList{*r}, false)
 			}
 		}
 		if srv.Errors != nil {
-			n += shadowedIn(srv.Errors.Routes, false)
+			n += w.shadowedIn(srv.Errors.Routes, false)
 		}
 		if n > 0 {
 			logger.Warn("iceberg_idempotency comes after a reverse_proxy that can answer first: the requests it answers pass unguarded, "+
@@ -35,17 +36,34 @@ func warnShadowedHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	}
 }
 
+// shadowWalk walks one server's routes for warnShadowedHandlers.
+type shadowWalk struct {
+	named   map[string]*caddyhttp.Route // the server's, for invoke
+	invokes int                         // invokes being walked: a named route may invoke itself
+}
+
+// invoked is the named route an invoke runs, or nil when it names none or
+// the walk is maxInvokeDepth invokes deep already.
+func (w *shadowWalk) invoked(h *caddyhttp.Invoke) caddyhttp.RouteList {
+	if r := w.named[h.Name]; r != nil && w.invokes < maxInvokeDepth {
+		return caddyhttp.RouteList{*r}
+	}
+	return nil
+}
+
 // shadowedIn counts the iceberg_idempotency handlers in routes that a
 // reverse_proxy can answer before them: earlier in their own route's
-// handlers, or in an earlier route of the same list that can match the
-// same requests (see answersBefore); after is whether one around routes
-// already can.
-func shadowedIn(routes caddyhttp.RouteList, after bool) int {
+// handlers (an invoked named route's included: until the build after
+// 068a81b an "invoke" before the directive was not followed, and its
+// reverse_proxy answered every keyed request unwarned), or in an earlier
+// route of the same list that can match the same requests (see
+// answersBefore); after is whether one around routes already can.
+func (w *shadowWalk) shadowedIn(routes caddyhttp.RouteList, after bool) int {
 	n := 0
 	for i, route := range routes {
 		proxied := after
 		for _, earlier := range routes[:i] {
-			proxied = proxied || answersBefore(earlier, route)
+			proxied = proxied || w.answersBefore(earlier, route)
 		}
 		for _, h := range route.Handlers {
 			switch h := h.(type) {
@@ -54,10 +72,17 @@ func shadowedIn(routes caddyhttp.RouteList, after bool) int {
 					n++
 				}
 			case *reverseproxy.Handler:
-				proxied = proxied || answers(h)
+				proxied = proxied || sendsRequestOn(h)
 			case *caddyhttp.Subroute:
-				n += shadowedIn(h.Routes, proxied)
-				proxied = proxied || proxiesIn(h.Routes)
+				n += w.shadowedIn(h.Routes, proxied)
+				proxied = proxied || w.proxiesIn(h.Routes)
+			case *caddyhttp.Invoke:
+				if named := w.invoked(h); named != nil {
+					w.invokes++
+					n += w.shadowedIn(named, proxied)
+					proxied = proxied || w.proxiesIn(named)
+					w.invokes--
+				}
 			}
 		}
 	}
@@ -70,22 +95,14 @@ func shadowedIn(routes caddyhttp.RouteList, after bool) int {
 // and not both of them have matchers (which most often keep paths apart).
 // A warning about a layout that does work is the price of the one that
 // does not.
-func answersBefore(earlier, later caddyhttp.Route) bool {
+func (w *shadowWalk) answersBefore(earlier, later caddyhttp.Route) bool {
 	if earlier.Group != "" && earlier.Group == later.Group {
 		return false
 	}
 	if hasMatchers(earlier) && hasMatchers(later) {
 		return false
 	}
-	return proxiesIn(caddyhttp.RouteList{earlier})
-}
-
-// answers reports whether rp answers the requests it gets. One with
-// handle_response routes may hand them on instead: forward_auth, which the
-// README's layouts put before the directive, copies the auth server's
-// headers on a 2xx and lets the request go on.
-func answers(rp *reverseproxy.Handler) bool {
-	return len(rp.HandleResponse) == 0
+	return w.proxiesIn(caddyhttp.RouteList{earlier})
 }
 
 // hasMatchers reports whether route has matchers: provisioned (Caddy
@@ -95,19 +112,32 @@ func hasMatchers(route caddyhttp.Route) bool {
 	return len(route.MatcherSets) > 0 || len(route.MatcherSetsRaw) > 0
 }
 
-// proxiesIn reports whether routes hold a reverse_proxy that answers, at
-// any depth.
-func proxiesIn(routes caddyhttp.RouteList) bool {
+// proxiesIn reports whether routes hold a reverse_proxy that sends the
+// request on (see sendsRequestOn), at any depth. One with handle_response
+// routes does too, whatever it then does with the answer: until the build
+// after 068a81b such a one (a page of its own for the catalog's 5xx, a
+// replace_status) was taken for forward_auth's, which sends a GET of its
+// own and hands the request on, and a guard after it was not warned of.
+func (w *shadowWalk) proxiesIn(routes caddyhttp.RouteList) bool {
 	for _, route := range routes {
 		for _, h := range route.Handlers {
 			switch h := h.(type) {
 			case *reverseproxy.Handler:
-				if answers(h) {
+				if sendsRequestOn(h) {
 					return true
 				}
 			case *caddyhttp.Subroute:
-				if proxiesIn(h.Routes) {
+				if w.proxiesIn(h.Routes) {
 					return true
+				}
+			case *caddyhttp.Invoke:
+				if named := w.invoked(h); named != nil {
+					w.invokes++
+					found := w.proxiesIn(named)
+					w.invokes--
+					if found {
+						return true
+					}
 				}
 			}
 		}

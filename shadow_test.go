@@ -6,6 +6,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/rewrite"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -19,8 +20,15 @@ import (
 func TestShadowedHandlers(t *testing.T) {
 	proxy := func() caddyhttp.MiddlewareHandler { return &reverseproxy.Handler{} }
 	forwardAuth := func() caddyhttp.MiddlewareHandler {
+		return &reverseproxy.Handler{Rewrite: &rewrite.Rewrite{Method: "GET"}, HandleResponse: []caddyhttp.ResponseHandler{{}}}
+	}
+	// A page of its own for the catalog's 503 (or a replace_status):
+	// the request goes to the catalog all the same.
+	pageFor503 := func() caddyhttp.MiddlewareHandler {
 		return &reverseproxy.Handler{HandleResponse: []caddyhttp.ResponseHandler{{}}}
 	}
+	invoke := func() caddyhttp.MiddlewareHandler { return &caddyhttp.Invoke{Name: "catalog"} }
+	named := map[string]*caddyhttp.Route{"catalog": {Handlers: []caddyhttp.MiddlewareHandler{proxy()}}}
 	guard := func() caddyhttp.MiddlewareHandler { return &Handler{} }
 	route := func(hs ...caddyhttp.MiddlewareHandler) caddyhttp.Route { return caddyhttp.Route{Handlers: hs} }
 	sub := func(routes ...caddyhttp.Route) caddyhttp.MiddlewareHandler {
@@ -46,8 +54,14 @@ func TestShadowedHandlers(t *testing.T) {
 		{"matchers on both", caddyhttp.RouteList{matched(route(proxy())), matched(route(guard(), proxy()))}, 0},
 		{"forward_auth first", caddyhttp.RouteList{route(forwardAuth()), route(guard()), route(proxy())}, 0},
 		{"nested under an earlier proxy", caddyhttp.RouteList{route(sub(route(proxy()))), route(sub(route(sub(route(guard())))))}, 1},
+		// Until the build after 068a81b these two were not warned of.
+		{"proxy with handle_response first", caddyhttp.RouteList{route(pageFor503(), guard())}, 1},
+		{"invoke first", caddyhttp.RouteList{route(invoke(), guard())}, 1},
+		{"invoke in an earlier route", caddyhttp.RouteList{route(sub(route(invoke()))), route(guard())}, 1},
+		{"invoke after the guard", caddyhttp.RouteList{route(guard(), invoke())}, 0},
 	} {
-		if got := shadowedIn(tt.routes, false); got != tt.want {
+		w := &shadowWalk{named: named}
+		if got := w.shadowedIn(tt.routes, false); got != tt.want {
 			t.Errorf("%s: %d shadowed, want %d", tt.name, got, tt.want)
 		}
 	}
@@ -67,6 +81,17 @@ func TestShadowedHandlersOnAProvisionedApp(t *testing.T) {
 			"http://catalog.localhost:8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", false},
 		{"order line", "{\n\torder iceberg_idempotency before reverse_proxy\n}\n" +
 			":8089 {\n\ticeberg_idempotency\n\thandle /v1/* {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", true},
+		// The audit's layouts: unguarded, and not warned of until the
+		// build after 068a81b.
+		{"order line, invoke", "{\n\torder iceberg_idempotency before reverse_proxy\n}\n&(catalog) {\n\treverse_proxy 127.0.0.1:2\n}\n" +
+			":8089 {\n\ticeberg_idempotency\n\tinvoke catalog\n}\n", true},
+		{"route, invoke first", "&(catalog) {\n\treverse_proxy 127.0.0.1:2\n}\n" +
+			":8089 {\n\troute {\n\t\tinvoke catalog\n\t\ticeberg_idempotency\n\t}\n}\n", true},
+		{"order line, handle_response", "{\n\torder iceberg_idempotency before reverse_proxy\n}\n" +
+			":8089 {\n\ticeberg_idempotency\n\thandle {\n\t\treverse_proxy 127.0.0.1:2 {\n\t\t\t@bad status 502 503\n\t\t\thandle_response @bad {\n\t\t\t\trespond \"down\" 503\n\t\t\t}\n\t\t}\n\t}\n}\n", true},
+		{"route, replace_status first", ":8089 {\n\troute {\n\t\treverse_proxy 127.0.0.1:2 {\n\t\t\t@e status 500\n\t\t\treplace_status @e 503\n\t\t}\n\t\ticeberg_idempotency\n\t}\n}\n", true},
+		{"forward_auth first", ":8089 {\n\tforward_auth 127.0.0.1:3 {\n\t\turi /auth\n\t}\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"invoke after the directive", "&(catalog) {\n\treverse_proxy 127.0.0.1:2\n}\n:8089 {\n\ticeberg_idempotency\n\tinvoke catalog\n}\n", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			core, logs := observer.New(zapcore.WarnLevel)
