@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/intercept"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 )
@@ -29,11 +30,12 @@ import (
 // POST. Either way a keyed retry executes again.
 func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	for name, srv := range app.Servers {
-		found, guarded := map[string]bool{}, map[string]bool{}
+		found, guarded, afterAnswer := map[string]bool{}, map[string]bool{}, map[string]bool{}
 		walk := func(routes caddyhttp.RouteList) *bypassWalk {
 			w := &bypassWalk{named: srv.NamedRoutes}
 			w.walkReach(routes, reach{unguarded: true})
 			maps.Copy(guarded, w.guardedAny)
+			maps.Copy(afterAnswer, w.afterAnswer)
 			for dial := range w.guardedUnderMatcher {
 				if w.unguarded[dial] {
 					found[dial] = true
@@ -89,6 +91,19 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 				"(with base_path for a prefix; it passes reads by itself)",
 				zap.String("server", name), zap.Strings("upstreams", shared))
 		}
+		// intercept comes before the directive (Caddy orders it so),
+		// and its handle_response routes run once the guarded request
+		// was answered, its key finalized or released: a reverse_proxy
+		// there to a guarded upstream sends the keyed request to the
+		// catalog again, unguarded (an audit measured a drop answered
+		// 503, sent again there, and its retry: two executions).
+		if exposed := slices.Sorted(maps.Keys(keysIn(afterAnswer, guarded))); len(exposed) > 0 {
+			logger.Warn("iceberg_idempotency guards an upstream that a reverse_proxy in intercept's handle_response reaches unguarded: "+
+				"those routes run after the guarded request was answered and its key finalized or released, so a keyed request "+
+				"is sent to the catalog again there with no guard, and its retry executes again. Put iceberg_idempotency in the "+
+				"handle_response block too, before its reverse_proxy, or move intercept into a handle block after the directive",
+				zap.String("server", name), zap.Strings("upstreams", exposed))
+		}
 		if errorRoutes == nil {
 			continue
 		}
@@ -98,14 +113,7 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 		// catalog's 429 into an error. A reverse_proxy there to an
 		// upstream the directive guards sends a keyed mutation to it
 		// unguarded, and its retry, guarded again, executes once more.
-		var exposed []string
-		for dial := range errorRoutes.unguarded {
-			if guarded[dial] {
-				exposed = append(exposed, dial)
-			}
-		}
-		if len(exposed) > 0 {
-			slices.Sort(exposed)
+		if exposed := slices.Sorted(maps.Keys(keysIn(errorRoutes.unguarded, guarded))); len(exposed) > 0 {
 			logger.Warn("iceberg_idempotency guards an upstream that a reverse_proxy in handle_errors reaches unguarded: "+
 				"a keyed request whose handler failed (a handler after the directive, which released its key, one before it, "+
 				"or a handle_response route that turned the catalog's answer into an error) is sent to the catalog there "+
@@ -114,6 +122,17 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 				zap.String("server", name), zap.Strings("upstreams", exposed))
 		}
 	}
+}
+
+// keysIn is the keys of a that b holds too.
+func keysIn(a, b map[string]bool) map[string]bool {
+	both := map[string]bool{}
+	for k := range a {
+		if b[k] {
+			both[k] = true
+		}
+	}
+	return both
 }
 
 // mayShareHost reports whether a request may match both a's and b's host
@@ -170,6 +189,10 @@ type bypassWalk struct {
 	guardedAny            map[string]bool             // reached guarded, under a matcher or not
 	named                 map[string]*caddyhttp.Route // the server's, for invoke
 	invokes               int                         // invokes being walked: a named route may invoke itself
+	// afterAnswer: reached unguarded from an intercept's handle_response
+	// routes, which run once the request was answered (see interceptedIn).
+	afterAnswer map[string]bool
+	intercepts  int // intercepts' handle_response routes being walked
 }
 
 // maxInvokeDepth bounds how deep the walk follows invoke.
@@ -204,6 +227,7 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 	if w.guardedUnderMatcher == nil {
 		w.guardedUnderMatcher, w.unguarded = map[string]bool{}, map[string]bool{}
 		w.unguardedUnderMatcher, w.guardedAny = map[string]bool{}, map[string]bool{}
+		w.afterAnswer = map[string]bool{}
 	}
 	for _, route := range routes {
 		in := st
@@ -229,6 +253,9 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 						if in.underTaker {
 							w.unguardedUnderMatcher[dial] = true
 						}
+						if w.intercepts > 0 {
+							w.afterAnswer[dial] = true
+						}
 					}
 					if in.guarded || in.guardedUnderMatcher {
 						w.guardedAny[dial] = true
@@ -245,6 +272,15 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 					w.walkReach(caddyhttp.RouteList{*r}, in)
 					w.invokes--
 				}
+			case *intercept.Intercept:
+				// Its handle_response routes run once the handlers
+				// after it answered, with the request as it reached
+				// the intercept: before any guard after it.
+				w.intercepts++
+				for _, rh := range h.HandleResponse {
+					w.walkReach(rh.Routes, in)
+				}
+				w.intercepts--
 			}
 		}
 		if !guardedHere {

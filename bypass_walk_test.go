@@ -28,7 +28,8 @@ import (
 // vars or vars_regexp matcher on the method or path ("vars {method} POST");
 // until the build after 3c21e19, a reverse_proxy in handle_errors to the
 // guarded catalog, which takes a keyed request whose handler failed there
-// unguarded.
+// unguarded; until the build after 068a81b, one in intercept's
+// handle_response.
 func TestBypassableHandlersWalk(t *testing.T) {
 	for _, tt := range []struct {
 		name, caddyfile string
@@ -76,6 +77,15 @@ func TestBypassableHandlersWalk(t *testing.T) {
 		{"handle_errors to an error page server", ":8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:3\n\t}\n}\n", false},
 		{"handle_errors sends its own GET to the catalog", ":8089 {\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:2 {\n\t\t\tmethod GET\n\t\t}\n\t}\n}\n", false},
 		{"handle_errors to a catalog nothing guards", ":8089 {\n\treverse_proxy 127.0.0.1:2\n\thandle_errors {\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		// intercept runs before the directive, and its handle_response
+		// routes once the guarded request was answered (until the
+		// build after 068a81b not warned of: a drop answered 503 ran
+		// twice).
+		{"intercept's handle_response to the guarded catalog", ":8089 {\n\tintercept {\n\t\t@unavail status 503\n\t\thandle_response @unavail {\n\t\t\treverse_proxy 127.0.0.1:2\n\t\t}\n\t}\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", true},
+		{"intercept's handle_response guarded by its own directive", ":8089 {\n\tintercept {\n\t\t@unavail status 503\n\t\thandle_response @unavail {\n\t\t\ticeberg_idempotency\n\t\t\treverse_proxy 127.0.0.1:2\n\t\t}\n\t}\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"intercept inside a handle after the directive", ":8089 {\n\ticeberg_idempotency\n\thandle {\n\t\tintercept {\n\t\t\t@unavail status 503\n\t\t\thandle_response @unavail {\n\t\t\t\treverse_proxy 127.0.0.1:2\n\t\t\t}\n\t\t}\n\t\treverse_proxy 127.0.0.1:2\n\t}\n}\n", false},
+		{"intercept's handle_response to an error page server", ":8089 {\n\tintercept {\n\t\t@unavail status 503\n\t\thandle_response @unavail {\n\t\t\treverse_proxy 127.0.0.1:3\n\t\t}\n\t}\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", false},
+		{"intercept rewriting the answer only", ":8089 {\n\tintercept {\n\t\t@unavail status 503\n\t\thandle_response @unavail {\n\t\t\trespond \"down\" 503\n\t\t}\n\t}\n\ticeberg_idempotency\n\treverse_proxy 127.0.0.1:2\n}\n", false},
 		// The same catalog spelt another way (until the build after
 		// a95b973 compared as written, and not warned of).
 		{"catch-all to localhost, guard to 127.0.0.1", ":8089 {\n\thandle /v1/* {\n\t\ticeberg_idempotency\n\t\treverse_proxy 127.0.0.1:2\n\t}\n\thandle {\n\t\treverse_proxy localhost:2\n\t}\n}\n", true},
