@@ -32,7 +32,7 @@ func warnBypassableHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	for name, srv := range app.Servers {
 		found, guarded, afterAnswer := map[string]bool{}, map[string]bool{}, map[string]bool{}
 		walk := func(routes caddyhttp.RouteList) *bypassWalk {
-			w := &bypassWalk{named: srv.NamedRoutes}
+			w := &bypassWalk{named: newNamedWalk[invokedWith](srv.NamedRoutes)}
 			w.walkReach(routes, reach{unguarded: true})
 			maps.Copy(guarded, w.guardedAny)
 			maps.Copy(afterAnswer, w.afterAnswer)
@@ -185,18 +185,21 @@ func routeHosts(route caddyhttp.Route) (hosts []string, anyHost bool) {
 type bypassWalk struct {
 	guardedUnderMatcher   map[string]bool
 	unguarded             map[string]bool
-	unguardedUnderMatcher map[string]bool             // reached unguarded under such a matcher
-	guardedAny            map[string]bool             // reached guarded, under a matcher or not
-	named                 map[string]*caddyhttp.Route // the server's, for invoke
-	invokes               int                         // invokes being walked: a named route may invoke itself
+	unguardedUnderMatcher map[string]bool        // reached unguarded under such a matcher
+	guardedAny            map[string]bool        // reached guarded, under a matcher or not
+	named                 namedWalk[invokedWith] // the server's, for invoke
 	// afterAnswer: reached unguarded from an intercept's handle_response
-	// routes, which run once the request was answered (see interceptedIn).
+	// routes, which run once the request was answered (see walkReach).
 	afterAnswer map[string]bool
 	intercepts  int // intercepts' handle_response routes being walked
 }
 
-// maxInvokeDepth bounds how deep the walk follows invoke.
-const maxInvokeDepth = 8
+// invokedWith is what the walk of a named route depends on: the requests
+// that reach the invoke, and whether it runs once they were answered.
+type invokedWith struct {
+	reach
+	afterAnswer bool
+}
 
 // reach is which requests can arrive at a point of a route list: with no
 // guard before them, after a guard under a path or method matcher, after
@@ -267,10 +270,8 @@ func (w *bypassWalk) walkReach(routes caddyhttp.RouteList, st reach) {
 			case *caddyhttp.Subroute:
 				w.walkReach(h.Routes, in)
 			case *caddyhttp.Invoke:
-				if r := w.named[h.Name]; r != nil && w.invokes < maxInvokeDepth {
-					w.invokes++
-					w.walkReach(caddyhttp.RouteList{*r}, in)
-					w.invokes--
+				if named := w.named.enter(h.Name, invokedWith{in, w.intercepts > 0}); named != nil {
+					w.walkReach(named, in)
 				}
 			case *intercept.Intercept:
 				// Its handle_response routes run once the handlers

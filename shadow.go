@@ -17,7 +17,7 @@ import (
 // reverse_proxy.
 func warnShadowedHandlers(app *caddyhttp.App, logger *zap.Logger) {
 	for name, srv := range app.Servers {
-		w := &shadowWalk{named: srv.NamedRoutes}
+		w := newShadowWalk(srv.NamedRoutes)
 		n := w.shadowedIn(srv.Routes, false)
 		for _, r := range srv.NamedRoutes {
 			if r != nil {
@@ -38,17 +38,45 @@ func warnShadowedHandlers(app *caddyhttp.App, logger *zap.Logger) {
 
 // shadowWalk walks one server's routes for warnShadowedHandlers.
 type shadowWalk struct {
-	named   map[string]*caddyhttp.Route // the server's, for invoke
-	invokes int                         // invokes being walked: a named route may invoke itself
+	named   map[string]*caddyhttp.Route
+	invoked namedWalk[bool] // shadowedIn's, by whether a proxy came before
+	proxies map[string]bool // proxiesIn of each named route walked
 }
 
-// invoked is the named route an invoke runs, or nil when it names none or
-// the walk is maxInvokeDepth invokes deep already.
-func (w *shadowWalk) invoked(h *caddyhttp.Invoke) caddyhttp.RouteList {
-	if r := w.named[h.Name]; r != nil && w.invokes < maxInvokeDepth {
-		return caddyhttp.RouteList{*r}
+func newShadowWalk(named map[string]*caddyhttp.Route) *shadowWalk {
+	return &shadowWalk{named: named, invoked: newNamedWalk[bool](named), proxies: map[string]bool{}}
+}
+
+// namedWalk follows invoke into a server's named routes for the start-up
+// walks, entering each named route once per state the walk brings to it:
+// what a walk of a route finds depends on nothing else, so entering it
+// again (a route that invokes itself, or one invoked from many places)
+// would repeat what was found. Until the build after 1253b3f the walks
+// followed invoke up to 8 deep instead, and a named route with six
+// invokes of itself held up the config's load for seconds.
+type namedWalk[S comparable] struct {
+	routes  map[string]*caddyhttp.Route
+	entered map[namedEntry[S]]bool
+}
+
+type namedEntry[S comparable] struct {
+	name  string
+	state S
+}
+
+func newNamedWalk[S comparable](routes map[string]*caddyhttp.Route) namedWalk[S] {
+	return namedWalk[S]{routes: routes, entered: map[namedEntry[S]]bool{}}
+}
+
+// enter is the named route an invoke of name runs, or nil when there is
+// none or it was entered with state before.
+func (n namedWalk[S]) enter(name string, state S) caddyhttp.RouteList {
+	r := n.routes[name]
+	if r == nil || n.entered[namedEntry[S]{name, state}] {
+		return nil
 	}
-	return nil
+	n.entered[namedEntry[S]{name, state}] = true
+	return caddyhttp.RouteList{*r}
 }
 
 // shadowedIn counts the iceberg_idempotency handlers in routes that a
@@ -77,12 +105,10 @@ func (w *shadowWalk) shadowedIn(routes caddyhttp.RouteList, after bool) int {
 				n += w.shadowedIn(h.Routes, proxied)
 				proxied = proxied || w.proxiesIn(h.Routes)
 			case *caddyhttp.Invoke:
-				if named := w.invoked(h); named != nil {
-					w.invokes++
+				if named := w.invoked.enter(h.Name, proxied); named != nil {
 					n += w.shadowedIn(named, proxied)
-					proxied = proxied || w.proxiesIn(named)
-					w.invokes--
 				}
+				proxied = proxied || w.namedProxies(h.Name)
 			}
 		}
 	}
@@ -131,16 +157,29 @@ func (w *shadowWalk) proxiesIn(routes caddyhttp.RouteList) bool {
 					return true
 				}
 			case *caddyhttp.Invoke:
-				if named := w.invoked(h); named != nil {
-					w.invokes++
-					found := w.proxiesIn(named)
-					w.invokes--
-					if found {
-						return true
-					}
+				if w.namedProxies(h.Name) {
+					return true
 				}
 			}
 		}
 	}
 	return false
+}
+
+// namedProxies is proxiesIn of the named route name, worked out once. A
+// route that invokes itself finds nothing more that way: while it is
+// being worked out it counts as not proxying.
+func (w *shadowWalk) namedProxies(name string) bool {
+	found, done := w.proxies[name]
+	if done {
+		return found
+	}
+	r := w.named[name]
+	if r == nil {
+		return false
+	}
+	w.proxies[name] = false
+	found = w.proxiesIn(caddyhttp.RouteList{*r})
+	w.proxies[name] = found
+	return found
 }

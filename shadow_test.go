@@ -60,7 +60,7 @@ func TestShadowedHandlers(t *testing.T) {
 		{"invoke in an earlier route", caddyhttp.RouteList{route(sub(route(invoke()))), route(guard())}, 1},
 		{"invoke after the guard", caddyhttp.RouteList{route(guard(), invoke())}, 0},
 	} {
-		w := &shadowWalk{named: named}
+		w := newShadowWalk(named)
 		if got := w.shadowedIn(tt.routes, false); got != tt.want {
 			t.Errorf("%s: %d shadowed, want %d", tt.name, got, tt.want)
 		}
@@ -122,4 +122,33 @@ func provisionedHTTPApp(t *testing.T, caddyfile string) *caddyhttp.App {
 		t.Fatal(err)
 	}
 	return mod.(*caddyhttp.App)
+}
+
+// A named route that invokes itself is walked once per state, not once
+// per path through its invokes: with twelve invokes of itself before a
+// guard and a reverse_proxy, the walks before the build after 1253b3f
+// followed every path up to 8 invokes deep, about 24^8 of them, and held up
+// the config's load (six took seconds). The guard after the invokes is
+// shadowed (the route proxies); the walks end.
+func TestSelfInvokingNamedRouteIsWalkedOnce(t *testing.T) {
+	var handlers []caddyhttp.MiddlewareHandler
+	for range 12 {
+		handlers = append(handlers, &caddyhttp.Invoke{Name: "loop"})
+	}
+	handlers = append(handlers, &Handler{}, &reverseproxy.Handler{Upstreams: reverseproxy.UpstreamPool{{Dial: "127.0.0.1:2"}}})
+	named := map[string]*caddyhttp.Route{"loop": {Handlers: handlers}}
+	routes := caddyhttp.RouteList{{Handlers: []caddyhttp.MiddlewareHandler{&caddyhttp.Invoke{Name: "loop"}}}}
+	w := newShadowWalk(named)
+	if n := w.shadowedIn(routes, false); n == 0 {
+		t.Fatal("the guard after the route's invokes of itself, which proxy, not found shadowed")
+	}
+	if len(w.invoked.entered) > 2 {
+		t.Fatalf("the named route was entered %d times, want once per state (2 at most)", len(w.invoked.entered))
+	}
+	b := &bypassWalk{named: newNamedWalk[invokedWith](named)}
+	b.walkReach(routes, reach{unguarded: true})
+	if !b.guardedAny["localhost:2"] || len(b.named.entered) > 2 {
+		t.Fatalf("bypass walk: guarded %v, named route entered %d times; want the upstream reached guarded, the route entered once per state",
+			b.guardedAny, len(b.named.entered))
+	}
 }
