@@ -399,29 +399,39 @@ func parseSize(d *caddyfile.Dispenser, into *int64) error {
 	if err != nil {
 		return err
 	}
-	n, err := humanize.ParseBytes(arg)
-	if err != nil || n == 0 || n > 1<<40 {
+	// humanize reads a comma as a thousands separator: "1,5MiB", a
+	// decimal comma, was 15MiB.
+	if strings.Contains(arg, ",") {
+		return d.Errf("%s takes no commas, got %q: write 1.5MiB or 1536", opt, arg)
+	}
+	exact := bytesOf(arg)
+	if exact == nil {
 		return d.Errf("%s must be a positive size of at most 1TiB, like 16MiB, got %q", opt, arg)
 	}
-	// ParseBytes drops a fraction silently: "max_request_size 1.9", meant as
-	// 1.9 of some unit, was one byte, and every keyed request with a body was
-	// answered 413.
-	if exact := bytesOf(arg); exact != nil && !exact.IsInt() {
-		return d.Errf("%s must be a whole number of bytes, got %q (%s bytes): give a unit, like 1.5MiB", opt, arg, exact.FloatString(1))
+	// humanize.ParseBytes drops a fraction silently: "max_request_size
+	// 1.9", meant as 1.9 of some unit, was one byte, and every keyed
+	// request with a body was answered 413. It also reads through a
+	// float, so that 8.2MB was 8199999 bytes.
+	if !exact.IsInt() {
+		return d.Errf("%s must be a whole number of bytes, got %q (%s bytes): give a unit, like 1.5MiB", opt, arg,
+			strings.TrimRight(exact.FloatString(6), "0"))
 	}
-	*into = int64(n)
+	if exact.Sign() <= 0 || exact.Cmp(new(big.Rat).SetInt64(1<<40)) > 0 {
+		return d.Errf("%s must be a positive size of at most 1TiB, like 16MiB, got %q", opt, arg)
+	}
+	*into = exact.Num().Int64()
 	return nil
 }
 
 // bytesOf is the exact number of bytes a size names, or nil if it cannot be
-// read the way humanize reads it: the number (digits, '.' and ',') times its
-// unit's multiplier.
+// read: a decimal number, then a unit humanize knows (B, kB, KiB, MB, MiB,
+// …, in any case) or none.
 func bytesOf(size string) *big.Rat {
-	end := strings.IndexFunc(size, func(r rune) bool { return !unicode.IsDigit(r) && r != '.' && r != ',' })
+	end := strings.IndexFunc(size, func(r rune) bool { return !unicode.IsDigit(r) && r != '.' })
 	if end < 0 {
 		end = len(size)
 	}
-	num, ok := new(big.Rat).SetString(strings.ReplaceAll(size[:end], ",", ""))
+	num, ok := new(big.Rat).SetString(size[:end])
 	if !ok {
 		return nil
 	}

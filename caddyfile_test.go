@@ -199,6 +199,10 @@ func TestCaddyfileErrors(t *testing.T) {
 		// with a body was answered 413.
 		{"size with a fraction of a byte", "iceberg_idempotency {\n\t\tmax_request_size 1.9\n\t}", `max_request_size must be a whole number of bytes, got "1.9" (1.9 bytes): give a unit, like 1.5MiB`, "at Caddyfile:3"},
 		{"size with a fraction of a byte in a unit", "iceberg_idempotency {\n\t\tmax_request_size 1.3KiB\n\t}", `got "1.3KiB" (1331.2 bytes)`, "at Caddyfile:3"},
+		{"size under a byte", "iceberg_idempotency {\n\t\tmax_request_size 0.0001KiB\n\t}", `got "0.0001KiB" (0.1024 bytes)`, "at Caddyfile:3"},
+		// humanize read the comma as a thousands separator: 15MiB.
+		{"size with a decimal comma", "iceberg_idempotency {\n\t\tmax_request_size 1,5MiB\n\t}", `max_request_size takes no commas, got "1,5MiB"`, "at Caddyfile:3"},
+		{"size in exponent notation", "iceberg_idempotency {\n\t\tmax_request_size 1e3\n\t}", `max_request_size must be a positive size`, "at Caddyfile:3"},
 		{"memory size with a fraction of a byte", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_bytes 2.5B\n\t\t}\n\t}", `max_bytes must be a whole number of bytes`, "at Caddyfile:4"},
 		{"unknown store", "iceberg_idempotency {\n\t\tstore rediss\n\t}", `unknown store "rediss": want one of memory`, "at Caddyfile:3"},
 		{"memory store option", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entrys 5\n\t\t}\n\t}", `unknown memory store option "max_entrys"`, "at Caddyfile:4"},
@@ -350,7 +354,9 @@ func TestCaddyfileFlagSpellings(t *testing.T) {
 // TestCaddyfileSizes: a size is read exactly, a fraction of a unit
 // included, so long as it comes to whole bytes.
 func TestCaddyfileSizes(t *testing.T) {
-	for arg, want := range map[string]int64{"1536": 1536, "1.5KiB": 1536, "1,024": 1024, "2b": 2, "16MiB": 16 << 20, "0.5MB": 500_000} {
+	for arg, want := range map[string]int64{"1536": 1536, "1.5KiB": 1536, "2b": 2, "16MiB": 16 << 20, "0.5MB": 500_000,
+		// Read through a float, these were 8199999 and 2009999 bytes.
+		"8.2MB": 8_200_000, "2.01MB": 2_010_000, "1.": 1, ".5KiB": 512, "1TiB": 1 << 40} {
 		var h Handler
 		d := caddyfile.NewTestDispenser("iceberg_idempotency {\nmax_request_size " + arg + "\n}")
 		if err := h.UnmarshalCaddyfile(d); err != nil {
