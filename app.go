@@ -157,6 +157,12 @@ func (a *App) track(key string, s stores.Store) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.stores[key] = s
+	if !selfExpiring(s) {
+		// The series exists at zero before the first run, which may
+		// fail: increase() over a series born at 1 reads 0, and the
+		// alert would miss it.
+		purgeFailures.WithLabelValues(backendOf(s))
+	}
 }
 
 // warmable returns the store under s's pool wrapper if it is a Warmer.
@@ -267,7 +273,6 @@ func (a *App) PurgeOnce(ctx context.Context) {
 		}
 		backend := backendOf(s)
 		s := instrumentStore(s, backend)
-		// The series exists at zero from the first run, for the alert.
 		failed := purgeFailures.WithLabelValues(backend)
 		total, inARow, failures := 0, 0, 0
 		pace := a.pacer(key)

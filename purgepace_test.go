@@ -182,6 +182,9 @@ func TestPurgeFailureIsCounted(t *testing.T) {
 	core, logs := observer.New(zap.ErrorLevel)
 	app.logger = zap.New(core)
 	app.track("refusing/test", s)
+	if !slices.ContainsFunc(gather(t, purgeFailures), func(l map[string]string) bool { return l["store"] == "other" }) {
+		t.Fatal("no purge_failures_total series for the store before its first run")
+	}
 	before := purgeFailureCount(t)
 	app.PurgeOnce(t.Context())
 	app.PurgeOnce(t.Context())
