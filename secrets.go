@@ -136,6 +136,18 @@ func expandSecret(opt, raw string) (string, error) {
 	return v, nil
 }
 
+// withoutKnownPlaceholders is raw with the placeholders that expandSecret
+// expands taken out, and those it leaves as written (unknown ones) kept.
+func withoutKnownPlaceholders(raw string) string {
+	known := caddy.NewReplacer()
+	r := caddy.NewEmptyReplacer()
+	r.Map(func(key string) (any, bool) {
+		_, ok := known.Get(key)
+		return "", ok
+	})
+	return r.ReplaceKnown(raw, "")
+}
+
 // prepareKeys expands and derives the handler's secrets. Two secrets that
 // derive the same key id are refused: a sealed record must name one key.
 func (h *Handler) prepareKeys() (keyring, []string, error) {
@@ -150,9 +162,9 @@ func (h *Handler) prepareKeys() (keyring, []string, error) {
 		if len(secret) < minSecretLen {
 			warnings = append(warnings, fmt.Sprintf("%s is shorter than %d bytes: keyed fingerprints are only as hard to guess as the secret", opt, minSecretLen))
 		}
-		// What is left of raw without its placeholders is in the
-		// configuration for anyone who reads it.
-		switch literal := caddy.NewEmptyReplacer().ReplaceAll(raw, ""); {
+		// What is left of raw without the placeholders that expand is in
+		// the configuration for anyone who reads it.
+		switch literal := withoutKnownPlaceholders(raw); {
 		case secret == raw:
 			warnings = append(warnings, opt+" is written literally in the configuration, where the admin API and `caddy adapt` show it: use a placeholder such as {env.ICEBERG_IDEMPOTENCY_SECRET}")
 		case literal != "":

@@ -585,6 +585,8 @@ func TestSecretWrittenLiterallyWarning(t *testing.T) {
 		{"{env.ICEBERG_TEST_SECRET}", ""},
 		{"secret-" + randomHex(t, 16), "secret is written literally"},
 		{"prefix-{env.ICEBERG_TEST_SECRET}", "7 bytes of secret are written literally"},
+		// An unknown placeholder is kept as written, so it is literal.
+		{"{env.ICEBERG_TEST_SECRET}{unknown.placeholder}", "21 bytes of secret are written literally"},
 	} {
 		h := &Handler{Secret: tt.raw}
 		_, warnings, err := h.prepareKeys()
