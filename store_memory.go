@@ -1,7 +1,9 @@
 package icebergidempotency
 
 import (
+	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -107,9 +109,81 @@ func (m *MemoryStore) limits() memory.Limits {
 // StoreKey implements StoreProvider.
 func (m *MemoryStore) StoreKey() string { return memoryStoreKey }
 
-// OpenStore implements StoreProvider.
+// OpenStore implements StoreProvider. It takes the store the process
+// keeps, if any (see keptMemory), with this handler's bounds.
 func (m *MemoryStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
-	return openMemoryStore(m.limits(), ctx.Done(), ctx.Logger(), nil, nil)
+	keptMemory.Lock()
+	defer keptMemory.Unlock()
+	if s := keptMemory.store; s != nil {
+		keptMemory.users++
+		if err := s.adopt(ctx.Done(), m.limits(), ctx.Logger()); err != nil {
+			keptMemory.users--
+			return nil, err
+		}
+		return s, nil
+	}
+	s, err := openMemoryStore(m.limits(), ctx.Done(), ctx.Logger(), nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	keptMemory.store, keptMemory.users = s, 1
+	return s, nil
+}
+
+// keptMemory is the memory store the process keeps, with the number of
+// pool entries holding it. The pool closes a store once no config uses it,
+// but the memory store's records are the answers that clients may still
+// retry for: a reload to a config without the directive and back (a
+// maintenance page for a while) opened an empty store, and every key
+// answered before it executed again on retry, one still running as well.
+// So the last entry's Close keeps the store, and the next OpenStore takes
+// it again, records and all; a store no one took is let go once it holds
+// no live record (see sweepKept).
+var keptMemory struct {
+	sync.Mutex
+	store *memoryStore
+	users int
+}
+
+// keptSweepInterval is how often a kept store that no config uses is
+// purged of expired records, and let go once it holds none.
+var keptSweepInterval = time.Minute
+
+// release is a pool entry's Close of a store OpenStore gave it: the store
+// is kept while records live, swept by a goroutine of its own.
+func (s *memoryStore) release() (kept bool) {
+	keptMemory.Lock()
+	defer keptMemory.Unlock()
+	if keptMemory.store != s {
+		return false
+	}
+	keptMemory.users--
+	if keptMemory.users == 0 {
+		s.evictions.Flush()
+		go s.sweepKept(keptSweepInterval)
+	}
+	return true
+}
+
+// sweepKept purges the kept store s every interval while no config takes
+// it, and lets it go once it holds no live record.
+func (s *memoryStore) sweepKept(interval time.Duration) {
+	for {
+		time.Sleep(interval)
+		keptMemory.Lock()
+		if keptMemory.store != s || keptMemory.users > 0 {
+			keptMemory.Unlock()
+			return
+		}
+		_, _ = s.PurgeExpired(context.Background(), math.MaxInt)
+		if c, _ := s.Count(context.Background()); c.InFlight+c.Abandoned+c.Final == 0 {
+			keptMemory.store = nil
+			keptMemory.Unlock()
+			s.evictions.Close()
+			return
+		}
+		keptMemory.Unlock()
+	}
 }
 
 // Reconfigure implements StoreReconfigurer: the shared store takes this
@@ -181,6 +255,18 @@ func (s *memoryStore) configure(config <-chan struct{}, want memory.Limits, logg
 	return s.resize(grow, logger)
 }
 
+// adopt takes the bounds, shrinking included, and when_full of config, the
+// first to open a kept store that no config uses: there is no config in
+// force whose records a shrink would evict before its time (as configure
+// guards against), only the records of configs gone.
+func (s *memoryStore) adopt(config <-chan struct{}, want memory.Limits, logger *zap.Logger) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.config, s.wanted, s.inForce = config, want, config
+	s.evictions.SetLogger(logger)
+	return s.resize(want, logger)
+}
+
 // supersede is called as the app of config stops. If a newer config has
 // asked for bounds since config did, that one has started in full (Caddy
 // stops the old config's apps only then) and the store takes its bounds,
@@ -220,8 +306,12 @@ func larger(a, b memory.Limits) memory.Limits {
 		KeepUnexpired: a.KeepUnexpired || b.KeepUnexpired}
 }
 
-// Close reports evictions not logged yet.
+// Close reports evictions not logged yet. The store OpenStore gave is
+// kept instead (see keptMemory).
 func (s *memoryStore) Close() error {
+	if s.release() {
+		return nil
+	}
 	s.evictions.Close()
 	return s.Store.Close()
 }

@@ -463,3 +463,93 @@ func refusesPastMaxEntriesUnknown(t *testing.T, failOpen bool) {
 		t.Fatalf("retry of an unknown key = %d %q, want 500 CommitStateUnknownException", retry.code(), retry.body)
 	}
 }
+
+// A reload to a config without the directive, and back, keeps the memory
+// store's records, final and in flight. Until the build after 56d321f the
+// pool closed the store once no config used it and the config after the
+// gap opened an empty one: an answered key executed again on retry, and a
+// duplicate of one still executing ran beside it (an audit measured both
+// through reloads of a real Caddy).
+func TestMemoryStoreKeptAcrossAConfigWithoutIt(t *testing.T) {
+	forgetKeptMemory(t)
+	lingerFor(t, 0)
+	_, first := acquireInNewConfig(t, &MemoryStore{})
+	answered := finalize(t, first, 10)
+	running := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
+	if res, err := first.Reserve(t.Context(), running); err != nil || !res.Reserved {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	// The config without the directive: its handler goes, and the pool
+	// closes the store once it lingered.
+	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
+	waitKeptUsers(t, 0)
+
+	_, second := acquireInNewConfig(t, &MemoryStore{MaxEntries: 5000})
+	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup() }()
+	if rec, err := second.Load(t.Context(), answered); err != nil || rec == nil || rec.State != stores.StateFinal {
+		t.Fatalf("answered key after the gap: %+v, %v; want its final record", rec, err)
+	}
+	if res, err := second.Reserve(t.Context(), storetest.Reservation(running.Key, time.Minute, time.Hour)); err != nil || res.Reserved {
+		t.Fatalf("a duplicate of the key still executing reserved it after the gap: %+v, %v", res, err)
+	}
+	if got := unpooled(second).(*memoryStore).Limits().MaxEntries; got != 5000 {
+		t.Fatalf("max_entries %d, want the new config's 5000", got)
+	}
+}
+
+// A kept store that no config takes is let go once it holds no live
+// record; the next config opens a new one.
+func TestKeptMemoryStoreLetGoWhenEmpty(t *testing.T) {
+	forgetKeptMemory(t)
+	lingerFor(t, 0)
+	defer func(d time.Duration) { keptSweepInterval = d }(keptSweepInterval)
+	keptSweepInterval = 5 * time.Millisecond
+	_, first := acquireInNewConfig(t, &MemoryStore{})
+	kept := unpooled(first)
+	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
+	for range 600 {
+		keptMemory.Lock()
+		gone := keptMemory.store == nil
+		keptMemory.Unlock()
+		if gone {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, second := acquireInNewConfig(t, &MemoryStore{})
+	if unpooled(second) == kept {
+		t.Fatal("an empty kept store was not let go")
+	}
+	// The pool's close reads keptSweepInterval: done before it is put back.
+	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
+	waitKeptUsers(t, 0)
+}
+
+// waitKeptUsers waits for the kept memory store to be held by n pool
+// entries (the pool closes a dropped store asynchronously).
+func waitKeptUsers(t *testing.T, n int) {
+	t.Helper()
+	for range 600 {
+		keptMemory.Lock()
+		users := keptMemory.users
+		keptMemory.Unlock()
+		if users == n {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("the kept memory store is not held by %d pool entries", n)
+}
+
+// forgetKeptMemory starts the test without a kept memory store, and ends
+// it so, whatever earlier tests left.
+func forgetKeptMemory(t *testing.T) {
+	t.Helper()
+	forget := func() {
+		keptMemory.Lock()
+		keptMemory.store, keptMemory.users = nil, 0
+		keptMemory.Unlock()
+	}
+	forget()
+	t.Cleanup(forget)
+}
