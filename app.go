@@ -257,7 +257,8 @@ func (a *App) purgeLoop(ctx context.Context) {
 }
 
 // PurgeOnce purges every tracked store until no expired record remains, or
-// ctx ends.
+// ctx ends. A memory store the config adopted takes its bounds first (see
+// memoryStore.settle): the app purges only once the config is in force.
 func (a *App) PurgeOnce(ctx context.Context) {
 	a.mu.Lock()
 	tracked := make(map[string]stores.Store, len(a.stores))
@@ -270,6 +271,11 @@ func (a *App) PurgeOnce(ctx context.Context) {
 		if selfExpiring(s) {
 			a.noteSelfExpiring(key)
 			continue
+		}
+		if m, ok := unpooled(s).(*memoryStore); ok && !a.stopped.Load() {
+			if err := m.settle(a.config, a.logger); err != nil {
+				a.logger.Error("memory store keeps its former bounds", zap.Error(err))
+			}
 		}
 		backend := backendOf(s)
 		s := instrumentStore(s, backend)

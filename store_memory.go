@@ -141,8 +141,9 @@ func (m *MemoryStore) OpenStore(ctx caddy.Context) (stores.Store, error) {
 // no live record (see sweepKept).
 var keptMemory struct {
 	sync.Mutex
-	store *memoryStore
-	users int
+	store    *memoryStore
+	users    int
+	sweeping bool // a sweepKept runs
 }
 
 // keptSweepInterval is how often a kept store that no config uses is
@@ -158,8 +159,9 @@ func (s *memoryStore) release() (kept bool) {
 		return false
 	}
 	keptMemory.users--
-	if keptMemory.users == 0 {
-		s.evictions.Flush()
+	s.evictions.Flush() // an exit ends with this Close
+	if keptMemory.users == 0 && !keptMemory.sweeping {
+		keptMemory.sweeping = true
 		go s.sweepKept(keptSweepInterval)
 	}
 	return true
@@ -171,13 +173,18 @@ func (s *memoryStore) sweepKept(interval time.Duration) {
 	for {
 		time.Sleep(interval)
 		keptMemory.Lock()
-		if keptMemory.store != s || keptMemory.users > 0 {
+		if keptMemory.store != s { // not this sweep's business any more
+			keptMemory.Unlock()
+			return
+		}
+		if keptMemory.users > 0 {
+			keptMemory.sweeping = false
 			keptMemory.Unlock()
 			return
 		}
 		_, _ = s.PurgeExpired(context.Background(), math.MaxInt)
 		if c, _ := s.Count(context.Background()); c.InFlight+c.Abandoned+c.Final == 0 {
-			keptMemory.store = nil
+			keptMemory.store, keptMemory.sweeping = nil, false
 			keptMemory.Unlock()
 			s.evictions.Close()
 			return
@@ -255,16 +262,33 @@ func (s *memoryStore) configure(config <-chan struct{}, want memory.Limits, logg
 	return s.resize(grow, logger)
 }
 
-// adopt takes the bounds, shrinking included, and when_full of config, the
-// first to open a kept store that no config uses: there is no config in
-// force whose records a shrink would evict before its time (as configure
-// guards against), only the records of configs gone.
+// adopt takes the bounds of config, the first to open a kept store that no
+// config uses, as configure does a new config's: larger ones at once, and
+// smaller ones and its when_full only once config is in force (settle). A
+// reload Caddy refuses would otherwise have shrunk the store, evicting
+// records of the configs before the gap for good.
 func (s *memoryStore) adopt(config <-chan struct{}, want memory.Limits, logger *zap.Logger) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.config, s.wanted, s.inForce = config, want, config
+	now := s.Limits()
+	grow := larger(want, now)
+	grow.KeepUnexpired = now.KeepUnexpired
+	s.config, s.wanted, s.inForce = config, want, nil
 	s.evictions.SetLogger(logger)
-	return s.resize(want, logger)
+	return s.resize(grow, logger)
+}
+
+// settle is called by the app of config as it purges, which it does only
+// in force: a store config adopted (no older config's app will supersede
+// it, since none used the store) takes that config's bounds now.
+func (s *memoryStore) settle(config <-chan struct{}, logger *zap.Logger) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inForce != nil || s.config != config {
+		return nil
+	}
+	s.inForce = config
+	return s.resize(s.wanted, logger)
 }
 
 // supersede is called as the app of config stops. If a newer config has

@@ -125,6 +125,8 @@ func TestMemoryStoreEvictionsCountedAndLogRateLimited(t *testing.T) {
 // the store once it starts, evicting least recently used final records
 // (counted), and not before.
 func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
+	// A store earlier tests kept would hold their records.
+	forgetKeptMemory(t)
 	provider := func(ctx caddy.Context, maxEntries int) *MemoryStore {
 		p := &MemoryStore{MaxEntries: maxEntries}
 		if err := p.Provision(ctx); err != nil {
@@ -220,6 +222,8 @@ func TestMemoryStoreReloadResizesInPlace(t *testing.T) {
 // later app refused to start, changes nothing: the running config keeps
 // its bounds, its records and the admin API.
 func TestRefusedStartKeepsTheRunningConfig(t *testing.T) {
+	// A store earlier tests kept would hold their records.
+	forgetKeptMemory(t)
 	cfg1, s := acquireInNewConfig(t, &MemoryStore{MaxEntries: 100})
 	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup() }()
 	for range 100 {
@@ -250,6 +254,8 @@ func TestRefusedStartKeepsTheRunningConfig(t *testing.T) {
 // to every new key on a full store until the next reload. One that
 // succeeds turns refuse on once the old config stops.
 func TestReloadToWhenFullRefuseTakesEffectOnceInForce(t *testing.T) {
+	// A store earlier tests kept would hold their records.
+	forgetKeptMemory(t)
 	cfg1, s := acquireInNewConfig(t, &MemoryStore{MaxEntries: 3}) // when_full evict
 	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup() }()
 	runningApp := startMemoryApp(t, cfg1, s)
@@ -469,10 +475,12 @@ func refusesPastMaxEntriesUnknown(t *testing.T, failOpen bool) {
 // pool closed the store once no config used it and the config after the
 // gap opened an empty one: an answered key executed again on retry, and a
 // duplicate of one still executing ran beside it (an audit measured both
-// through reloads of a real Caddy).
+// through reloads of a real Caddy). The sweeps while no config uses it
+// keep it, for it holds live records.
 func TestMemoryStoreKeptAcrossAConfigWithoutIt(t *testing.T) {
 	forgetKeptMemory(t)
 	lingerFor(t, 0)
+	sweepKeptEvery(t, time.Millisecond)
 	_, first := acquireInNewConfig(t, &MemoryStore{})
 	answered := finalize(t, first, 10)
 	running := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
@@ -483,17 +491,61 @@ func TestMemoryStoreKeptAcrossAConfigWithoutIt(t *testing.T) {
 	// closes the store once it lingered.
 	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
 	waitKeptUsers(t, 0)
+	time.Sleep(50 * time.Millisecond) // some 50 sweeps
 
-	_, second := acquireInNewConfig(t, &MemoryStore{MaxEntries: 5000})
-	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup() }()
+	_, second := acquireInNewConfig(t, &MemoryStore{})
+	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup(); waitKeptUsers(t, 0) }()
+	if unpooled(second) != unpooled(first) {
+		t.Fatal("the config after the gap opened another store")
+	}
 	if rec, err := second.Load(t.Context(), answered); err != nil || rec == nil || rec.State != stores.StateFinal {
 		t.Fatalf("answered key after the gap: %+v, %v; want its final record", rec, err)
 	}
 	if res, err := second.Reserve(t.Context(), storetest.Reservation(running.Key, time.Minute, time.Hour)); err != nil || res.Reserved {
 		t.Fatalf("a duplicate of the key still executing reserved it after the gap: %+v, %v", res, err)
 	}
-	if got := unpooled(second).(*memoryStore).Limits().MaxEntries; got != 5000 {
-		t.Fatalf("max_entries %d, want the new config's 5000", got)
+}
+
+// The config that takes a kept store up gets larger bounds at once, and
+// smaller ones and its when_full only once in force, as its app purges: a
+// reload Caddy refuses after it was provisioned evicts nothing.
+func TestKeptMemoryStoreShrinksOnlyInForce(t *testing.T) {
+	forgetKeptMemory(t)
+	lingerFor(t, 0)
+	_, first := acquireInNewConfig(t, &MemoryStore{MaxEntries: 1000})
+	for range 100 {
+		finalize(t, first, 10)
+	}
+	ms := unpooled(first).(*memoryStore)
+	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
+	waitKeptUsers(t, 0)
+
+	// Refused: provisioned with smaller bounds, then cleaned up.
+	acquireInNewConfig(t, &MemoryStore{MaxEntries: 10, WhenFull: whenFullRefuse})
+	if got, held := ms.Limits(), ms.Stats().Final; got.MaxEntries != 1000 || got.KeepUnexpired || held != 100 {
+		t.Fatalf("a config not in force shrank the kept store: limits %+v, %d of 100 final records", got, held)
+	}
+	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
+	waitKeptUsers(t, 0)
+
+	// Larger at once; smaller once in force.
+	_, larger := acquireInNewConfig(t, &MemoryStore{MaxEntries: 2000})
+	if got := ms.Limits().MaxEntries; got != 2000 {
+		t.Fatalf("max_entries %d, want the larger 2000 at once", got)
+	}
+	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
+	_ = larger
+	waitKeptUsers(t, 0)
+	cfg, smaller := acquireInNewConfig(t, &MemoryStore{MaxEntries: 50, WhenFull: whenFullRefuse})
+	defer func() { _ = (&Handler{storeKey: memoryStoreKey}).Cleanup(); waitKeptUsers(t, 0) }()
+	if got := ms.Limits(); got.MaxEntries != 2000 || got.KeepUnexpired {
+		t.Fatalf("limits %+v before the config is in force, want 2000 and evict", got)
+	}
+	app := startMemoryApp(t, cfg, smaller)
+	defer func() { _ = app.Stop() }()
+	app.PurgeOnce(t.Context())
+	if got := ms.Limits(); got.MaxEntries != 50 || !got.KeepUnexpired {
+		t.Fatalf("limits %+v once its app purged, want 50 and refuse", got)
 	}
 }
 
@@ -502,8 +554,7 @@ func TestMemoryStoreKeptAcrossAConfigWithoutIt(t *testing.T) {
 func TestKeptMemoryStoreLetGoWhenEmpty(t *testing.T) {
 	forgetKeptMemory(t)
 	lingerFor(t, 0)
-	defer func(d time.Duration) { keptSweepInterval = d }(keptSweepInterval)
-	keptSweepInterval = 5 * time.Millisecond
+	sweepKeptEvery(t, 5*time.Millisecond)
 	_, first := acquireInNewConfig(t, &MemoryStore{})
 	kept := unpooled(first)
 	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
@@ -520,9 +571,17 @@ func TestKeptMemoryStoreLetGoWhenEmpty(t *testing.T) {
 	if unpooled(second) == kept {
 		t.Fatal("an empty kept store was not let go")
 	}
-	// The pool's close reads keptSweepInterval: done before it is put back.
 	_ = (&Handler{storeKey: memoryStoreKey}).Cleanup()
 	waitKeptUsers(t, 0)
+}
+
+// sweepKeptEvery sets keptSweepInterval for the test. The pool's close
+// reads it: a test that changes it waits for its stores' closes
+// (waitKeptUsers) before it ends.
+func sweepKeptEvery(t *testing.T, d time.Duration) {
+	old := keptSweepInterval
+	keptSweepInterval = d
+	t.Cleanup(func() { keptSweepInterval = old })
 }
 
 // waitKeptUsers waits for the kept memory store to be held by n pool
@@ -547,7 +606,7 @@ func forgetKeptMemory(t *testing.T) {
 	t.Helper()
 	forget := func() {
 		keptMemory.Lock()
-		keptMemory.store, keptMemory.users = nil, 0
+		keptMemory.store, keptMemory.users, keptMemory.sweeping = nil, 0, false
 		keptMemory.Unlock()
 	}
 	forget()
