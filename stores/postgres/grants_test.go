@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
@@ -190,7 +191,25 @@ WHERE table_schema = current_schema() AND table_name = $1`, cfg.Table).Scan(&col
 	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
 		t.Fatalf("Reserve: %+v, %v", res, err)
 	}
-	if err := s.Release(ctx, r.Key, r.Owner); err != nil {
-		t.Fatalf("Release: %v", err)
+	if err := s.Finalize(ctx, r.Key, r.Owner, stores.Response{Status: 200, Body: []byte("{}")}); err != nil {
+		t.Fatalf("Finalize: %v", err)
+	}
+	if rec, err := s.Load(ctx, r.Key); err != nil || rec == nil || rec.State != stores.StateFinal {
+		t.Fatalf("Load: %+v, %v", rec, err)
+	}
+
+	// One column short of UPDATE: its statements would fail, and the
+	// store is not ready.
+	cfg.DSN = roleWith(t, cfg.Table, "SELECT, INSERT, DELETE")
+	cc, err = pgx.ParseConfig(cfg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin(t).Exec(ctx, fmt.Sprintf("GRANT UPDATE (state) ON %s TO %s", cfg.Table, cc.User)); err != nil {
+		t.Fatal(err)
+	}
+	err = openAs(t, cfg, zap.NewNop()).Ready(ctx)
+	if ae := (*sqlstore.AccessError)(nil); !errors.As(err, &ae) || !strings.Contains(err.Error(), "lacks UPDATE") {
+		t.Fatalf("Ready with UPDATE on one column = %v, want the refusal naming UPDATE", err)
 	}
 }
