@@ -40,11 +40,10 @@ func warnShadowedHandlers(app *caddyhttp.App, logger *zap.Logger) {
 type shadowWalk struct {
 	named   map[string]*caddyhttp.Route
 	invoked namedWalk[bool] // shadowedIn's, by whether a proxy came before
-	proxies map[string]bool // proxiesIn of each named route walked
 }
 
 func newShadowWalk(named map[string]*caddyhttp.Route) *shadowWalk {
-	return &shadowWalk{named: named, invoked: newNamedWalk[bool](named), proxies: map[string]bool{}}
+	return &shadowWalk{named: named, invoked: newNamedWalk[bool](named)}
 }
 
 // namedWalk follows invoke into a server's named routes for the start-up
@@ -108,7 +107,7 @@ func (w *shadowWalk) shadowedIn(routes caddyhttp.RouteList, after bool) int {
 				if named := w.invoked.enter(h.Name, proxied); named != nil {
 					n += w.shadowedIn(named, proxied)
 				}
-				proxied = proxied || w.namedProxies(h.Name)
+				proxied = proxied || w.proxiesIn(caddyhttp.RouteList{{Handlers: []caddyhttp.MiddlewareHandler{h}}})
 			}
 		}
 	}
@@ -139,12 +138,20 @@ func hasMatchers(route caddyhttp.Route) bool {
 }
 
 // proxiesIn reports whether routes hold a reverse_proxy that sends the
-// request on (see sendsRequestOn), at any depth. One with handle_response
-// routes does too, whatever it then does with the answer: until the build
-// after 068a81b such a one (a page of its own for the catalog's 5xx, a
-// replace_status) was taken for forward_auth's, which sends a GET of its
-// own and hands the request on, and a guard after it was not warned of.
+// request on (see sendsRequestOn), at any depth, named routes they invoke
+// included. One with handle_response routes does too, whatever it then
+// does with the answer: until the build after 068a81b such a one (a page
+// of its own for the catalog's 5xx, a replace_status) was taken for
+// forward_auth's, which sends a GET of its own and hands the request on,
+// and a guard after it was not warned of.
 func (w *shadowWalk) proxiesIn(routes caddyhttp.RouteList) bool {
+	return w.proxiesReached(routes, map[string]bool{})
+}
+
+// proxiesReached is proxiesIn, entering each named route once: a route
+// reached again, through a cycle of invokes or another path, holds nothing
+// the first visit did not find.
+func (w *shadowWalk) proxiesReached(routes caddyhttp.RouteList, entered map[string]bool) bool {
 	for _, route := range routes {
 		for _, h := range route.Handlers {
 			switch h := h.(type) {
@@ -153,33 +160,18 @@ func (w *shadowWalk) proxiesIn(routes caddyhttp.RouteList) bool {
 					return true
 				}
 			case *caddyhttp.Subroute:
-				if w.proxiesIn(h.Routes) {
+				if w.proxiesReached(h.Routes, entered) {
 					return true
 				}
 			case *caddyhttp.Invoke:
-				if w.namedProxies(h.Name) {
-					return true
+				if r := w.named[h.Name]; r != nil && !entered[h.Name] {
+					entered[h.Name] = true
+					if w.proxiesReached(caddyhttp.RouteList{*r}, entered) {
+						return true
+					}
 				}
 			}
 		}
 	}
 	return false
-}
-
-// namedProxies is proxiesIn of the named route name, worked out once. A
-// route that invokes itself finds nothing more that way: while it is
-// being worked out it counts as not proxying.
-func (w *shadowWalk) namedProxies(name string) bool {
-	found, done := w.proxies[name]
-	if done {
-		return found
-	}
-	r := w.named[name]
-	if r == nil {
-		return false
-	}
-	w.proxies[name] = false
-	found = w.proxiesIn(caddyhttp.RouteList{*r})
-	w.proxies[name] = found
-	return found
 }

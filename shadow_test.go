@@ -28,7 +28,11 @@ func TestShadowedHandlers(t *testing.T) {
 		return &reverseproxy.Handler{HandleResponse: []caddyhttp.ResponseHandler{{}}}
 	}
 	invoke := func() caddyhttp.MiddlewareHandler { return &caddyhttp.Invoke{Name: "catalog"} }
-	named := map[string]*caddyhttp.Route{"catalog": {Handlers: []caddyhttp.MiddlewareHandler{proxy()}}}
+	named := map[string]*caddyhttp.Route{
+		"catalog": {Handlers: []caddyhttp.MiddlewareHandler{proxy()}},
+		"loopA":   {Handlers: []caddyhttp.MiddlewareHandler{&caddyhttp.Invoke{Name: "loopB"}, proxy()}},
+		"loopB":   {Handlers: []caddyhttp.MiddlewareHandler{&caddyhttp.Invoke{Name: "loopA"}}},
+	}
 	guard := func() caddyhttp.MiddlewareHandler { return &Handler{} }
 	route := func(hs ...caddyhttp.MiddlewareHandler) caddyhttp.Route { return caddyhttp.Route{Handlers: hs} }
 	sub := func(routes ...caddyhttp.Route) caddyhttp.MiddlewareHandler {
@@ -59,6 +63,11 @@ func TestShadowedHandlers(t *testing.T) {
 		{"invoke first", caddyhttp.RouteList{route(invoke(), guard())}, 1},
 		{"invoke in an earlier route", caddyhttp.RouteList{route(sub(route(invoke()))), route(guard())}, 1},
 		{"invoke after the guard", caddyhttp.RouteList{route(guard(), invoke())}, 0},
+		// Named routes that invoke each other: "loopB" reaches the
+		// proxy through "loopA" (a cache of the first answer found
+		// while the cycle was open took it for none).
+		{"invoke of a route that reaches a proxy through a cycle", caddyhttp.RouteList{
+			matched(route(&caddyhttp.Invoke{Name: "loopA"})), matched(route(&caddyhttp.Invoke{Name: "loopB"}, guard()))}, 1},
 	} {
 		w := newShadowWalk(named)
 		if got := w.shadowedIn(tt.routes, false); got != tt.want {
