@@ -414,7 +414,7 @@ func parseSize(d *caddyfile.Dispenser, into *int64) error {
 	// float, so that 8.2MB was 8199999 bytes.
 	if !exact.IsInt() {
 		return d.Errf("%s must be a whole number of bytes, got %q (%s bytes): give a unit, like 1.5MiB", opt, arg,
-			strings.TrimRight(exact.FloatString(6), "0"))
+			strings.TrimRight(exact.FloatString(9), "0"))
 	}
 	if exact.Sign() <= 0 || exact.Cmp(new(big.Rat).SetInt64(1<<40)) > 0 {
 		return d.Errf("%s must be a positive size of at most 1TiB, like 16MiB, got %q", opt, arg)

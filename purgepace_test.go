@@ -181,14 +181,16 @@ func TestPurgeFailureIsCounted(t *testing.T) {
 	}
 	core, logs := observer.New(zap.ErrorLevel)
 	app.logger = zap.New(core)
-	app.track("refusing/test", s)
-	if !slices.ContainsFunc(gather(t, purgeFailures), func(l map[string]string) bool { return l["store"] == "other" }) {
+	// A backend of its own: no other test makes its series.
+	ps := newPooledStore(s)
+	ps.backend = "purge_failure_test"
+	app.track("refusing/test", ps)
+	if !slices.ContainsFunc(gather(t, purgeFailures), func(l map[string]string) bool { return l["store"] == ps.backend }) {
 		t.Fatal("no purge_failures_total series for the store before its first run")
 	}
-	before := purgeFailureCount(t)
 	app.PurgeOnce(t.Context())
 	app.PurgeOnce(t.Context())
-	if n := purgeFailureCount(t) - before; n != 2 {
+	if n := purgeFailureCount(t, ps.backend); n != 2 {
 		t.Fatalf("purge_failures_total rose by %v over two failed runs, want 2", n)
 	}
 	entries := logs.FilterMessageSnippet("they stay in the table, answering no request, until a run succeeds").AllUntimed()
@@ -197,10 +199,10 @@ func TestPurgeFailureIsCounted(t *testing.T) {
 	}
 }
 
-func purgeFailureCount(t *testing.T) float64 {
+func purgeFailureCount(t *testing.T, backend string) float64 {
 	t.Helper()
 	for _, labels := range gather(t, purgeFailures) {
-		if labels["store"] == "other" {
+		if labels["store"] == backend {
 			v, err := strconv.ParseFloat(labels["__value"], 64)
 			if err != nil {
 				t.Fatal(err)
