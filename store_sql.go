@@ -293,6 +293,8 @@ var (
 	_ StoreProvider         = (*MySQLStore)(nil)
 	_ caddy.Provisioner     = (*MySQLStore)(nil)
 	_ caddyfile.Unmarshaler = (*MySQLStore)(nil)
+	_ idleReleaser          = (*postgres.Store)(nil)
+	_ idleReleaser          = (*mysql.Store)(nil)
 )
 
 // CaddyModule returns the Caddy module information.

@@ -180,3 +180,25 @@ func TestExitWithoutTheModuleWaitsForADroppedStore(t *testing.T) {
 		t.Fatal("the exit did not wait for the dropped store's repair")
 	}
 }
+
+// idleCounter counts ReleaseIdle calls.
+type idleCounter struct {
+	closeCounter
+	released atomic.Int32
+}
+
+func (c *idleCounter) ReleaseIdle() { c.released.Add(1) }
+
+// A store a reload dropped lets its idle connections go at once, and
+// stays open for late requests. Until the
+// build after 88e6d4d it kept them for its linger, and reloads that
+// changed a pool option piled them up: "too many clients" for every node.
+func TestDroppedStoreReleasesIdleConnections(t *testing.T) {
+	inner := &idleCounter{closeCounter: closeCounter{Store: newMemoryStore(t)}}
+	p := newPooledStore(inner)
+	lingerFor(t, time.Hour)
+	_ = p.Destruct() // the reload
+	if n := inner.released.Load(); n != 1 || inner.closed.Load() != 0 {
+		t.Fatalf("dropped store: %d releases of idle connections, closed %d times; want 1 release, still open", n, inner.closed.Load())
+	}
+}

@@ -2,6 +2,7 @@ package mysql
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,5 +40,37 @@ func TestKeyTooLong(t *testing.T) {
 	r := storetest.Reservation(storetest.NewKey(t)+"x", storetest.Long, storetest.Long)
 	if _, err := s.Reserve(context.Background(), r); err == nil {
 		t.Fatal("a 37-byte key was accepted")
+	}
+}
+
+// ReleaseIdle closes the idle connections a store a reload dropped holds,
+// keeps none idle after, and the store still serves the old config's late
+// requests.
+func TestReleaseIdle(t *testing.T) {
+	s, _ := openStore(t, nil)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 4 { // several connections at once
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.db.ExecContext(ctx, "DO SLEEP(0.05)"); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if idle := s.db.Stats().Idle; idle < 2 {
+		t.Fatalf("%d idle connections before, want several", idle)
+	}
+	s.ReleaseIdle()
+	if idle := s.db.Stats().Idle; idle != 0 {
+		t.Fatalf("%d idle connections after ReleaseIdle, want 0", idle)
+	}
+	if _, err := s.Load(ctx, storetest.NewKey(t)); err != nil {
+		t.Fatalf("Load after ReleaseIdle: %v", err)
+	}
+	if idle := s.db.Stats().Idle; idle != 0 {
+		t.Fatalf("%d idle connections after a late Load, want none kept", idle)
 	}
 }

@@ -367,6 +367,16 @@ func (s *Store) Close() error {
 	return err
 }
 
+// ReleaseIdle closes the idle connections of both pools and keeps none
+// idle from then on; later calls open new ones. The store's pool key was
+// dropped by a reload (see the root package's idleReleaser).
+func (s *Store) ReleaseIdle() {
+	s.db.SetMaxIdleConns(0)
+	if s.batchDB != nil {
+		s.batchDB.SetMaxIdleConns(0)
+	}
+}
+
 // opCtx bounds one database call, connecting included, so a dead server
 // costs at most StatementTimeout; the driver closes the connection when the
 // context ends mid-statement.

@@ -1,8 +1,12 @@
 package postgres
 
 import (
+	"context"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
 // The pool holds DefaultMaxConns unless max_conns or the DSN's
@@ -43,5 +47,33 @@ func TestPoolSizeOverInt32IsRefused(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "max_conns 4294967297 is more than 2147483647") {
 		t.Fatalf("error %v, want it to name max_conns and the bound", err)
+	}
+}
+
+// ReleaseIdle closes the idle connections a store a reload dropped holds,
+// and the store still serves the old config's late requests.
+func TestReleaseIdle(t *testing.T) {
+	s, _ := openStore(t, nil)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 4 { // several connections at once
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.pool.Exec(ctx, "SELECT pg_sleep(0.05)"); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if idle := s.pool.Stat().IdleConns(); idle < 2 {
+		t.Fatalf("%d idle connections before, want several", idle)
+	}
+	s.ReleaseIdle()
+	if idle := s.pool.Stat().IdleConns(); idle != 0 {
+		t.Fatalf("%d idle connections after ReleaseIdle, want 0", idle)
+	}
+	if _, err := s.Load(ctx, storetest.NewKey(t)); err != nil {
+		t.Fatalf("Load after ReleaseIdle: %v", err)
 	}
 }

@@ -309,6 +309,11 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// ReleaseIdle closes the pool's idle connections; those in use close as
+// they come back, and later calls open new ones. The store's pool key was
+// dropped by a reload (see the root package's idleReleaser).
+func (s *Store) ReleaseIdle() { s.pool.Reset() }
+
 // opCtx bounds one database call, pool acquisition and connecting included,
 // so a dead server costs at most StatementTimeout.
 func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc) {
