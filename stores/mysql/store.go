@@ -22,7 +22,10 @@ import (
 
 // Store is a stores.Store in MySQL or MariaDB. Use Open.
 type Store struct {
-	db       *sql.DB
+	db *sql.DB
+	// idleKept is how many connections db keeps idle: max_conns, then
+	// one once a reload dropped the store (ReleaseIdle).
+	idleKept atomic.Int32
 	stmts    statements // prepared by the first contact
 	cfg      Config
 	timeout  time.Duration
@@ -135,6 +138,7 @@ func Open(ctx context.Context, cfg Config, logger *zap.Logger) (*Store, error) {
 	s.db = sql.OpenDB(connector)
 	s.db.SetMaxOpenConns(cfg.MaxConns)
 	s.db.SetMaxIdleConns(cfg.MaxConns)
+	s.idleKept.Store(int32(cfg.MaxConns))
 	// Below the servers' and middleboxes' idle cut-offs, so the pool rarely
 	// hands out a connection that is already dead.
 	s.db.SetConnMaxLifetime(3 * time.Minute)
@@ -367,11 +371,15 @@ func (s *Store) Close() error {
 	return err
 }
 
-// ReleaseIdle closes the idle connections of both pools and keeps none
-// idle from then on; later calls open new ones. The store's pool key was
-// dropped by a reload (see the root package's idleReleaser).
+// ReleaseIdle closes the idle connections of both pools but one, and keeps
+// no more idle from then on; later calls open new ones. The one is there
+// for what a dropped store must still do on a server short of connections:
+// the KILL of a batch whose caller gave up, a background repair. The
+// store's pool key was dropped by a reload (see the root package's
+// idleReleaser).
 func (s *Store) ReleaseIdle() {
-	s.db.SetMaxIdleConns(0)
+	s.idleKept.Store(1)
+	s.db.SetMaxIdleConns(1)
 	if s.batchDB != nil {
 		s.batchDB.SetMaxIdleConns(0)
 	}
@@ -572,7 +580,7 @@ func (s *Store) Finalize(ctx context.Context, key, owner string, resp stores.Res
 			// put back in the pool: drop the idle ones, so that the
 			// Release which follows does not meet it.
 			s.db.SetMaxIdleConns(0)
-			s.db.SetMaxIdleConns(s.cfg.MaxConns)
+			s.db.SetMaxIdleConns(int(s.idleKept.Load()))
 			return fmt.Errorf("%w: %w", s.wrap("finalize", err), stores.ErrResponseTooLarge)
 		}
 		return s.wrap("finalize", err)

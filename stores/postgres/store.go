@@ -310,8 +310,9 @@ func (s *Store) Close() error {
 }
 
 // ReleaseIdle closes the pool's idle connections; those in use close as
-// they come back, and later calls open new ones. The store's pool key was
-// dropped by a reload (see the root package's idleReleaser).
+// they come back, and later calls open new ones, which the pool keeps as
+// usual until it closes (a reload's late requests are few). The store's
+// pool key was dropped by a reload (see the root package's idleReleaser).
 func (s *Store) ReleaseIdle() { s.pool.Reset() }
 
 // opCtx bounds one database call, pool acquisition and connecting included,
