@@ -404,19 +404,16 @@ func parseSize(d *caddyfile.Dispenser, into *int64) error {
 	if strings.Contains(arg, ",") {
 		return d.Errf("%s takes no commas, got %q: write 1.5MiB or 1536", opt, arg)
 	}
-	exact := bytesOf(arg)
-	if exact == nil {
-		return d.Errf("%s must be a positive size of at most 1TiB, like 16MiB, got %q", opt, arg)
-	}
 	// humanize.ParseBytes drops a fraction silently: "max_request_size
 	// 1.9", meant as 1.9 of some unit, was one byte, and every keyed
 	// request with a body was answered 413. It also reads through a
 	// float, so that 8.2MB was 8199999 bytes.
-	if !exact.IsInt() {
+	exact := bytesOf(arg)
+	if exact != nil && !exact.IsInt() {
 		return d.Errf("%s must be a whole number of bytes, got %q (%s bytes): give a unit, like 1.5MiB", opt, arg,
 			strings.TrimRight(exact.FloatString(9), "0"))
 	}
-	if exact.Sign() <= 0 || exact.Cmp(new(big.Rat).SetInt64(1<<40)) > 0 {
+	if exact == nil || exact.Sign() <= 0 || exact.Cmp(new(big.Rat).SetInt64(1<<40)) > 0 {
 		return d.Errf("%s must be a positive size of at most 1TiB, like 16MiB, got %q", opt, arg)
 	}
 	*into = exact.Num().Int64()

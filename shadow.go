@@ -38,12 +38,11 @@ func warnShadowedHandlers(app *caddyhttp.App, logger *zap.Logger) {
 
 // shadowWalk walks one server's routes for warnShadowedHandlers.
 type shadowWalk struct {
-	named   map[string]*caddyhttp.Route
 	invoked namedWalk[bool] // shadowedIn's, by whether a proxy came before
 }
 
 func newShadowWalk(named map[string]*caddyhttp.Route) *shadowWalk {
-	return &shadowWalk{named: named, invoked: newNamedWalk[bool](named)}
+	return &shadowWalk{invoked: newNamedWalk[bool](named)}
 }
 
 // namedWalk follows invoke into a server's named routes for the start-up
@@ -107,7 +106,7 @@ func (w *shadowWalk) shadowedIn(routes caddyhttp.RouteList, after bool) int {
 				if named := w.invoked.enter(h.Name, proxied); named != nil {
 					n += w.shadowedIn(named, proxied)
 				}
-				proxied = proxied || w.proxiesIn(caddyhttp.RouteList{{Handlers: []caddyhttp.MiddlewareHandler{h}}})
+				proxied = proxied || w.invokedProxies(h.Name, map[string]bool{})
 			}
 		}
 	}
@@ -164,14 +163,22 @@ func (w *shadowWalk) proxiesReached(routes caddyhttp.RouteList, entered map[stri
 					return true
 				}
 			case *caddyhttp.Invoke:
-				if r := w.named[h.Name]; r != nil && !entered[h.Name] {
-					entered[h.Name] = true
-					if w.proxiesReached(caddyhttp.RouteList{*r}, entered) {
-						return true
-					}
+				if w.invokedProxies(h.Name, entered) {
+					return true
 				}
 			}
 		}
 	}
 	return false
+}
+
+// invokedProxies is proxiesReached of the named route name, unless it was
+// entered already.
+func (w *shadowWalk) invokedProxies(name string, entered map[string]bool) bool {
+	r := w.invoked.routes[name]
+	if r == nil || entered[name] {
+		return false
+	}
+	entered[name] = true
+	return w.proxiesReached(caddyhttp.RouteList{*r}, entered)
 }
