@@ -49,11 +49,17 @@ func (c *captureWriter) WriteHeader(status int) {
 	// One allocation of exactly the announced size instead of a buffer
 	// grown by doubling: the memory store then keeps the body as it is
 	// (see memory.Store.Finalize). A length above the limit is left to
-	// overflow as it comes.
+	// overflow as it comes, and one above maxPreallocated to grow as it
+	// comes: the length is the catalog's word, not bytes received, and a
+	// large max_response_size must not let one header allocate it.
 	if n, err := strconv.ParseInt(c.w.Header().Get("Content-Length"), 10, 64); err == nil && n > 0 && n <= c.limit {
-		c.buf = *bytes.NewBuffer(make([]byte, 0, n))
+		c.buf = *bytes.NewBuffer(make([]byte, 0, min(n, maxPreallocated)))
 	}
 }
+
+// maxPreallocated is the most a captured answer's announced length
+// reserves before its bytes arrive.
+const maxPreallocated = 1 << 20
 
 func (c *captureWriter) Write(p []byte) (int, error) {
 	if !c.wroteHeader {

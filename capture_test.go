@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"strconv"
 	"testing"
 )
 
@@ -62,5 +64,26 @@ func TestCaptureWriterDefaultsTo200(t *testing.T) {
 	cw.WriteHeader(http.StatusNoContent)
 	if cw.finalStatus() != http.StatusNoContent {
 		t.Fatalf("status %d, want 204", cw.finalStatus())
+	}
+}
+
+// An announced length is not bytes received: a catalog (or anything on the
+// way) announcing 256 MiB under a large max_response_size and sending ten
+// bytes must not make the capture allocate the 256 MiB. With a length of
+// 200 GB this killed Caddy (out of memory in WriteHeader).
+func TestCaptureWriterDoesNotAllocateTheAnnouncedLength(t *testing.T) {
+	rec := httptest.NewRecorder()
+	cw := newCaptureWriter(rec, 1<<40)
+	cw.Header().Set("Content-Length", strconv.Itoa(256<<20))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	cw.WriteHeader(http.StatusOK)
+	_, _ = cw.Write([]byte("0123456789"))
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 8<<20 {
+		t.Fatalf("allocated %d bytes for an answer announcing 256 MiB and sending 10", grew)
+	}
+	if cw.buf.String() != "0123456789" {
+		t.Fatalf("captured %q", cw.buf.String())
 	}
 }
