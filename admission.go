@@ -127,12 +127,12 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if errors.Is(err, errBodyBudget) {
 		return h.bodiesFull(w, r, op)
 	}
+	if errors.Is(err, errBodyOverLimit) {
+		return h.bodyTooLarge(w, r, op)
+	}
 	if err != nil {
 		decisionCounters.inc(op, outcomeRejected)
 		return bodyUnread(w, r, err)
-	}
-	if int64(len(body)) > h.MaxRequestSize {
-		return h.bodyTooLarge(w, r, op)
 	}
 	principal := h.principalOf(r)
 	if principal == "" && h.Principal != DefaultPrincipal {
@@ -403,14 +403,15 @@ func headerPlaceholder(principal string) string {
 	return textproto.CanonicalMIMEHeaderKey(name)
 }
 
-// readBody reads r's body, at most limit+1 bytes of it (one past the limit
-// shows a body over it), into a buffer grown as bytes arrive, so that a
-// client that announces much and sends little holds only what it sent:
-// doubling from the announced length or presizedBody, whichever is less,
-// and never past the announced length (a 16 MiB body sat in 32 MiB).
-// hold takes each growth from the budget of held bodies; errBodyBudget
-// when it is spent. A body shorter than announced fails as io.ReadFull
-// fails it.
+// readBody reads r's body, at most limit bytes of it, into a buffer grown
+// as bytes arrive, so that a client that announces much and sends little
+// holds only what it sent: doubling from the announced length or
+// presizedBody, whichever is less, and never past the announced length (a
+// 16 MiB body sat in 32 MiB) or limit. hold takes each growth from the
+// budget of held bodies; errBodyBudget when it is spent. A body of unknown
+// length that fills limit is probed for one more byte, outside the
+// buffer: errBodyOverLimit if there is one. A body shorter than announced
+// fails as io.ReadFull fails it.
 func readBody(r *http.Request, limit int64, hold *bodyHold) ([]byte, error) {
 	if outer, ok := r.Body.(*requestBody); ok {
 		if body, whole := outer.unread(); whole {
@@ -418,10 +419,17 @@ func readBody(r *http.Request, limit int64, hold *bodyHold) ([]byte, error) {
 		}
 	}
 	n := r.ContentLength
-	ceiling := limit + 1
+	// The limit, not one byte past it: a buffer full at a limit of 64 KiB
+	// times a power of two grew to limit+1 while the full one was still
+	// counted, 2×limit+1 in all, which a max_buffered_bytes of exactly
+	// twice max_request_size (the least allowed) never holds. Every
+	// chunked body of exactly the limit, and every larger one, got 503
+	// for ever, where it should have been executed or refused with 413.
+	ceiling := limit
 	if n >= 0 && n <= limit {
 		ceiling = n
 	}
+	eof := false
 	first := min(ceiling, presizedBody)
 	if !hold.take(first) {
 		return nil, errBodyBudget
@@ -441,20 +449,42 @@ func readBody(r *http.Request, limit int64, hold *bodyHold) ([]byte, error) {
 		m, err := r.Body.Read(body[len(body):cap(body)])
 		body = body[:len(body)+m]
 		if err == io.EOF {
+			eof = true
 			break
 		}
 		if err != nil {
 			return nil, err
 		}
 	}
-	if n >= 0 && n <= limit && int64(len(body)) < n {
-		return nil, io.ErrUnexpectedEOF
+	if n >= 0 && n <= limit {
+		if int64(len(body)) < n {
+			return nil, io.ErrUnexpectedEOF
+		}
+		return body, nil
+	}
+	if !eof && int64(len(body)) == limit {
+		var one [1]byte
+		for {
+			m, err := r.Body.Read(one[:])
+			if m > 0 {
+				return nil, errBodyOverLimit
+			}
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
 	}
 	return body, nil
 }
 
 // errBodyBudget is readBody's error when the budget of held bodies is spent.
 var errBodyBudget = errors.New("the bodies of keyed requests in progress fill max_buffered_bytes")
+
+// errBodyOverLimit is readBody's error for a body longer than its limit.
+var errBodyOverLimit = errors.New("the body is larger than max_request_size")
 
 // presizedBody is the largest buffer allocated before the body arrives: a
 // body announced up to it is read into one of its size, a larger (or

@@ -156,8 +156,10 @@ func TestReadBody(t *testing.T) {
 		{"announced", req("abcdef", 6), "abcdef", 6, false},
 		{"empty", req("", 0), "", 0, false},
 		{"chunked", req("abcdef", -1), "abcdef", 0, false},
-		{"announced past the limit", req("abcdefghijkl", 12), "abcdefghijk", 0, false},
-		{"chunked past the limit", req("abcdefghijkl", -1), "abcdefghijk", 0, false},
+		{"announced past the limit", req("abcdefghijkl", 12), "", 0, true},
+		{"chunked past the limit", req("abcdefghijkl", -1), "", 0, true},
+		{"chunked one past the limit", req("abcdefghijk", -1), "", 0, true},
+		{"chunked at the limit", req("abcdefghij", -1), "abcdefghij", 10, false},
 		{"shorter than announced", req("abc", 6), "", 0, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -172,6 +174,31 @@ func TestReadBody(t *testing.T) {
 				t.Fatalf("buffer capacity %d, want exactly %d", cap(got), tt.wantCap)
 			}
 		})
+	}
+}
+
+// A body of unknown length is read up to the limit and no further into its
+// buffer, so that max_buffered_bytes of twice max_request_size (the least
+// the config takes) holds one at the limit while it grows. Before, a
+// chunked body of exactly a 128 KiB limit (64 KiB times a power of two, as
+// the 16 MiB default is) grew its full buffer to limit+1 and needed
+// 2×limit+1: it, and every larger one, got 503 for ever instead of being
+// executed or refused with 413.
+func TestReadBodyOfUnknownLengthFitsTwiceTheLimit(t *testing.T) {
+	const limit = 128 << 10
+	for _, c := range []struct {
+		n       int
+		wantErr error
+	}{{limit - 1, nil}, {limit, nil}, {limit + 1, errBodyOverLimit}, {3 * limit, errBodyOverLimit}} {
+		budget := &bodyBudget{max: 2 * limit}
+		req := httptest.NewRequest("POST", "/v1/namespaces", io.NopCloser(strings.NewReader(strings.Repeat("b", c.n))))
+		req.ContentLength = -1
+		hold := &bodyHold{budget: budget}
+		got, err := readBody(req, limit, hold)
+		hold.release()
+		if err != c.wantErr || (err == nil && len(got) != c.n) {
+			t.Errorf("a chunked body of %d bytes under a %d limit: read %d (%v), want %d (%v)", c.n, limit, len(got), err, c.n, c.wantErr)
+		}
 	}
 }
 
