@@ -524,6 +524,20 @@ func (g *guarded) execute() error {
 			zap.Int("status", status), zap.Int64("max_response_size", h.MaxResponseSize))
 		g.markUnknown(detached, nil)
 		return nil
+	case answerCutShort(g.w.Header(), status, cw.buf.Bytes()):
+		// The catalog executed and its answer broke off where nothing
+		// in HTTP shows it (no length, no chunks). Stored, every retry
+		// would be replayed the part as the whole; delivered, its
+		// client would take it for the whole too. The client's
+		// connection is broken off instead, as reverse_proxy breaks it
+		// when the transport sees an answer break off, and its retry
+		// hears that the outcome is unknown.
+		g.log(zapcore.ErrorLevel, "the catalog's answer had no length and ended before its body did (a connection closed mid-answer): "+
+			"not stored, not delivered, the client's connection broken off; the key's outcome is unknown",
+			zap.Int("status", status), zap.Int("received_bytes", cw.buf.Len()))
+		g.markUnknown(detached, nil)
+		g.dropBody()
+		panic(http.ErrAbortHandler)
 	default:
 		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}
 		g.status = status
