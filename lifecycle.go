@@ -262,7 +262,7 @@ func (g *guarded) run() error {
 			g.log(zapcore.WarnLevel, "abandoned key: outcome unknown", zap.String("outcome", "abandoned"))
 			g.count(outcomeAbandoned)
 			writeError(g.w, http.StatusInternalServerError, typeCommitStateUnknown,
-				"The original request with this Idempotency-Key was interrupted before it finished; its outcome is unknown. Check the catalog's state before retrying with a new key.", 0)
+				abandonedMessage, 0)
 			return nil
 		}
 	}
@@ -326,7 +326,7 @@ func (g *guarded) refuse(rec *stores.Record, msg string) error {
 		}
 		g.count(outcomeAbandoned)
 		writeError(g.w, http.StatusInternalServerError, typeCommitStateUnknown,
-			"The original request with this Idempotency-Key was interrupted before it finished; its outcome is unknown. Check the catalog's state before retrying with a new key.", 0)
+			abandonedMessage, 0)
 		return nil
 	}
 	g.log(zapcore.DebugLevel, "key reused for another request", zap.String("outcome", "mismatch"))
@@ -1648,6 +1648,15 @@ func (g *guarded) requestEnded() error {
 		"The proxy's time for this request ran out before it was sent to the catalog; retry with the same Idempotency-Key.", g.retryAfterSeconds())
 	return nil
 }
+
+// abandonedMessage answers a retry of a key whose outcome is unknown. The
+// record does not say why: the call broke off or timed out, its answer
+// was too large to keep or did not say whether the commit landed, or the
+// node died during it. "Interrupted" alone misled where the answer had
+// been delivered whole and only could not be stored.
+const abandonedMessage = "The original request with this Idempotency-Key may have been executed by the catalog, " +
+	"but no answer to it was stored (its call broke off or timed out, or its answer could not be kept); its outcome is unknown. " +
+	"Check the catalog's state before retrying with a new key."
 
 // abortForGoneClient ends a request whose client left before anything was
 // written, with the connection broken off and no answer. Returning without
