@@ -15,6 +15,7 @@ import (
 	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 
+	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -33,6 +34,10 @@ type sqlBackend struct {
 	tableExists func(t *testing.T, dsn, table string) bool
 	// drop drops table and its version table.
 	drop func(t *testing.T, dsn, table string)
+	// behindAndHeld creates table one schema version behind this build's
+	// and holds a transaction that read it (a dump, a session left open)
+	// until t ends: a migration cannot get its lock.
+	behindAndHeld func(t *testing.T, dsn, table string)
 }
 
 var sqlBackends = []sqlBackend{
@@ -78,6 +83,27 @@ var sqlBackends = []sqlBackend{
 				t.Error(err)
 			}
 		},
+		behindAndHeld: func(t *testing.T, dsn, table string) {
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = conn.Close(ctx) })
+			for _, stmt := range statementsBehind(t, schema.Postgres, table) {
+				if _, err := conn.Exec(ctx, stmt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tx, err := conn.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback(ctx) })
+			if _, err := tx.Exec(ctx, "SELECT count(*) FROM "+table); err != nil {
+				t.Fatal(err)
+			}
+		},
 	},
 	{
 		name: "mysql",
@@ -121,6 +147,27 @@ var sqlBackends = []sqlBackend{
 			defer db.Close()
 			if _, err := db.Exec("DROP TABLE IF EXISTS " + table + ", " + table + "_schema"); err != nil {
 				t.Error(err)
+			}
+		},
+		behindAndHeld: func(t *testing.T, dsn, table string) {
+			db, err := sql.Open("mysql", dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			for _, stmt := range statementsBehind(t, schema.MySQL, table) {
+				if _, err := db.Exec(stmt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tx, err := db.Begin()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = tx.Rollback() })
+			var n int
+			if err := tx.QueryRow("SELECT COUNT(*) FROM " + table).Scan(&n); err != nil {
+				t.Fatal(err)
 			}
 		},
 	},
@@ -233,6 +280,53 @@ func TestFailOpenDoesNotPassAStoreWhoseSchemaIsBehind(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An upgraded node whose migration cannot get its table's lock in time (a
+// dump, a session left open on the table) leaves the table behind, as one
+// that may not migrate does: fail_open does not pass keyed requests
+// through it either. Before, the lock's timeout was a plain store error,
+// and fail_open passed every keyed request unguarded while the older
+// nodes, guarding with the same table, held the answers: an answered
+// key's retries executed it again (3 executions of one key, on PostgreSQL
+// and on MariaDB, in an audit of a rolling upgrade). They get 503.
+func TestFailOpenDoesNotPassAStoreWhoseMigrationWaits(t *testing.T) {
+	for _, b := range sqlBackends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			table := sqltest.TableName(t)
+			t.Cleanup(func() { b.drop(t, dsn, table) })
+			b.behindAndHeld(t, dsn, table)
+			_, ps, err := openSQLStore(t, newCaddyContext(t), b.name,
+				SQLStoreConfig{DSN: dsn, Table: table, StatementTimeout: caddy.Duration(5 * time.Second)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := newTestHandler(t, ps)
+			h.FailOpen = true
+			up := answering(200, "{}")
+			res := serve(t, h, up, http.MethodPost, "/v1/namespaces", storetest.NewKey(t), nsBody)
+			if res.code() != http.StatusServiceUnavailable || up.calls.Load() != 0 {
+				t.Fatalf("keyed request while the migration waits for its lock = %d %q, catalog called %d times; want 503 and no call",
+					res.code(), res.body, up.calls.Load())
+			}
+		})
+	}
+}
+
+// statementsBehind are the statements that create a table one schema
+// version behind this build's, in dialect.
+func statementsBehind(t *testing.T, dialect, table string) []string {
+	t.Helper()
+	ms, err := schema.Migrations(dialect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stmts []string
+	for _, m := range ms[:len(ms)-1] {
+		stmts = append(stmts, m.Statements(table)...)
+	}
+	return stmts
 }
 
 // openSQLStore provisions the store of backend (postgres or mysql) that

@@ -86,7 +86,7 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 		return s.wrap("migrate lock", err)
 	}
 	if !got.Valid || got.Int64 != 1 {
-		return fmt.Errorf("mysql migrate: another node held the migration lock for table %s longer than %v", table, wait)
+		return sqlstore.MigrationFailed("mysql", applyHow, table, -1, ms, fmt.Errorf("waited %v", wait))
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
@@ -127,7 +127,7 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 				if privilegeRefused(err) {
 					return sqlstore.MigrationRefused("mysql", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
 				}
-				return s.wrap("migrate "+m.File, err)
+				return sqlstore.MigrationFailed("mysql", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
 			}
 		}
 		s.log.Info("applied schema migration", zap.String("file", m.File), zap.Int("version", m.Version))

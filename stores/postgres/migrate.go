@@ -75,12 +75,15 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 				if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == insufficientPrivilege {
 					return sqlstore.MigrationRefused("postgres", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
 				}
-				return s.wrap("migrate "+m.File, err)
+				return sqlstore.MigrationFailed("postgres", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
 			}
 		}
 		s.log.Info("applied schema migration", zap.String("file", m.File), zap.Int("version", m.Version))
 	}
 	if err := tx.Commit(ctx); err != nil {
+		if have < latest {
+			return sqlstore.MigrationFailed("postgres", applyHow, table, have, ms, s.wrap("migrate commit", err))
+		}
 		return s.wrap("migrate commit", err)
 	}
 	if have > latest {

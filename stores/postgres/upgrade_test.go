@@ -250,6 +250,11 @@ func TestMigrationGivesUpOnABusyTable(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "lock timeout") || !strings.Contains(err.Error(), "55P03") {
 		t.Fatalf("Load while another transaction holds the table = %v; want the migration to give up on its lock (55P03)", err)
 	}
+	// The table is behind, not out: fail_open must not pass keys beside
+	// the older nodes that guard them with it (TestFailOpenDoesNotPassAStoreWhoseMigrationWaits).
+	if se := (*sqlstore.SchemaError)(nil); !errors.As(err, &se) {
+		t.Fatalf("Load while the migration waits = %T %v; want a *sqlstore.SchemaError", err, err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
