@@ -4,14 +4,18 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -115,4 +119,66 @@ func TestREADMEGrant(t *testing.T) {
 	}
 	t.Run("conformance", func(t *testing.T) { storetest.Run(t, harness) })
 	t.Run("admin", func(t *testing.T) { storetest.RunAdmin(t, harness) })
+}
+
+// TestUserWithoutDelete: an ACL user refused one command the store needs
+// (here DEL, which only Release and Forget run) leaves the store holding
+// back every operation, sending nothing, with an error that names the
+// command and the grant, until it is granted. Before, Reserve and Finalize
+// worked and every Release failed: a key whose request the catalog never
+// saw (its 503) lapsed into "outcome unknown" and its retries got 500 for
+// the record's life, where without the module they would have executed.
+func TestUserWithoutDelete(t *testing.T) {
+	user, password := aclUser(t, "~iceberg_idempotency_test_*", "&iceberg_idempotency_test_*", "+@all", "-@dangerous", "-del")
+	s, logs := openAs(t, user, password)
+	ctx := context.Background()
+	key := storetest.NewKey(t)
+	_, err := s.Reserve(ctx, storetest.Reservation(key, time.Minute, time.Hour))
+	var denied *sqlstore.AccessError
+	if !errors.As(err, &denied) || !stores.NotSent(err) || !strings.Contains(err.Error(), "DEL") {
+		t.Fatalf("Reserve by a user without DEL = %v; want a not-sent AccessError naming DEL", err)
+	}
+	if n := redistest.Admin(t).Exists(ctx, s.key(key)).Val(); n != 0 {
+		t.Fatal("the refused Reserve wrote the key's record")
+	}
+	if n := logs.FilterMessageSnippet("refused the store's user a command").Len(); n != 1 {
+		t.Fatalf("%d errors logged of the refused command, want 1: %v", n, logs.All())
+	}
+	if err := redistest.Admin(t).Do(ctx, "ACL", "SETUSER", user, "+del").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r := storetest.Reservation(key, time.Minute, time.Hour)
+		res, err := s.Reserve(ctx, r)
+		if err == nil {
+			if !res.Reserved {
+				t.Fatalf("Reserve once DEL is granted = %+v, want it reserved", res)
+			}
+			if err := s.Release(ctx, key, r.Owner); err != nil {
+				t.Fatalf("Release once DEL is granted: %v", err)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Reserve still refused 5 s after DEL was granted: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestUserWithoutEvalsha: a user refused EVALSHA, which runs every script,
+// has every operation refused before it is sent. Before, each Reserve's
+// NOPERM counted as a lost reply, and each keyed request started a
+// background release that retried twice a second for 2 minutes (240
+// refused calls in 10 s for 10 requests, in an audit), which Caddy's exit
+// then waited out.
+func TestUserWithoutEvalsha(t *testing.T) {
+	user, password := aclUser(t, "~iceberg_idempotency_test_*", "&iceberg_idempotency_test_*", "+@all", "-@dangerous", "-evalsha")
+	s, _ := openAs(t, user, password)
+	_, err := s.Reserve(context.Background(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour))
+	var denied *sqlstore.AccessError
+	if !errors.As(err, &denied) || !stores.NotSent(err) || !strings.Contains(err.Error(), "evalsha") {
+		t.Fatalf("Reserve by a user without EVALSHA = %v; want a not-sent AccessError naming evalsha", err)
+	}
 }

@@ -42,6 +42,10 @@ type Store struct {
 	// clock bounds a Reserve on the server's clock (deadline.go).
 	clock serverClock
 
+	// access holds operations back while the server refuses the store's
+	// user a command they need (access.go).
+	access access
+
 	closeOnce sync.Once
 	closed    chan struct{}
 }
@@ -112,7 +116,10 @@ func (s *Store) Warm() {
 			return
 		default:
 		}
-		s.checking.Go(s.checkEviction)
+		s.checking.Go(func() {
+			_ = s.allowed(context.Background())
+			s.checkEviction()
+		})
 	})
 }
 
@@ -181,6 +188,9 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 	case <-s.closed:
 		return nil, stores.MarkNotSent(fmt.Errorf("redis %s: %w", op, sqlstore.ErrClosed))
 	default:
+	}
+	if err := s.allowed(ctx); err != nil {
+		return nil, fmt.Errorf("redis %s: %w", op, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

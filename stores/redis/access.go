@@ -1,0 +1,127 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+)
+
+// accessScript runs, on a key of the store's own that no record pattern
+// matches, every command the store's scripts run, and answers the first
+// one the server refuses with its error, or nothing. An ACL user may be
+// denied any of them: without DEL, say, Reserve and Finalize work and
+// every Release fails, so a key whose request the catalog provably never
+// saw (its 503, a refused connection) lapsed into "outcome unknown" and
+// its retries got 500 for the record's life, where without the module
+// they would have executed. PUBLISH is left out: a user denied the
+// channel only goes without wake-ups (see prelude). The key gets a TTL
+// before anything else can fail, and is deleted.
+var accessScript = goredis.NewScript(`
+local k = KEYS[1]
+local function try(...)
+	local r = redis.pcall(...)
+	if type(r) == 'table' and r.err then return r.err end
+	return nil
+end
+local err = try('TIME')
+if err then return {'TIME', err} end
+err = try('HSET', k, 'probe', '1')
+if err then return {'HSET', err} end
+for _, c in ipairs({{'PEXPIRE', k, 10000}, {'PTTL', k}, {'HGET', k, 'probe'}, {'HMGET', k, 'probe'},
+		{'HGETALL', k}, {'HDEL', k, 'probe'}, {'HSET', k, 'probe', '1'}, {'DEL', k}}) do
+	err = try(unpack(c))
+	if err then
+		redis.pcall('DEL', k)
+		return {c[1], err}
+	end
+end
+return {}
+`)
+
+// accessRecheck is how often operations look again while the store's user
+// is refused a command: the store becomes ready by itself once it is
+// granted.
+const accessRecheck = time.Second
+
+// access is the verdict on the store's user's commands. Until a check
+// has had an answer from the server, operations run (a server down at
+// start is an outage, as before); once one has, they fail at once, sending
+// nothing, for as long as a command is refused.
+type access struct {
+	checked atomic.Bool
+	denied  atomic.Pointer[sqlstore.AccessError]
+	mu      sync.Mutex
+	lastAt  time.Time
+}
+
+// allowed is nil once the server has shown that the store's user may run
+// every command the store needs, or while it has not answered; a not-sent
+// *sqlstore.AccessError while it refuses one. It checks again at most
+// once per accessRecheck.
+func (s *Store) allowed(ctx context.Context) error {
+	if s.access.checked.Load() && s.access.denied.Load() == nil {
+		return nil
+	}
+	if s.access.mu.TryLock() {
+		if time.Since(s.access.lastAt) >= accessRecheck {
+			s.access.lastAt = time.Now()
+			s.checkAccess(ctx)
+		}
+		s.access.mu.Unlock()
+	}
+	if denied := s.access.denied.Load(); denied != nil {
+		return stores.MarkNotSent(denied)
+	}
+	return nil
+}
+
+// checkAccess runs accessScript and records its verdict. An error that is
+// not the server's verdict (no connection, a timeout) leaves the last one.
+func (s *Store) checkAccess(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	v, err := accessScript.Run(ctx, s.client, []string{s.cfg.KeyPrefix + "access-check"}).StringSlice()
+	var refusal string
+	switch {
+	case err == nil && len(v) == 2:
+		refusal = fmt.Sprintf("%s: %s", v[0], v[1])
+	case err == nil:
+	case replyStarts(err, "NOPERM "):
+		// EVAL or EVALSHA itself, or the key pattern: nothing ran.
+		refusal = err.Error()
+	default:
+		var rerr goredis.Error
+		if !errors.As(err, &rerr) {
+			return
+		}
+		// Another reply of the server (LOADING, a script error): no
+		// verdict on the user's commands.
+		return
+	}
+	was := s.access.denied.Load()
+	if refusal == "" {
+		s.access.denied.Store(nil)
+		s.access.checked.Store(true)
+		if was != nil {
+			s.log.Info("redis grants the store's user every command it needs: store ready")
+		}
+		return
+	}
+	denied := &sqlstore.AccessError{Msg: fmt.Sprintf("redis: the store's user may not run a command the store needs (%s): "+
+		"grant it +eval +evalsha +time +hset +hget +hmget +hgetall +hdel +del +pexpire +pttl on ~%s* (and +publish on &%schanged, "+
+		"+subscribe for wake-ups), or +@all -@dangerous", refusal, s.cfg.KeyPrefix, s.cfg.KeyPrefix)}
+	s.access.denied.Store(denied)
+	s.access.checked.Store(true)
+	if was == nil || was.Msg != denied.Msg {
+		s.log.Error("redis refused the store's user a command, will retry", zap.Error(denied))
+	}
+}
