@@ -2,8 +2,8 @@ package redis
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,8 +23,11 @@ import (
 // saw (its 503, a refused connection) lapsed into "outcome unknown" and
 // its retries got 500 for the record's life, where without the module
 // they would have executed. PUBLISH is left out: a user denied the
-// channel only goes without wake-ups (see prelude). The key gets a TTL
-// before anything else can fail, and is deleted.
+// channel only goes without wake-ups (see prelude). The key is given a
+// TTL right after it is written and deleted at the end; a user refused
+// both PEXPIRE and DEL leaves it, one small key, without one. Not every
+// error is a refusal: at maxmemory (OOM), on a replica (READONLY), after
+// a failed save (MISCONF) the HSET fails too, and refusedByACL tells.
 var accessScript = goredis.NewScript(`
 local k = KEYS[1]
 local function try(...)
@@ -46,6 +49,14 @@ for _, c in ipairs({{'PEXPIRE', k, 10000}, {'PTTL', k}, {'HGET', k, 'probe'}, {'
 end
 return {}
 `)
+
+// refusedByACL reports whether msg, the error of a command inside a
+// script, is the ACL's refusal: "NOPERM ..." from Redis 7.2 on,
+// "ERR The user executing the script can't run this command or
+// subcommand" (or "can't access ... keys") before.
+func refusedByACL(msg string) bool {
+	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "The user executing the script can't")
+}
 
 // accessRecheck is how often operations look again while the store's user
 // is refused a command: the store becomes ready by itself once it is
@@ -93,18 +104,19 @@ func (s *Store) checkAccess(ctx context.Context) {
 	var refusal string
 	switch {
 	case err == nil && len(v) == 2:
+		if !refusedByACL(v[1]) {
+			// The server refused it for now (OOM, READONLY, ...): no
+			// verdict on the user's commands.
+			return
+		}
 		refusal = fmt.Sprintf("%s: %s", v[0], v[1])
 	case err == nil:
 	case replyStarts(err, "NOPERM "):
 		// EVAL or EVALSHA itself, or the key pattern: nothing ran.
 		refusal = err.Error()
 	default:
-		var rerr goredis.Error
-		if !errors.As(err, &rerr) {
-			return
-		}
-		// Another reply of the server (LOADING, a script error): no
-		// verdict on the user's commands.
+		// No connection, a timeout, or another reply of the server
+		// (LOADING, BUSY): no verdict on the user's commands.
 		return
 	}
 	was := s.access.denied.Load()
