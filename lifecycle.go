@@ -1534,10 +1534,15 @@ func (g *guarded) stillInFlight() error {
 // every keyed request unguarded for as long, beside nodes of the older
 // build that guard them (a rolling upgrade whose migration a DBA runs): a
 // commit whose answer it lost was executed again by the retry another node
-// took. (Nor is a memory store full of unknown outcomes: see storeError.)
+// took. Nor is a store whose user the database refuses a statement or
+// command the store needs (a grant missing): the records it holds answer
+// the retries of commits that landed, which fail_open would execute again
+// until someone makes the grant. (Nor is a memory store full of unknown
+// outcomes: see storeError.)
 func (g *guarded) storeFailed(step string, err error) error {
 	var schemaErr *sqlstore.SchemaError
-	return g.storeError(step, err, g.h.FailOpen && !errors.As(err, &schemaErr))
+	var accessErr *sqlstore.AccessError
+	return g.storeError(step, err, g.h.FailOpen && !errors.As(err, &schemaErr) && !errors.As(err, &accessErr))
 }
 
 // storeFailedOnHeldKey is storeFailed for a key the store has shown to be

@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -185,5 +187,40 @@ func TestRedisStoreOpensWithServerDown(t *testing.T) {
 	}
 	if se, ok := s.(stores.SelfExpiring); !ok || !se.SelfExpiring() {
 		t.Fatal("redis store is not self-expiring")
+	}
+}
+
+// A store whose user the server refuses a command the store needs (a
+// grant missing) is no outage: fail_open does not pass keyed requests
+// through it, since the records it holds answer the retries of commits
+// that landed. In 839bbe8, whose access check made such a store refuse
+// every operation, fail_open passed every keyed request unguarded, the
+// retries of answered keys too; the PostgreSQL and MySQL stores'
+// AccessError (a grant missing) did so from the build after 068a81b.
+func TestFailOpenDoesNotPassAStoreItsUserMayNotUse(t *testing.T) {
+	prefix := redistest.Prefix(t)
+	user, password := "iceberg_idempotency_test_nodel_"+strings.TrimSuffix(strings.TrimPrefix(prefix, "iceberg_idempotency_test_"), ":"), "pw"
+	admin := redistest.Admin(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">"+password, "~"+prefix+"*", "&"+prefix+"*", "+@all", "-@dangerous", "-del").Err(); err != nil {
+		t.Skipf("the test server refuses ACL SETUSER: %v", err)
+	}
+	t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })
+	r := &RedisStore{Addresses: []string{redistest.Addr(t)}, Username: user, Password: password, KeyPrefix: prefix}
+	if err := r.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.OpenStore(newCaddyContext(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	h := newTestHandler(t, s)
+	h.FailOpen = true
+	up := answering(200, "{}")
+	res := serve(t, h, up, http.MethodPost, "/v1/namespaces", storetest.NewKey(t), nsBody)
+	if res.code() != http.StatusServiceUnavailable || up.calls.Load() != 0 {
+		t.Fatalf("keyed request through a store whose user may not run DEL = %d %q, catalog called %d times; want 503 and no call",
+			res.code(), res.body, up.calls.Load())
 	}
 }
