@@ -2,6 +2,10 @@ package icebergidempotency
 
 import (
 	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
+	"errors"
 	"io"
 	"mime"
 	"net/http"
@@ -20,22 +24,33 @@ import (
 // that cannot parse an answer to a commit may clean up after a commit that
 // landed, so it is checked where the body itself tells: a gzip or deflate
 // body must decode to its end (the codings' own checksums), and a JSON
-// object or array must close. A body that tells nothing (empty, not JSON,
-// in another coding) is taken as whole, as before.
+// object or array must close. Which framing an answer had does not reach
+// this handler (the transport drops Transfer-Encoding), so every answer
+// without a Content-Length is checked; a whole one passes. A body that
+// tells nothing (empty, not JSON, in another coding, or decoding to more
+// than maxCheckedDecode) is taken as whole, as before.
 func answerCutShort(h http.Header, status int, body []byte) bool {
 	if _, ok := h["Content-Length"]; ok || len(body) == 0 || status == http.StatusNoContent || status == http.StatusNotModified {
 		return false
 	}
 	switch strings.ToLower(strings.TrimSpace(h.Get("Content-Encoding"))) {
 	case "", "identity":
-	case "gzip", "x-gzip", "deflate":
-		rd, err := newDecoder(h.Get("Content-Encoding"), body)
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(bytes.NewReader(body))
 		if err != nil {
-			return true
+			return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) // a header cut short
 		}
-		defer rd.Close()
-		_, err = io.Copy(io.Discard, rd)
-		return err != nil
+		// Its first member, as a decoder reads it; bytes after it
+		// (a newline some servers add) are no cut.
+		zr.Multistream(false)
+		return !decodesToEnd(zr)
+	case "deflate":
+		// zlib, as RFC 9110 says, or the raw deflate some servers send
+		// under the name: a body whole in either is whole.
+		if zr, err := zlib.NewReader(bytes.NewReader(body)); err == nil && decodesToEnd(zr) {
+			return false
+		}
+		return !decodesToEnd(flate.NewReader(bytes.NewReader(body)))
 	default:
 		return false
 	}
@@ -44,6 +59,18 @@ func answerCutShort(h http.Header, status int, body []byte) bool {
 		return false
 	}
 	return !jsonCloses(body)
+}
+
+// maxCheckedDecode bounds the decoding answerCutShort does: a body that
+// decodes to more is taken as whole, its end unchecked, so that a highly
+// compressed answer cannot hold the request path for seconds.
+const maxCheckedDecode = 64 << 20
+
+// decodesToEnd reports whether r decodes to its end without error, or to
+// more than maxCheckedDecode bytes.
+func decodesToEnd(r io.Reader) bool {
+	n, err := io.Copy(io.Discard, io.LimitReader(r, maxCheckedDecode+1))
+	return n > maxCheckedDecode || err == nil
 }
 
 // jsonCloses reports whether body, a JSON text whose top-level value is an

@@ -532,7 +532,7 @@ func (g *guarded) execute() error {
 		// connection is broken off instead, as reverse_proxy breaks it
 		// when the transport sees an answer break off, and its retry
 		// hears that the outcome is unknown.
-		g.log(zapcore.ErrorLevel, "the catalog's answer had no length and ended before its body did (a connection closed mid-answer): "+
+		g.log(zapcore.ErrorLevel, "the catalog's answer had no length and ended before its body did (its connection closed mid-answer, or the catalog sent it malformed): "+
 			"not stored, not delivered, the client's connection broken off; the key's outcome is unknown",
 			zap.Int("status", status), zap.Int("received_bytes", cw.buf.Len()))
 		g.markUnknown(detached, nil)
