@@ -45,6 +45,17 @@ func privilegeRefused(err error) bool {
 	return false
 }
 
+// tableBusy reports the server's verdict that a migration's statement could
+// not have its table now: its lock_wait_timeout ran out (1205) behind a
+// transaction holding the table, or it deadlocked (1213). Only then is a
+// table that exists and is behind the build's schema said to be behind
+// (sqlstore.MigrationFailed); a lost connection or a full disk is an
+// outage as any.
+func tableBusy(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1205 || me.Number == 1213)
+}
+
 // migrateLockTimeout is how long a migration's DDL waits for its metadata
 // lock (lock_wait_timeout, in whole seconds) before the attempt gives up.
 const migrateLockTimeout = time.Second
@@ -86,7 +97,13 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 		return s.wrap("migrate lock", err)
 	}
 	if !got.Valid || got.Int64 != 1 {
-		return sqlstore.MigrationFailed("mysql", applyHow, table, -1, ms, fmt.Errorf("waited %v", wait))
+		busy := fmt.Errorf("mysql migrate: another node held the migration lock for table %s longer than %v", table, wait)
+		// That node is most likely migrating the table: if it is
+		// behind, it is, whatever the lock says.
+		if have, err := schemaVersion(ctx, conn, table); err == nil && have > 0 && have < schema.Latest(ms) {
+			return sqlstore.MigrationFailed("mysql", applyHow, table, have, ms, busy)
+		}
+		return busy
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
@@ -127,7 +144,10 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 				if privilegeRefused(err) {
 					return sqlstore.MigrationRefused("mysql", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
 				}
-				return sqlstore.MigrationFailed("mysql", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
+				if have > 0 && tableBusy(err) {
+					return sqlstore.MigrationFailed("mysql", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
+				}
+				return s.wrap("migrate "+m.File, err)
 			}
 		}
 		s.log.Info("applied schema migration", zap.String("file", m.File), zap.Int("version", m.Version))

@@ -4,11 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
 	"go.uber.org/zap/zaptest"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
@@ -210,4 +212,18 @@ func tableAtVersion(t *testing.T, version int) (dsn, table string, db *sql.DB) {
 	}
 	applyMigrations(t, db, table, ms[:version])
 	return dsn, table, db
+}
+
+// Only the server's word that the table is busy makes a failed migration
+// "behind" (no fail_open); a review found the first version calling every
+// failed statement so, which kept fail_open from passing during an outage.
+func TestTableBusy(t *testing.T) {
+	for number, want := range map[uint16]bool{1205: true, 1213: true, 1021: false, 1290: false, 1050: false} {
+		if got := tableBusy(fmt.Errorf("migrate: %w", &mysqldriver.MySQLError{Number: number})); got != want {
+			t.Errorf("tableBusy(%d) = %v, want %v", number, got, want)
+		}
+	}
+	if tableBusy(context.DeadlineExceeded) {
+		t.Error("a deadline was taken for a busy table")
+	}
 }

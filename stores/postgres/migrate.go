@@ -22,6 +22,17 @@ const applyHow = "psql --single-transaction -f FILE"
 // run: a migration's DDL when the store's role does not own the table.
 const insufficientPrivilege = "42501"
 
+// tableBusy reports the server's verdict that a migration's statement could
+// not have its table now: its lock_timeout ran out (55P03) behind a
+// transaction holding the table, or it deadlocked (40P01). Only then is a
+// table that exists and is behind the build's schema said to be behind
+// (sqlstore.MigrationFailed); a lost connection, a shutting-down server or
+// a full disk is an outage as any.
+func tableBusy(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "40P01")
+}
+
 // migrateLockTimeout is how long a migration's DDL waits for its table
 // lock (lock_timeout) before the attempt gives up.
 const migrateLockTimeout = 200 * time.Millisecond
@@ -75,15 +86,15 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 				if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == insufficientPrivilege {
 					return sqlstore.MigrationRefused("postgres", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
 				}
-				return sqlstore.MigrationFailed("postgres", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
+				if have > 0 && tableBusy(err) {
+					return sqlstore.MigrationFailed("postgres", applyHow, table, have, ms, s.wrap("migrate "+m.File, err))
+				}
+				return s.wrap("migrate "+m.File, err)
 			}
 		}
 		s.log.Info("applied schema migration", zap.String("file", m.File), zap.Int("version", m.Version))
 	}
 	if err := tx.Commit(ctx); err != nil {
-		if have < latest {
-			return sqlstore.MigrationFailed("postgres", applyHow, table, have, ms, s.wrap("migrate commit", err))
-		}
 		return s.wrap("migrate commit", err)
 	}
 	if have > latest {

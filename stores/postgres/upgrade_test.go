@@ -3,12 +3,14 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap/zaptest"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
@@ -263,5 +265,20 @@ func TestMigrationGivesUpOnABusyTable(t *testing.T) {
 	}
 	if !columnExists(t, table, "watched") {
 		t.Fatal("not migrated once the table was free")
+	}
+}
+
+// Only the server's word that the table is busy makes a failed migration
+// "behind" (no fail_open); a review found the first version calling every
+// failed statement so, a failover's admin_shutdown and a full disk too,
+// which kept fail_open from passing during an outage.
+func TestTableBusy(t *testing.T) {
+	for code, want := range map[string]bool{"55P03": true, "40P01": true, "57P01": false, "53100": false, "25006": false, "42P07": false} {
+		if got := tableBusy(fmt.Errorf("migrate: %w", &pgconn.PgError{Code: code})); got != want {
+			t.Errorf("tableBusy(%s) = %v, want %v", code, got, want)
+		}
+	}
+	if tableBusy(context.DeadlineExceeded) {
+		t.Error("a deadline was taken for a busy table")
 	}
 }

@@ -37,18 +37,14 @@ func MigrationRefused(dialect, applyHow, table string, have int, ms []schema.Mig
 }
 
 // MigrationFailed is the verdict on an automatic migration of a table at
-// schema version have, behind the build's, that the database did not let
-// finish (cause, its error): a lock it could not get in time (a dump or a
-// session left open on the table), a statement it failed. The table stays
+// schema version have (above 0: it exists), behind the build's, that the
+// database did not let finish for now (cause, its error): a lock it could
+// not get in time behind a dump or a session left open on the table, or
+// another node's migration holding the migration lock. The table stays
 // behind, and is no outage: the older nodes sharing it guard their keys
 // with it, and fail_open passing keyed requests beside them would execute
-// a commit whose answer one of them holds. The next attempt migrates. have
-// is -1 when another node held the migration lock too long to read it.
+// a commit whose answer one of them holds. The next attempt migrates.
 func MigrationFailed(dialect, applyHow, table string, have int, ms []schema.Migration, cause error) error {
-	if have < 0 {
-		return &SchemaError{Msg: fmt.Sprintf("%s: another node is migrating table %s (this build needs schema version %d) and held the migration lock past the wait (%v): tried again",
-			dialect, table, schema.Latest(ms), cause)}
-	}
 	return &SchemaError{Msg: fmt.Sprintf("%s: table %s is at schema version %d, this build needs %d, and the migration did not finish (%v): tried again; or apply %s",
 		dialect, table, have, schema.Latest(ms), cause, toApply(applyHow, table, missingFiles(have, ms)))}
 }
