@@ -46,12 +46,14 @@ func (c *captureWriter) WriteHeader(status int) {
 	}
 	c.status = status
 	c.wroteHeader = true
-	// One allocation of exactly the announced size instead of a buffer
-	// grown by doubling: the memory store then keeps the body as it is
-	// (see memory.Store.Finalize). A length above the limit is left to
-	// overflow as it comes, and one above maxPreallocated to grow as it
-	// comes: the length is the catalog's word, not bytes received, and a
-	// large max_response_size must not let one header allocate it.
+	// Up to maxPreallocated, one allocation of exactly the announced size
+	// instead of a buffer grown by doubling: the memory store then keeps
+	// the body as it is (see memory.Store.Finalize). A length above the
+	// limit is left to overflow as it comes, and one above
+	// maxPreallocated to grow as it comes (the memory store then copies
+	// it to its size): the length is the catalog's word, not bytes
+	// received, and a large max_response_size must not let one header
+	// allocate it.
 	if n, err := strconv.ParseInt(c.w.Header().Get("Content-Length"), 10, 64); err == nil && n > 0 && n <= c.limit {
 		c.buf = *bytes.NewBuffer(make([]byte, 0, min(n, maxPreallocated)))
 	}
