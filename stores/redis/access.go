@@ -59,14 +59,15 @@ func refusedByACL(msg string) bool {
 }
 
 // accessRecheck is how often operations look again while the store's user
-// is refused a command: the store becomes ready by itself once it is
-// granted.
+// is refused a command, or no check has had the server's answer: the store
+// becomes ready by itself once the grant is made.
 const accessRecheck = time.Second
 
 // access is the verdict on the store's user's commands. Until a check
 // has had an answer from the server, operations run (a server down at
 // start is an outage, as before); once one has, they fail at once, sending
-// nothing, for as long as a command is refused.
+// nothing, for as long as a command is refused. An ACL refusal of an
+// operation (a grant revoked while the store runs) asks for a check again.
 type access struct {
 	checked atomic.Bool
 	denied  atomic.Pointer[sqlstore.AccessError]
@@ -95,8 +96,21 @@ func (s *Store) allowed(ctx context.Context) error {
 	return nil
 }
 
+// recheckAccess asks for a check before the next operation: one was
+// refused by the ACL (err), which the last check did not see.
+func (s *Store) recheckAccess(err error) {
+	if err == nil || !(replyStarts(err, "NOPERM ") || refusedByACL(err.Error())) {
+		return
+	}
+	s.access.mu.Lock()
+	s.access.checked.Store(false)
+	s.access.lastAt = time.Time{}
+	s.access.mu.Unlock()
+}
+
 // checkAccess runs accessScript and records its verdict. An error that is
-// not the server's verdict (no connection, a timeout) leaves the last one.
+// not the server's verdict (no connection, a timeout, a refusal for now)
+// leaves the last one.
 func (s *Store) checkAccess(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -182,3 +182,43 @@ func TestUserWithoutEvalsha(t *testing.T) {
 		t.Fatalf("Reserve by a user without EVALSHA = %v; want a not-sent AccessError naming evalsha", err)
 	}
 }
+
+// TestGrantRevokedWhileRunning: a refusal by the ACL of an operation of a
+// store whose check passed (DEL revoked while Caddy runs) asks for a check
+// again, and the operations after it are held back until the grant is
+// back. Before, only the first check counted: every release failed from
+// then on, and its key lapsed into "unknown" (an audit: 0 executions,
+// then 500 for the key's life).
+func TestGrantRevokedWhileRunning(t *testing.T) {
+	user, password := aclUser(t, "~iceberg_idempotency_test_*", "&iceberg_idempotency_test_*", "+@all", "-@dangerous")
+	s, _ := openAs(t, user, password)
+	ctx := context.Background()
+	held := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
+	if _, err := s.Reserve(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	admin := redistest.Admin(t)
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "-del").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, held.Key, held.Owner); err == nil {
+		t.Fatal("Release without DEL succeeded")
+	}
+	fresh := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
+	_, err := s.Reserve(ctx, fresh)
+	var denied *sqlstore.AccessError
+	if !errors.As(err, &denied) || !stores.NotSent(err) {
+		t.Fatalf("Reserve after DEL was revoked = %v; want a not-sent AccessError", err)
+	}
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "+del").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if err = s.Release(ctx, held.Key, held.Owner); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Release still failing 5 s after DEL was granted back: %v", err)
+		}
+	}
+}

@@ -196,6 +196,7 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 	defer cancel()
 	v, err := script.Run(ctx, s.client, []string{s.key(key)}, args...).Result()
 	if err != nil {
+		s.recheckAccess(err)
 		return nil, s.wrap(op, err)
 	}
 	return v, nil
