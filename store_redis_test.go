@@ -3,7 +3,6 @@ package icebergidempotency
 import (
 	"context"
 	"errors"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -215,12 +214,5 @@ func TestFailOpenDoesNotPassAStoreItsUserMayNotUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	h := newTestHandler(t, s)
-	h.FailOpen = true
-	up := answering(200, "{}")
-	res := serve(t, h, up, http.MethodPost, "/v1/namespaces", storetest.NewKey(t), nsBody)
-	if res.code() != http.StatusServiceUnavailable || up.calls.Load() != 0 {
-		t.Fatalf("keyed request through a store whose user may not run DEL = %d %q, catalog called %d times; want 503 and no call",
-			res.code(), res.body, up.calls.Load())
-	}
+	failOpenRefuses(t, s, "through a store whose user may not run DEL")
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	schema "github.com/caddy-iceberg/caddy-iceberg-idempotency/sql"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -270,14 +271,7 @@ func TestFailOpenDoesNotPassAStoreWhoseSchemaIsBehind(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h := newTestHandler(t, ps)
-			h.FailOpen = true
-			up := answering(200, "{}")
-			res := serve(t, h, up, http.MethodPost, "/v1/namespaces", storetest.NewKey(t), nsBody)
-			if res.code() != http.StatusServiceUnavailable || up.calls.Load() != 0 {
-				t.Fatalf("keyed request with the table behind = %d %q, catalog called %d times; want 503 and no call",
-					res.code(), res.body, up.calls.Load())
-			}
+			failOpenRefuses(t, ps, "with the table behind")
 		})
 	}
 }
@@ -302,15 +296,23 @@ func TestFailOpenDoesNotPassAStoreWhoseMigrationWaits(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h := newTestHandler(t, ps)
-			h.FailOpen = true
-			up := answering(200, "{}")
-			res := serve(t, h, up, http.MethodPost, "/v1/namespaces", storetest.NewKey(t), nsBody)
-			if res.code() != http.StatusServiceUnavailable || up.calls.Load() != 0 {
-				t.Fatalf("keyed request while the migration waits for its lock = %d %q, catalog called %d times; want 503 and no call",
-					res.code(), res.body, up.calls.Load())
-			}
+			failOpenRefuses(t, ps, "while the migration waits for its lock")
 		})
+	}
+}
+
+// failOpenRefuses sends a keyed request through a fail_open handler on
+// store, and fails the test unless it is answered 503 without a catalog
+// call; when names the store's state in the message.
+func failOpenRefuses(t *testing.T, store stores.Store, when string) {
+	t.Helper()
+	h := newTestHandler(t, store)
+	h.FailOpen = true
+	up := answering(200, "{}")
+	res := serve(t, h, up, http.MethodPost, "/v1/namespaces", storetest.NewKey(t), nsBody)
+	if res.code() != http.StatusServiceUnavailable || up.calls.Load() != 0 {
+		t.Fatalf("keyed request %s = %d %q, catalog called %d times; want 503 and no call",
+			when, res.code(), res.body, up.calls.Load())
 	}
 }
 
