@@ -98,8 +98,8 @@ func (s *Store) migrate(ctx context.Context, table string, auto bool) error {
 	}
 	if !got.Valid || got.Int64 != 1 {
 		busy := fmt.Errorf("mysql migrate: another node held the migration lock for table %s longer than %v", table, wait)
-		// That node is most likely migrating the table: if it is
-		// behind, it is, whatever the lock says.
+		// That node is most likely migrating the table; a table that
+		// exists and is behind is no outage, whoever holds the lock.
 		if have, err := schemaVersion(ctx, conn, table); err == nil && have > 0 && have < schema.Latest(ms) {
 			return sqlstore.MigrationFailed("mysql", applyHow, table, have, ms, busy)
 		}
