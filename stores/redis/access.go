@@ -58,12 +58,14 @@ func refusedByACL(msg string) bool {
 	return strings.HasPrefix(msg, "NOPERM") || strings.Contains(msg, "The user executing the script can't")
 }
 
-// accessRecheck is how often operations look again while the store's user
-// is refused a command, or no check has had the server's answer: the store
-// becomes ready by itself once the grant is made.
+// accessRecheck is how often operations ask for a check again while the
+// store's user is refused a command, or no check has had the server's
+// answer: the store becomes ready by itself once the grant is made.
 const accessRecheck = time.Second
 
-// access is the verdict on the store's user's commands. Until a check
+// access is the verdict on the store's user's commands. Checks run in the
+// background, never in an operation's time: one that waited for a stalled
+// server would double the time an operation takes to fail. Until a check
 // has had an answer from the server, operations run (a server down at
 // start is an outage, as before); once one has, they fail at once, sending
 // nothing, for as long as a command is refused. An ACL refusal of an
@@ -73,31 +75,49 @@ type access struct {
 	denied  atomic.Pointer[sqlstore.AccessError]
 	mu      sync.Mutex
 	lastAt  time.Time
+	running bool // a check is under way
+	closed  bool // the store closed: no check starts
 }
 
 // allowed is nil once the server has shown that the store's user may run
 // every command the store needs, or while it has not answered; a not-sent
-// *sqlstore.AccessError while it refuses one. It checks again at most
+// *sqlstore.AccessError while it refuses one. Until the verdict is that
+// every command is allowed, it starts a check in the background, at most
 // once per accessRecheck.
-func (s *Store) allowed(ctx context.Context) error {
+func (s *Store) allowed() error {
 	if s.access.checked.Load() && s.access.denied.Load() == nil {
 		return nil
 	}
-	if s.access.mu.TryLock() {
-		if time.Since(s.access.lastAt) >= accessRecheck {
-			s.access.lastAt = time.Now()
-			s.checkAccess(ctx)
-		}
-		s.access.mu.Unlock()
+	s.access.mu.Lock()
+	if !s.access.closed && !s.access.running && time.Since(s.access.lastAt) >= accessRecheck {
+		s.access.running = true
+		s.access.lastAt = time.Now()
+		s.checking.Add(1)
+		go func() {
+			defer s.checking.Done()
+			s.checkAccess()
+			s.access.mu.Lock()
+			s.access.running = false
+			s.access.mu.Unlock()
+		}()
 	}
+	s.access.mu.Unlock()
 	if denied := s.access.denied.Load(); denied != nil {
 		return stores.MarkNotSent(denied)
 	}
 	return nil
 }
 
-// recheckAccess asks for a check before the next operation: one was
-// refused by the ACL (err), which the last check did not see.
+// stopChecks keeps any check from starting once the store closes, so that
+// Close can wait for the one under way.
+func (s *Store) stopChecks() {
+	s.access.mu.Lock()
+	s.access.closed = true
+	s.access.mu.Unlock()
+}
+
+// recheckAccess asks for a check: an operation was refused by the ACL
+// (err), which the last check did not see.
 func (s *Store) recheckAccess(err error) {
 	if err == nil || !(replyStarts(err, "NOPERM ") || refusedByACL(err.Error())) {
 		return
@@ -106,13 +126,14 @@ func (s *Store) recheckAccess(err error) {
 	s.access.checked.Store(false)
 	s.access.lastAt = time.Time{}
 	s.access.mu.Unlock()
+	_ = s.allowed()
 }
 
 // checkAccess runs accessScript and records its verdict. An error that is
 // not the server's verdict (no connection, a timeout, a refusal for now)
 // leaves the last one.
-func (s *Store) checkAccess(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+func (s *Store) checkAccess() {
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	v, err := accessScript.Run(ctx, s.client, []string{s.cfg.KeyPrefix + "access-check"}).StringSlice()
 	var refusal string

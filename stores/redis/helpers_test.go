@@ -22,3 +22,10 @@ func openStore(t testing.TB, mutate func(*Config)) (*Store, Config) {
 	t.Cleanup(func() { s.Close() })
 	return s, cfg
 }
+
+// accessChecked reports whether a check of s's commands has run to its end.
+func (s *Store) accessChecked() bool {
+	s.access.mu.Lock()
+	defer s.access.mu.Unlock()
+	return !s.access.running && !s.access.lastAt.IsZero()
+}

@@ -66,6 +66,11 @@ func TestPoolWaitIsNotSent(t *testing.T) {
 	if _, err := s.Reserve(ctx, storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)); err != nil {
 		t.Fatal(err)
 	}
+	// The check of the store's commands, which that first call started
+	// in the background, is over: the pool's one connection is free.
+	for !s.accessChecked() {
+		time.Sleep(time.Millisecond)
+	}
 	// The pool's one connection takes a script and answers nothing.
 	proxy.Blackhole()
 	defer proxy.Stop()

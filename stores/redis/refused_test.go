@@ -120,6 +120,12 @@ func TestRefusedWritesAreNotSent(t *testing.T) {
 			// store held back every call, reads too, naming a grant to
 			// make, until a later check passed).
 			late, _ := openStore(t, func(c *Config) { c.Addrs, c.KeyPrefix = []string{addr}, s.cfg.KeyPrefix })
+			late.Warm()
+			for deadline := time.Now().Add(5 * time.Second); !late.accessChecked(); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("the access check did not end within 5 s")
+				}
+			}
 			if res, err := late.Reserve(ctx, held); err != nil || res.Existing == nil {
 				t.Errorf("Reserve of a held key under %s by a store opened since: %+v, %v; want the record", tc.name, res, err)
 			}

@@ -30,8 +30,9 @@ type Store struct {
 	listener   *listener // set by the first Warm or Await
 
 	evictionOnce sync.Once
-	// checking is the check of checkEviction under way, which Close waits
-	// for: it logs, and nothing may log for a store after its Close.
+	// checking is the checks of checkEviction and checkAccess under way,
+	// which Close waits for: they log, and nothing may log for a store
+	// after its Close.
 	checking sync.WaitGroup
 
 	// awaits shares one wait per key on this node: a thousand duplicates
@@ -116,10 +117,8 @@ func (s *Store) Warm() {
 			return
 		default:
 		}
-		s.checking.Go(func() {
-			_ = s.allowed(context.Background())
-			s.checkEviction()
-		})
+		s.checking.Go(s.checkEviction)
+		_ = s.allowed()
 	})
 }
 
@@ -167,6 +166,7 @@ func (s *Store) Close() error {
 		close(s.closed)
 		s.listenOnce.Do(func() {})   // no listener starts after this
 		s.evictionOnce.Do(func() {}) // nor a check of the eviction policy
+		s.stopChecks()               // nor of the user's commands
 		if s.listener != nil {
 			s.listener.stop()
 		}
@@ -189,7 +189,7 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 		return nil, stores.MarkNotSent(fmt.Errorf("redis %s: %w", op, sqlstore.ErrClosed))
 	default:
 	}
-	if err := s.allowed(ctx); err != nil {
+	if err := s.allowed(); err != nil {
 		return nil, fmt.Errorf("redis %s: %w", op, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
