@@ -105,22 +105,28 @@ func gzipped(t *testing.T, s string) []byte {
 // retry was replayed it with Idempotent-Replayed. Now a JSON body that
 // does not close, or a gzip body that does not decode to its end, leaves
 // the key unknown with the client's connection broken off, as an answer
-// the transport sees break off does. The catalog is a raw listener (Go's
-// own server sends a length or chunks), and cuts its answer on purpose.
+// the transport sees break off does. So does a 5xx whose JSON broke off
+// before it could say what it is: one saying CommitStateUnknownException
+// leaves the key unknown, and before, the cut one was released and its
+// retry executed again. The catalog is a raw listener (Go's own server
+// sends a length or chunks), and cuts its answer on purpose.
 func TestAnswerCutWithoutALengthIsUnknown(t *testing.T) {
 	answer := `{"metadata-location":"s3://w/t/metadata/00001.json","metadata":{"format-version":2}}`
+	unknown := `{"error":{"message":"the commit may have landed; a long explanation","type":"CommitStateUnknownException","code":503}}`
 	for _, c := range []struct {
 		name    string
+		status  string // "200 OK" when empty
 		header  string
 		body    []byte
 		request []string
 		cut     bool
 	}{
-		{"json cut", "Content-Type: application/json\r\n", []byte(answer[:40]), nil, true},
-		{"gzip cut", "Content-Type: application/json\r\nContent-Encoding: gzip\r\n",
+		{"503 cut before its type", "503 Service Unavailable", "Content-Type: application/json\r\n", []byte(unknown[:60]), nil, true},
+		{"json cut", "", "Content-Type: application/json\r\n", []byte(answer[:40]), nil, true},
+		{"gzip cut", "", "Content-Type: application/json\r\nContent-Encoding: gzip\r\n",
 			gzipped(t, answer)[:30], []string{"Accept-Encoding", "gzip"}, true},
-		{"json whole", "Content-Type: application/json\r\n", []byte(answer), nil, false},
-		{"gzip whole", "Content-Type: application/json\r\nContent-Encoding: gzip\r\n",
+		{"json whole", "", "Content-Type: application/json\r\n", []byte(answer), nil, false},
+		{"gzip whole", "", "Content-Type: application/json\r\nContent-Encoding: gzip\r\n",
 			gzipped(t, answer), []string{"Accept-Encoding", "gzip"}, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -131,7 +137,11 @@ func TestAnswerCutWithoutALengthIsUnknown(t *testing.T) {
 					return
 				}
 				defer conn.Close()
-				fmt.Fprintf(buf, "HTTP/1.1 200 OK\r\nConnection: close\r\n%s\r\n", c.header)
+				status := c.status
+				if status == "" {
+					status = "200 OK"
+				}
+				fmt.Fprintf(buf, "HTTP/1.1 %s\r\nConnection: close\r\n%s\r\n", status, c.header)
 				_, _ = buf.Write(c.body)
 				_ = buf.Flush()
 			})

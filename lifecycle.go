@@ -509,6 +509,12 @@ func (g *guarded) execute() error {
 		g.log(zapcore.WarnLevel, "the catalog's final answer was rewritten (replace_status, handle_response) into one that is not stored: "+
 			"delivered, not released; the key's outcome is unknown", zap.Int("status", status), zap.Int("catalog_status", answer))
 		g.markUnknown(detached, nil)
+	case status >= 500 && !cw.overflowed && g.mayHaveReachedCatalog() && answerCutShort(g.w.Header(), status, cw.buf.Bytes()):
+		// A 5xx whose body broke off before it could say what it is:
+		// one that says CommitStateUnknownException leaves the key
+		// unknown, and this one may have said so (until the build
+		// after c861d98 it was released, and its retry executed).
+		g.answerCut(status, cw)
 	case !h.shouldFinalize(status):
 		g.release(detached, "status "+strconv.Itoa(status))
 	case status == http.StatusConflict && g.active.marked(markInFlightAnswer):
@@ -527,17 +533,8 @@ func (g *guarded) execute() error {
 	case answerCutShort(g.w.Header(), status, cw.buf.Bytes()):
 		// The catalog executed and its answer broke off where nothing
 		// in HTTP shows it (no length, no chunks). Stored, every retry
-		// would be replayed the part as the whole; delivered, its
-		// client would take it for the whole too. The client's
-		// connection is broken off instead, as reverse_proxy breaks it
-		// when the transport sees an answer break off, and its retry
-		// hears that the outcome is unknown.
-		g.log(zapcore.ErrorLevel, "the catalog's answer had no length and ended before its body did (its connection closed mid-answer, or the catalog sent it malformed): "+
-			"not stored, not delivered, the client's connection broken off; the key's outcome is unknown",
-			zap.Int("status", status), zap.Int("received_bytes", cw.buf.Len()))
-		g.markUnknown(detached, nil)
-		g.dropBody()
-		panic(http.ErrAbortHandler)
+		// would be replayed the part as the whole.
+		g.answerCut(status, cw)
 	default:
 		resp := stores.Response{Status: status, Header: g.replayHeaders(), Body: cw.buf.Bytes()}
 		g.status = status
@@ -1652,6 +1649,21 @@ func (g *guarded) requestEnded() error {
 	writeError(g.w, http.StatusServiceUnavailable, typeUnavailable,
 		"The proxy's time for this request ran out before it was sent to the catalog; retry with the same Idempotency-Key.", g.retryAfterSeconds())
 	return nil
+}
+
+// answerCut ends a request whose catalog answer (status, captured by cw)
+// broke off where nothing in HTTP shows it (answerCutShort). Delivered,
+// its client would take the part for the whole. The client's connection
+// is broken off instead, as reverse_proxy breaks it when the transport
+// sees an answer break off, and the key's outcome is unknown: its retry
+// hears so.
+func (g *guarded) answerCut(status int, cw *captureWriter) {
+	g.log(zapcore.ErrorLevel, "the catalog's answer had no length and ended before its body did (its connection closed mid-answer, or the catalog sent it malformed): "+
+		"not stored, not delivered, the client's connection broken off; the key's outcome is unknown",
+		zap.Int("status", status), zap.Int("received_bytes", cw.buf.Len()))
+	g.markUnknown(g.detached, nil)
+	g.dropBody()
+	panic(http.ErrAbortHandler)
 }
 
 // abandonedMessage answers a retry of a key whose outcome is unknown. The
