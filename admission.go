@@ -464,17 +464,12 @@ func readBody(r *http.Request, limit int64, hold *bodyHold) ([]byte, error) {
 	}
 	if !eof && int64(len(body)) == limit {
 		var one [1]byte
-		for {
-			m, err := r.Body.Read(one[:])
-			if m > 0 {
-				return nil, errBodyOverLimit
-			}
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return nil, err
-			}
+		switch _, err := io.ReadFull(r.Body, one[:]); err {
+		case nil:
+			return nil, errBodyOverLimit
+		case io.EOF:
+		default:
+			return nil, err
 		}
 	}
 	return body, nil

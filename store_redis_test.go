@@ -12,7 +12,6 @@ import (
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/redis/redistest"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -218,14 +217,6 @@ func TestFailOpenDoesNotPassAStoreItsUserMayNotUse(t *testing.T) {
 	// The app warms its stores at start; the check of the user's
 	// commands runs in the background, and here its verdict is awaited.
 	s.(interface{ Warm() }).Warm()
-	var denied *sqlstore.AccessError
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if _, err := s.Load(ctx, storetest.NewKey(t)); errors.As(err, &denied) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no check refused the store's commands within 5 s")
-		}
-	}
+	redistest.AwaitRefusal(t, s)
 	failOpenRefuses(t, s, "through a store whose user may not run DEL")
 }

@@ -121,23 +121,6 @@ func TestREADMEGrant(t *testing.T) {
 	t.Run("admin", func(t *testing.T) { storetest.RunAdmin(t, harness) })
 }
 
-// refusedAfterCheck waits, with Loads (which write nothing), until the
-// background check of s's commands has refused one, and returns that
-// error.
-func refusedAfterCheck(t *testing.T, s *Store) error {
-	t.Helper()
-	var denied *sqlstore.AccessError
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		_, err := s.Load(context.Background(), storetest.NewKey(t))
-		if errors.As(err, &denied) {
-			return err
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no check refused the store's commands within 5 s: %v", err)
-		}
-	}
-}
-
 // TestUserWithoutDelete: an ACL user refused one command the store needs
 // (here DEL, which only Release and Forget run) leaves the store holding
 // back every operation, sending nothing, with an error that names the
@@ -149,7 +132,7 @@ func TestUserWithoutDelete(t *testing.T) {
 	user, password := aclUser(t, "~iceberg_idempotency_test_*", "&iceberg_idempotency_test_*", "+@all", "-@dangerous", "-del")
 	s, logs := openAs(t, user, password)
 	s.Warm()
-	refusedAfterCheck(t, s)
+	redistest.AwaitRefusal(t, s)
 	ctx := context.Background()
 	key := storetest.NewKey(t)
 	_, err := s.Reserve(ctx, storetest.Reservation(key, time.Minute, time.Hour))
@@ -196,7 +179,7 @@ func TestUserWithoutEvalsha(t *testing.T) {
 	user, password := aclUser(t, "~iceberg_idempotency_test_*", "&iceberg_idempotency_test_*", "+@all", "-@dangerous", "-evalsha")
 	s, _ := openAs(t, user, password)
 	s.Warm()
-	refusedAfterCheck(t, s)
+	redistest.AwaitRefusal(t, s)
 	_, err := s.Reserve(context.Background(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour))
 	var denied *sqlstore.AccessError
 	if !errors.As(err, &denied) || !stores.NotSent(err) || !strings.Contains(err.Error(), "evalsha") {
@@ -225,7 +208,7 @@ func TestGrantRevokedWhileRunning(t *testing.T) {
 	if err := s.Release(ctx, held.Key, held.Owner); err == nil {
 		t.Fatal("Release without DEL succeeded")
 	}
-	refusedAfterCheck(t, s)
+	redistest.AwaitRefusal(t, s)
 	fresh := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
 	_, err := s.Reserve(ctx, fresh)
 	var denied *sqlstore.AccessError

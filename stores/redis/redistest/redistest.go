@@ -7,13 +7,17 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"sync"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
 const (
@@ -75,4 +79,22 @@ func Prefix(t testing.TB) string {
 		}
 	})
 	return prefix
+}
+
+// AwaitRefusal waits, with Loads (which write nothing), until the
+// background check of s's commands has refused one, and returns that
+// error: the check never runs in an operation's time, so a test of what a
+// refused user's operations do awaits its verdict first.
+func AwaitRefusal(t testing.TB, s stores.Store) error {
+	t.Helper()
+	var denied *sqlstore.AccessError
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err := s.Load(context.Background(), storetest.NewKey(t))
+		if errors.As(err, &denied) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no check refused the store's commands within 5 s: %v", err)
+		}
+	}
 }
