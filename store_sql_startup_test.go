@@ -39,6 +39,10 @@ type sqlBackend struct {
 	// and holds a transaction that read it (a dump, a session left open)
 	// until t ends: a migration cannot get its lock.
 	behindAndHeld func(t *testing.T, dsn, table string)
+	// rowsUser creates a user granted the README's privileges on table
+	// (rows, not the schema) until t ends, and returns a DSN for it and
+	// a function that revokes its SELECT and INSERT.
+	rowsUser func(t *testing.T, dsn, table string) (userDSN string, revoke func())
 }
 
 var sqlBackends = []sqlBackend{
@@ -105,6 +109,29 @@ var sqlBackends = []sqlBackend{
 				t.Fatal(err)
 			}
 		},
+		rowsUser: func(t *testing.T, dsn, table string) (string, func()) {
+			ctx := context.Background()
+			conn, err := pgx.Connect(ctx, dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = conn.Close(ctx) })
+			role := "rows_" + table
+			exec := func(stmt string) {
+				if _, err := conn.Exec(ctx, stmt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			exec("CREATE ROLE " + role + " LOGIN")
+			t.Cleanup(func() {
+				_, _ = conn.Exec(ctx, "DROP OWNED BY "+role)
+				_, _ = conn.Exec(ctx, "DROP ROLE "+role)
+			})
+			exec(fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s, %s_schema TO %s", table, table, role))
+			cc := conn.Config()
+			return fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", role, cc.Host, cc.Port, cc.Database),
+				func() { exec(fmt.Sprintf("REVOKE SELECT, INSERT ON %s FROM %s", table, role)) }
+		},
 	},
 	{
 		name: "mysql",
@@ -169,6 +196,32 @@ var sqlBackends = []sqlBackend{
 			var n int
 			if err := tx.QueryRow("SELECT COUNT(*) FROM " + table).Scan(&n); err != nil {
 				t.Fatal(err)
+			}
+		},
+		rowsUser: func(t *testing.T, dsn, table string) (string, func()) {
+			db, err := sql.Open("mysql", dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = db.Close() })
+			mc, err := mysqldriver.ParseDSN(dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			user := "rows_" + table[len(table)-20:] // MariaDB's user names end at 80 characters, MySQL 5.7's at 32
+			exec := func(stmt string) {
+				if _, err := db.Exec(stmt); err != nil {
+					t.Fatal(err)
+				}
+			}
+			exec(fmt.Sprintf("CREATE USER '%s'@'%%' IDENTIFIED BY 'rows-only'", user))
+			t.Cleanup(func() { _, _ = db.Exec(fmt.Sprintf("DROP USER '%s'@'%%'", user)) })
+			for _, tb := range []string{table, table + "_schema"} {
+				exec(fmt.Sprintf("GRANT SELECT, INSERT, UPDATE, DELETE ON %s.%s TO '%s'@'%%'", mc.DBName, tb, user))
+			}
+			mc.User, mc.Passwd = user, "rows-only"
+			return mc.FormatDSN(), func() {
+				exec(fmt.Sprintf("REVOKE SELECT, INSERT ON %s.%s FROM '%s'@'%%'", mc.DBName, table, user))
 			}
 		},
 	},
@@ -297,6 +350,50 @@ func TestFailOpenDoesNotPassAStoreWhoseMigrationWaits(t *testing.T) {
 				t.Fatal(err)
 			}
 			failOpenRefuses(t, ps, "while the migration waits for its lock")
+		})
+	}
+}
+
+// A grant revoked from the store's user while Caddy runs (a DBA tidying
+// privileges) is no outage either: the records answer the retries of
+// commits that landed. Until the build after d4fe47c only the refusal at
+// first contact was an AccessError; an operation's own refusal was a plain
+// store error, and fail_open executed an answered key's retries again for
+// as long as the grant was missing (an audit: 3 executions of one key on
+// PostgreSQL). They get 503.
+func TestFailOpenDoesNotPassAStoreWhoseGrantIsRevoked(t *testing.T) {
+	for _, b := range sqlBackends {
+		t.Run(b.name, func(t *testing.T) {
+			dsn := b.dsn(t)
+			table := sqltest.TableName(t)
+			t.Cleanup(func() { b.drop(t, dsn, table) })
+			cfg := SQLStoreConfig{DSN: dsn, Table: table, StatementTimeout: caddy.Duration(5 * time.Second)}
+			_, owner, err := openSQLStore(t, newCaddyContext(t), b.name, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := owner.Load(context.Background(), storetest.NewKey(t)); err != nil {
+				t.Fatalf("creating the table: %v", err)
+			}
+			userDSN, revoke := b.rowsUser(t, dsn, table)
+			cfg.DSN = userDSN
+			_, ps, err := openSQLStore(t, newCaddyContext(t), b.name, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := newTestHandler(t, ps)
+			h.FailOpen = true
+			up := answering(200, "{}")
+			key := storetest.NewKey(t)
+			if res := serve(t, h, up, http.MethodPost, "/v1/namespaces", key, nsBody); res.code() != http.StatusOK || up.calls.Load() != 1 {
+				t.Fatalf("first request = %d %q, catalog called %d times", res.code(), res.body, up.calls.Load())
+			}
+			revoke()
+			res := serve(t, h, up, http.MethodPost, "/v1/namespaces", key, nsBody)
+			if res.code() != http.StatusServiceUnavailable || up.calls.Load() != 1 {
+				t.Fatalf("retry of an answered key with SELECT and INSERT revoked = %d %q, catalog called %d times; want 503 and no second call",
+					res.code(), res.body, up.calls.Load())
+			}
 		})
 	}
 }

@@ -147,3 +147,36 @@ func TestUserWithoutDelete(t *testing.T) {
 	}
 	waitLogged(t, logs, "database reachable, store ready")
 }
+
+// TestGrantRevokedWhileRunning: a grant revoked from the store's user
+// while the store runs (a table's grant takes effect at the user's next
+// statement) makes its operations fail with an AccessError, as the refusal
+// at first contact does, so that fail_open does not pass the request.
+// Until the build after d4fe47c it was a plain store error, and fail_open
+// executed every keyed request again, the retries of answered keys too,
+// for as long as the grant was missing.
+func TestGrantRevokedWhileRunning(t *testing.T) {
+	_, cfg := openStore(t, nil) // creates the table as root
+	cfg.DSN = rowsOnlyUser(t, cfg.Table)
+	s := openAs(t, cfg, zap.NewNop())
+	ctx := context.Background()
+	r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve before the revocation: %+v, %v", res, err)
+	}
+	mc, err := mysql.ParseDSN(cfg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin(t).Exec(fmt.Sprintf("REVOKE SELECT, INSERT ON %s FROM '%s'@'%%'", cfg.Table, mc.User)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Reserve(ctx, r)
+	var ae *sqlstore.AccessError
+	if !errors.As(err, &ae) || !strings.Contains(err.Error(), "grant the store's database user SELECT, INSERT, UPDATE and DELETE on "+cfg.Table) {
+		t.Fatalf("Reserve after SELECT and INSERT were revoked = %v; want an AccessError saying what to grant", err)
+	}
+	if strings.Contains(err.Error(), "rows-only") {
+		t.Errorf("error %q carries the user's password", err)
+	}
+}

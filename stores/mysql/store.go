@@ -397,6 +397,9 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 // when it proves that (see stores.MarkNotSent).
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("mysql %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
+	if privilegeRefused(err) {
+		out = sqlstore.OperationRefused(out, fmt.Sprintf("grant the store's database user SELECT, INSERT, UPDATE and DELETE on %s and %s_schema", s.cfg.Table, s.cfg.Table))
+	}
 	if notSent(err) {
 		out = stores.MarkNotSent(out)
 	}

@@ -213,3 +213,36 @@ WHERE table_schema = current_schema() AND table_name = $1`, cfg.Table).Scan(&col
 		t.Fatalf("Ready with UPDATE on one column = %v, want the refusal naming UPDATE", err)
 	}
 }
+
+// TestGrantRevokedWhileRunning: a grant revoked from the store's role
+// while the store runs makes its operations fail with an AccessError, as
+// the refusal at first contact does, so that fail_open does not pass the
+// request. Until the build after d4fe47c it was a plain store error, and
+// fail_open executed every keyed request again, the retries of answered
+// keys too, for as long as the grant was missing (an audit: 3 executions
+// of one key).
+func TestGrantRevokedWhileRunning(t *testing.T) {
+	_, cfg := openStore(t, nil) // creates the table as its owner
+	cfg.DSN = rowsOnlyRole(t, cfg.Table)
+	s := openAs(t, cfg, zap.NewNop())
+	ctx := context.Background()
+	r := storetest.Reservation(storetest.NewKey(t), storetest.Long, storetest.Long)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve before the revocation: %+v, %v", res, err)
+	}
+	cc, err := pgx.ParseConfig(cfg.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin(t).Exec(ctx, fmt.Sprintf("REVOKE SELECT ON %s FROM %s", cfg.Table, cc.User)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = s.Reserve(ctx, r)
+	var ae *sqlstore.AccessError
+	if !errors.As(err, &ae) || !strings.Contains(err.Error(), "grant the store's database user SELECT, INSERT, UPDATE and DELETE on "+cfg.Table) {
+		t.Fatalf("Reserve after SELECT was revoked = %v; want an AccessError saying what to grant", err)
+	}
+	if !strings.Contains(err.Error(), "postgres reserve") || !strings.Contains(err.Error(), "42501") {
+		t.Errorf("error %q does not name the operation and the server's refusal", err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
@@ -326,6 +327,9 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 // when it proves that (see stores.MarkNotSent).
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("postgres %s: %w%s", op, sqlstore.RedactError(err, s.dsn, s.password), preparedStatementHint(err))
+	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == insufficientPrivilege {
+		out = sqlstore.OperationRefused(out, fmt.Sprintf("grant the store's database user SELECT, INSERT, UPDATE and DELETE on %s and %s_schema", s.cfg.Table, s.cfg.Table))
+	}
 	if notSent(err) {
 		out = stores.MarkNotSent(out)
 	}

@@ -116,10 +116,16 @@ func (s *Store) stopChecks() {
 	s.access.mu.Unlock()
 }
 
+// refusedAccess reports whether err, an operation's error, is the ACL's
+// refusal: of EVALSHA itself, of its key, or of a command in the script.
+func refusedAccess(err error) bool {
+	return err != nil && (replyStarts(err, "NOPERM ") || refusedByACL(err.Error()))
+}
+
 // recheckAccess asks for a check: an operation was refused by the ACL
 // (err), which the last check did not see.
 func (s *Store) recheckAccess(err error) {
-	if err == nil || !(replyStarts(err, "NOPERM ") || refusedByACL(err.Error())) {
+	if !refusedAccess(err) {
 		return
 	}
 	s.access.mu.Lock()
@@ -163,12 +169,16 @@ func (s *Store) checkAccess() {
 		}
 		return
 	}
-	denied := &sqlstore.AccessError{Msg: fmt.Sprintf("redis: the store's user may not run a command the store needs (%s): "+
-		"grant it +eval +evalsha +time +hset +hget +hmget +hgetall +hdel +del +pexpire +pttl on ~%s* (and +publish on &%schanged, "+
-		"+subscribe for wake-ups), or +@all -@dangerous", refusal, s.cfg.KeyPrefix, s.cfg.KeyPrefix)}
+	denied := &sqlstore.AccessError{Msg: fmt.Sprintf("redis: the store's user may not run a command the store needs (%s): %s", refusal, s.grantHint())}
 	s.access.denied.Store(denied)
 	s.access.checked.Store(true)
 	if was == nil || was.Msg != denied.Msg {
 		s.log.Error("redis refused the store's user a command, will retry", zap.Error(denied))
 	}
+}
+
+// grantHint says what to grant the store's user.
+func (s *Store) grantHint() string {
+	return fmt.Sprintf("grant it +eval +evalsha +time +hset +hget +hmget +hgetall +hdel +del +pexpire +pttl on ~%s* (and +publish on &%schanged, "+
+		"+subscribe for wake-ups), or +@all -@dangerous", s.cfg.KeyPrefix, s.cfg.KeyPrefix)
 }

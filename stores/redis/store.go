@@ -197,6 +197,11 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 	v, err := script.Run(ctx, s.client, []string{s.key(key)}, args...).Result()
 	if err != nil {
 		s.recheckAccess(err)
+		if refusedAccess(err) {
+			// Before the check's verdict: the operation's own refusal
+			// is as much the server's word (see sqlstore.OperationRefused).
+			return nil, sqlstore.OperationRefused(s.wrap(op, err), s.grantHint())
+		}
 		return nil, s.wrap(op, err)
 	}
 	return v, nil

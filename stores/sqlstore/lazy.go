@@ -30,10 +30,26 @@ func (e *SchemaError) Error() string { return e.Msg }
 
 // AccessError is the database's refusal of a statement the store needs
 // for want of privilege: it answers, but a DBA must grant the store's user
-// what the README's Privileges paragraph lists. Its message says so.
-type AccessError struct{ Msg string }
+// what the README's Privileges paragraph lists. Its message says so. Err,
+// when set, is the refused operation's own error (see OperationRefused).
+type AccessError struct {
+	Msg string
+	Err error
+}
 
 func (e *AccessError) Error() string { return e.Msg }
+func (e *AccessError) Unwrap() error { return e.Err }
+
+// OperationRefused is the verdict on an operation of a ready store that
+// the server refused its user for want of privilege (err, the operation's
+// error, named and redacted; grant, what to grant): a grant revoked while
+// Caddy runs. It is an AccessError, as the refusal at first contact is, so
+// that fail_open does not pass the request: until the build after d4fe47c
+// it was a plain store error, and every keyed request, the retries of
+// answered keys too, executed again for as long as the grant was missing.
+func OperationRefused(err error, grant string) error {
+	return &AccessError{Msg: fmt.Sprintf("%v: %s", err, grant), Err: err}
+}
 
 // Defaults of Lazy's retry timing.
 const (
