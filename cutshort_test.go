@@ -5,9 +5,17 @@ import (
 	"compress/flate"
 	"compress/gzip"
 	"compress/zlib"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/encode"
+	_ "github.com/caddyserver/caddy/v2/modules/caddyhttp/encode/gzip"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -30,6 +38,8 @@ func TestJSONCloses(t *testing.T) {
 		{`{"a":"\`, false},
 		{`"a string"`, true}, // a cut cannot be told
 		{`not json`, true},
+		{"\xef\xbb\xbf{\"a\":1}", true},
+		{"\xef\xbb\xbf \n{\"a\":", false}, // behind a byte order mark: never checked until the build after d4fe47c
 	} {
 		if got := jsonCloses([]byte(c.body)); got != c.want {
 			t.Errorf("jsonCloses(%q) = %v, want %v", c.body, got, c.want)
@@ -52,6 +62,21 @@ func TestAnswerCutShortCodings(t *testing.T) {
 	_, _ = zw.Write([]byte(answer))
 	_ = zw.Close()
 	gz := gzipped(t, answer)
+	// Two members, as a server that compresses what it writes in parts
+	// sends: decoders read every member.
+	members := append(gzipped(t, answer[:30]), gzipped(t, answer[30:])...)
+	second := len(gzipped(t, answer[:30]))
+	// A JSON text cut short and compressed whole: what Caddy's encode,
+	// between this handler and reverse_proxy, makes of an answer the
+	// catalog broke off.
+	cutText := answer[:40]
+	var rawCut, zlCut bytes.Buffer
+	fw, _ = flate.NewWriter(&rawCut, flate.DefaultCompression)
+	_, _ = fw.Write([]byte(cutText))
+	_ = fw.Close()
+	zw = zlib.NewWriter(&zlCut)
+	_, _ = zw.Write([]byte(cutText))
+	_ = zw.Close()
 	for _, c := range []struct {
 		name, coding string
 		body         []byte
@@ -59,6 +84,12 @@ func TestAnswerCutShortCodings(t *testing.T) {
 	}{
 		{"gzip", "gzip", gz, false},
 		{"gzip and a newline", "gzip", append(append([]byte{}, gz...), '\n'), false},
+		{"gzip in two members", "gzip", members, false},
+		{"gzip cut in its second member", "gzip", members[:len(members)-15], true},
+		{"gzip cut in its second member's header", "gzip", members[:second+4], true},
+		{"gzip whole around JSON cut short", "gzip", gzipped(t, cutText), true},
+		{"zlib whole around JSON cut short", "deflate", zlCut.Bytes(), true},
+		{"raw deflate whole around JSON cut short", "deflate", rawCut.Bytes(), true},
 		{"gzip cut", "gzip", gz[:len(gz)-4], true},
 		{"gzip header cut", "gzip", gz[:5], true},
 		{"not gzip at all", "gzip", []byte("hello, this is not gzip"), false},
@@ -73,8 +104,13 @@ func TestAnswerCutShortCodings(t *testing.T) {
 			t.Errorf("%s: cut = %v, want %v", c.name, got, c.want)
 		}
 	}
+	// A body not of a JSON type is judged by its coding alone.
+	h := http.Header{"Content-Type": {"text/plain"}, "Content-Encoding": {"gzip"}}
+	if answerCutShort(h, http.StatusOK, gzipped(t, cutText)) {
+		t.Error("a whole gzip body of text/plain was judged cut by its JSON")
+	}
 	// With a length, or empty, or a 204, nothing is judged.
-	h := http.Header{"Content-Type": {"application/json"}, "Content-Length": {"20"}}
+	h = http.Header{"Content-Type": {"application/json"}, "Content-Length": {"20"}}
 	if answerCutShort(h, http.StatusOK, []byte(`{"a":`)) {
 		t.Error("an answer with a Content-Length was judged")
 	}
@@ -113,6 +149,10 @@ func gzipped(t *testing.T, s string) []byte {
 func TestAnswerCutWithoutALengthIsUnknown(t *testing.T) {
 	answer := `{"metadata-location":"s3://w/t/metadata/00001.json","metadata":{"format-version":2}}`
 	unknown := `{"error":{"message":"the commit may have landed; a long explanation","type":"CommitStateUnknownException","code":503}}`
+	// Longer than encode's minimum_length (512 bytes) where they are cut.
+	longAnswer := `{"metadata-location":"s3://w/t/metadata/00001.json","metadata":{"format-version":2,"properties":{"p":"` + strings.Repeat("x", 1200) + `"}}}`
+	longUnknown := `{"error":{"message":"the commit may have landed","stack":["` + strings.Repeat("at org.apache.iceberg.Frame(Frame.java:1)", 20) +
+		`"],"type":"CommitStateUnknownException","code":503}}`
 	for _, c := range []struct {
 		name    string
 		status  string // "200 OK" when empty
@@ -120,14 +160,22 @@ func TestAnswerCutWithoutALengthIsUnknown(t *testing.T) {
 		body    []byte
 		request []string
 		cut     bool
+		encode  bool // Caddy's encode between the handler and reverse_proxy
 	}{
-		{"503 cut before its type", "503 Service Unavailable", "Content-Type: application/json\r\n", []byte(unknown[:60]), nil, true},
-		{"json cut", "", "Content-Type: application/json\r\n", []byte(answer[:40]), nil, true},
+		{"503 cut before its type", "503 Service Unavailable", "Content-Type: application/json\r\n", []byte(unknown[:60]), nil, true, false},
+		{"json cut", "", "Content-Type: application/json\r\n", []byte(answer[:40]), nil, true, false},
 		{"gzip cut", "", "Content-Type: application/json\r\nContent-Encoding: gzip\r\n",
-			gzipped(t, answer)[:30], []string{"Accept-Encoding", "gzip"}, true},
-		{"json whole", "", "Content-Type: application/json\r\n", []byte(answer), nil, false},
+			gzipped(t, answer)[:30], []string{"Accept-Encoding", "gzip"}, true, false},
+		{"json whole", "", "Content-Type: application/json\r\n", []byte(answer), nil, false, false},
 		{"gzip whole", "", "Content-Type: application/json\r\nContent-Encoding: gzip\r\n",
-			gzipped(t, answer), []string{"Accept-Encoding", "gzip"}, false},
+			gzipped(t, answer), []string{"Accept-Encoding", "gzip"}, false, false},
+		// encode compresses the part it got into a whole gzip body, and
+		// drops any length: until the build after d4fe47c the part was
+		// stored, and the 503 released (its retry executed again).
+		{"json cut, compressed by encode", "", "Content-Type: application/json\r\n", []byte(longAnswer[:900]), []string{"Accept-Encoding", "gzip"}, true, true},
+		{"503 cut before its type, compressed by encode", "503 Service Unavailable", "Content-Type: application/json\r\n",
+			[]byte(longUnknown[:700]), []string{"Accept-Encoding", "gzip"}, true, true},
+		{"json whole, compressed by encode", "", "Content-Type: application/json\r\n", []byte(longAnswer), []string{"Accept-Encoding", "gzip"}, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
@@ -147,6 +195,9 @@ func TestAnswerCutWithoutALengthIsUnknown(t *testing.T) {
 			})
 			h := newTestHandler(t, newMemoryStore(t))
 			proxy := newReverseProxy(t, catalog.addr())
+			if c.encode {
+				proxy = encodeGzip(t, proxy)
+			}
 			key := storetest.NewKey(t)
 			var first result
 			var panicked any
@@ -167,6 +218,10 @@ func TestAnswerCutWithoutALengthIsUnknown(t *testing.T) {
 				}
 				return
 			}
+			if c.encode {
+				// Compare what the body decodes to.
+				first.body, retry.body = gunzipped(t, first), gunzipped(t, retry)
+			}
 			if panicked != nil || first.code() != http.StatusOK || first.body != string(c.body) {
 				t.Fatalf("the first request ended with %d %q (panic %v), want the whole answer", first.code(), first.body, panicked)
 			}
@@ -175,4 +230,33 @@ func TestAnswerCutWithoutALengthIsUnknown(t *testing.T) {
 			}
 		})
 	}
+}
+
+// encodeGzip is Caddy's encode handler, gzip only, in front of next.
+func encodeGzip(t *testing.T, next caddyhttp.Handler) caddyhttp.Handler {
+	t.Helper()
+	enc := &encode.Encode{EncodingsRaw: caddy.ModuleMap{"gzip": json.RawMessage(`{}`)}}
+	if err := enc.Provision(runningCaddyContext(t)); err != nil {
+		t.Fatalf("provisioning encode: %v", err)
+	}
+	return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return enc.ServeHTTP(w, r, next)
+	})
+}
+
+// gunzipped is res's body, decoded when it came with Content-Encoding gzip.
+func gunzipped(t *testing.T, res result) string {
+	t.Helper()
+	if res.header.Get("Content-Encoding") != "gzip" {
+		return res.body
+	}
+	zr, err := gzip.NewReader(strings.NewReader(res.body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("the gzip body does not decode: %v", err)
+	}
+	return string(b)
 }
