@@ -766,25 +766,43 @@ func hideKeyFromTransport(r *http.Request) (hidden hiddenKey) {
 // error is one the handler releases the key for (nothing was sent), and
 // the client's retry executes it. reverse_proxy's request_buffers reads
 // the body and sets the length back to 0 first: behind it, the resend
-// stays.
+// stays. So did it behind a client's "Incremental: ?1", for which
+// reverse_proxy gives a request of these methods whose length is unknown
+// a nil body (its normalizeIncrementalRequest): the header is taken off for
+// the call too (until the build after d4fe47c the commit ran twice), and
+// put back with the body. A request without a body has nothing to forward
+// incrementally.
 func unrewindableBody(r *http.Request) (swapped swappedBody) {
 	if r.ContentLength != 0 || !transportReplays(r) {
 		return swappedBody{}
 	}
-	swapped = swappedBody{r: r, body: r.Body}
+	swapped = swappedBody{r: r, body: r.Body, header: r.Header}
+	if v, ok := r.Header[incrementalHeader]; ok {
+		swapped.incremental = v
+		delete(r.Header, incrementalHeader)
+	}
 	r.Body, r.ContentLength = emptyUnrewindable{}, -1
 	return swapped
 }
 
+// incrementalHeader asks intermediaries to forward a message as it comes
+// (caddyhttp.IsIncremental).
+const incrementalHeader = "Incremental"
+
 // swappedBody is what unrewindableBody took off a request.
 type swappedBody struct {
-	r    *http.Request
-	body io.ReadCloser
+	r           *http.Request
+	body        io.ReadCloser
+	header      http.Header // the map the header was taken from
+	incremental []string
 }
 
 func (s swappedBody) restore() {
 	if s.r != nil {
 		s.r.Body, s.r.ContentLength = s.body, 0
+		if s.incremental != nil {
+			s.header[incrementalHeader] = s.incremental
+		}
 	}
 }
 
