@@ -346,7 +346,7 @@ func sendsRequestOn(rp *reverseproxy.Handler) bool {
 
 // hasMissableMatcher reports whether route has a matcher that misses
 // requests a catalog may execute as the mutations it takes (see
-// warnBypassableHandlers): path, path_regexp or method, or a CEL
+// warnBypassableHandlers): path, path_regexp, url_pattern or method, or a CEL
 // expression, vars or vars_regexp matcher that reads the method, path or
 // URI, provisioned or not.
 // Under "not" they miss the other way, which is as bad: "not method GET
@@ -392,7 +392,7 @@ func exactPathsOnly(route caddyhttp.Route) bool {
 // rawMissable is hasMissableMatcher of matcher sets not yet provisioned.
 func rawMissable(sets []caddy.ModuleMap) bool {
 	for _, set := range sets {
-		if set["path"] != nil || set["path_regexp"] != nil || set["method"] != nil {
+		if set["path"] != nil || set["path_regexp"] != nil || set["url_pattern"] != nil || set["method"] != nil {
 			return true
 		}
 		if raw := set["expression"]; raw != nil && readsMethodOrPath(rawExpression(raw)) {
@@ -413,7 +413,7 @@ func setsMissable(sets []caddyhttp.MatcherSet) bool {
 	for _, set := range sets {
 		for _, m := range set {
 			switch m := m.(type) {
-			case caddyhttp.MatchPath, *caddyhttp.MatchPath, *caddyhttp.MatchPathRE, caddyhttp.MatchMethod, *caddyhttp.MatchMethod:
+			case caddyhttp.MatchPath, *caddyhttp.MatchPath, *caddyhttp.MatchPathRE, *caddyhttp.MatchURLPattern, caddyhttp.MatchMethod, *caddyhttp.MatchMethod:
 				return true
 			case *caddyhttp.MatchExpression:
 				if readsMethodOrPath(m.Expr) {
@@ -462,7 +462,7 @@ func rawNot(raw json.RawMessage) []caddy.ModuleMap {
 // readsMethodOrPath reports whether a CEL expression may read the method
 // or the path: a placeholder of either ({method}, {path}, {path.0},
 // {http.request.uri…}, also as caddyPlaceholder names it) or a matcher
-// function (method(), path(), path_regexp()). A word alone is no read: a
+// function (method(), path(), path_regexp(), url_pattern()). A word alone is no read: a
 // host name may hold "uri" or "path" ({host} == 'security.example.com').
 func readsMethodOrPath(expr string) bool {
 	expr = strings.ToLower(expr)
@@ -474,7 +474,7 @@ func readsMethodOrPath(expr string) bool {
 var methodOrPathReads = []string{
 	"{method}", "{path}", "{path.", "{uri}", "{dir}", "{file}", "{file.base}", "{file.ext}",
 	"http.request.method", "http.request.orig_method", "http.request.uri", "http.request.orig_uri",
-	"method(", "path(", "path_regexp(",
+	"method(", "path(", "path_regexp(", "url_pattern(", "url_pattern_request_string(",
 }
 
 // rawVarsReadMethodOrPath reports whether a vars or vars_regexp

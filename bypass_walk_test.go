@@ -128,6 +128,11 @@ func TestMissableMatcherRaw(t *testing.T) {
 		{`{"vars_regexp": {"{http.request.uri.path}": {"pattern": "^/v1/"}}}`, true},
 		{`{"not": {"vars": {"{http.request.method}": ["GET"]}}}`, true},
 		{`{"vars": {"tenant": ["a"]}}`, false},
+		// Caddy 2.11's URLPattern matcher: it misses "/v1;x/…" as path
+		// does, and "/V1/…" unless ignore_case; until the build after
+		// d4fe47c a layout under it was not warned of.
+		{`{"url_pattern": {"pattern": "/v1/*"}}`, true},
+		{`{"expression": "url_pattern('/v1/*')"}`, true},
 	} {
 		var set caddy.ModuleMap
 		if err := json.Unmarshal([]byte(tt.raw), &set); err != nil {
@@ -152,6 +157,8 @@ func TestReadsMethodOrPath(t *testing.T) {
 		{"path('/v1/*')", true},
 		{"path_regexp('^/v1/')", true},
 		{"method('POST')", true},
+		{"url_pattern('/v1/*')", true},
+		{"url_pattern_request_string('/v1/*')", true},
 		{"{http.request.uri.path}.startsWith('/v1')", true},
 		{`caddyPlaceholder(request, "http.request.method") == "POST"`, true},
 		{"{host} == 'security.example.com'", false},

@@ -1102,6 +1102,7 @@ func TestCoreGuardUnderAPathMatcherIsWarnedOf(t *testing.T) {
 	other := caddyproc.NewBackend(t)
 	checkStartWarning(t, warning, []startWarningCase{
 		{"handle /v1/* and a catch-all to the catalog", "", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", true},
+		{"handle under a url_pattern matcher and a catch-all", "", "@catalog url_pattern /v1/*\nhandle @catalog {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", true},
 		{"handle /api/catalog/* and a catch-all (Polaris's management API)", "", "handle /api/catalog/* {\niceberg_idempotency {\nbase_path /api/catalog\n}\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + b.Addr() + "\n}", true},
 		{"the directive with a matcher", "", "iceberg_idempotency /v1/*\nreverse_proxy " + b.Addr(), true},
 		{"a catch-all to another upstream", "", "handle /v1/* {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\nreverse_proxy " + other.Addr() + "\n}", false},
