@@ -180,5 +180,5 @@ func (s *Store) checkAccess() {
 // grantHint says what to grant the store's user.
 func (s *Store) grantHint() string {
 	return fmt.Sprintf("grant it +eval +evalsha +time +hset +hget +hmget +hgetall +hdel +del +pexpire +pttl on ~%s* (and +publish on &%schanged, "+
-		"+subscribe for wake-ups), or +@all -@dangerous", s.cfg.KeyPrefix, s.cfg.KeyPrefix)
+		"+subscribe for wake-ups, +scan for the admin API's counts), or +@all -@dangerous", s.cfg.KeyPrefix, s.cfg.KeyPrefix)
 }

@@ -121,6 +121,43 @@ func TestREADMEGrant(t *testing.T) {
 	t.Run("admin", func(t *testing.T) { storetest.RunAdmin(t, harness) })
 }
 
+// TestREADMECommandList: a user granted exactly the commands the README
+// lists, not +@all, runs the store without a warning, its subscription
+// staying up past its idle pings, and the admin API's listing works.
+// Until the build after d4fe47c the subscription's ping of an idle
+// connection (PING, which the list did not name) was refused: the
+// subscription was dropped and taken again each idle period, with a
+// warning each time that asked for the channel the user had, and the
+// admin API's stats failed for want of SCAN.
+func TestREADMECommandList(t *testing.T) {
+	prefix := redistest.Prefix(t)
+	user, password := aclUser(t, "resetchannels", "-@all", "~"+prefix+"*", "&"+prefix+"changed",
+		"+eval", "+evalsha", "+time", "+hset", "+hget", "+hmget", "+hgetall", "+hdel", "+del", "+pexpire", "+pttl", "+publish",
+		"+subscribe", "+scan")
+	core, logs := observer.New(zap.InfoLevel)
+	cfg := Config{Addrs: []string{redistest.Addr(t)}, KeyPrefix: prefix, Username: user, Password: password,
+		NotifyFallback: 100 * time.Millisecond} // the subscription's idle period: pings come soon
+	s, err := Open(cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.Warm()
+	ctx := context.Background()
+	r := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
+	if res, err := s.Reserve(ctx, r); err != nil || !res.Reserved {
+		t.Fatalf("Reserve: %+v, %v", res, err)
+	}
+	// Ten idle periods: each pings the subscription.
+	time.Sleep(time.Second)
+	if n := logs.FilterLevelExact(zap.WarnLevel).Len() + logs.FilterLevelExact(zap.ErrorLevel).Len(); n != 0 {
+		t.Fatalf("%d warnings and errors: %v", n, logs.All())
+	}
+	if _, err := s.Count(ctx); err != nil {
+		t.Fatalf("the admin API's count: %v", err)
+	}
+}
+
 // TestUserWithoutDelete: an ACL user refused one command the store needs
 // (here DEL, which only Release and Forget run) leaves the store holding
 // back every operation, sending nothing, with an error that names the

@@ -87,7 +87,7 @@ func (l *listener) run(ctx context.Context) {
 // user no channels unless told (acl-pubsub-default resetchannels), and
 // until granted, waiting duplicates wake only at their fallback poll.
 func (l *listener) warnLost(err error) {
-	if err != nil && strings.HasPrefix(err.Error(), "NOPERM") {
+	if err != nil && strings.HasPrefix(err.Error(), "NOPERM") && strings.Contains(err.Error(), "channel") {
 		l.log.Warn("redis user may not use the store's change channel: waiting duplicates wake only at their fallback poll (1 s) instead of at once; grant it the channel",
 			zap.Error(err), zap.String("channel", l.channel),
 			zap.String("fix", fmt.Sprintf("ACL SETUSER %s &%s", l.user, l.channel)))
@@ -111,6 +111,16 @@ func (l *listener) serve(ctx context.Context, ps *goredis.PubSub, retry *sqlstor
 				if err := ps.Ping(ctx); err != nil {
 					return subscribed, err
 				}
+				continue
+			}
+			if rerr := goredis.Error(nil); pinged && subscribed && errors.As(err, &rerr) {
+				// The server refused the ping (a user without PING,
+				// which the README's list of commands does not name):
+				// it answered, so the connection lives. Until the
+				// build after d4fe47c this ended the subscription each
+				// idle period, with a warning each time that asked for
+				// a channel the user had.
+				pinged = false
 				continue
 			}
 			return subscribed, err
