@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -295,9 +296,11 @@ func (a *App) PurgeOnce(ctx context.Context) {
 				// rolled back); with the same limit it would time out
 				// again at every run, and the table would only grow. (A
 				// transient error that came at once, such as a refused
-				// connection, says nothing about the limit.)
+				// connection, says nothing about the limit, nor does a
+				// store not ready, whose statement never ran, however
+				// long its first contact hung.)
 				took := time.Since(start)
-				if sqlstore.IsTransient(err) && took > purgeTarget && limit > 1 && inARow < maxPurgeFailures {
+				if sqlstore.IsTransient(err) && !errors.Is(err, sqlstore.ErrNotReady) && took > purgeTarget && limit > 1 && inARow < maxPurgeFailures {
 					inARow++
 					failures++
 					a.logger.Warn("purging expired records: retrying with a smaller batch",

@@ -3,6 +3,7 @@ package icebergidempotency
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"testing"
@@ -100,11 +101,16 @@ type timingOutPurger struct {
 	left, fits int
 	slow       time.Duration
 	refusing   bool
+	unready    bool // fails slowly: its first contact with the database hangs
 	limits     []int
 }
 
 func (s *timingOutPurger) PurgeExpired(_ context.Context, limit int) (int, error) {
 	s.limits = append(s.limits, limit)
+	if s.unready {
+		time.Sleep(s.slow)
+		return 0, sqlstore.MarkTransient(fmt.Errorf("postgres %w: postgres connect: %w", sqlstore.ErrNotReady, context.DeadlineExceeded))
+	}
 	if s.refusing {
 		return 0, sqlstore.MarkTransient(errors.New("postgres purge: dial tcp 127.0.0.1:5432: connection refused"))
 	}
@@ -166,6 +172,31 @@ func TestPurgeDoesNotShrinkOnARefusal(t *testing.T) {
 	app.PurgeOnce(t.Context())
 	if !slices.Equal(s.limits, []int{50}) {
 		t.Fatalf("limits %v: want one statement of cleanup_batch", s.limits)
+	}
+}
+
+// Nor does a store whose first contact with its database hangs (a server
+// that accepts connections and never answers): its error comes slowly,
+// but no statement ran. Until the build after d4fe47c it was taken for a
+// timed-out statement: each run halved its batch 3 times, logging
+// "retrying with a smaller batch" (which the runbook reads as a purge
+// too heavy for statement_timeout), and the smaller limit held back the
+// purges after the database came back.
+func TestPurgeDoesNotShrinkWhileTheStoreIsNotReady(t *testing.T) {
+	s := &timingOutPurger{Store: newMemoryStore(t), left: 10, fits: 100, unready: true, slow: 2 * purgeTarget}
+	app := &App{CleanupBatch: 50}
+	if err := app.Provision(newCaddyContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	app.track("unready/test", s)
+	app.PurgeOnce(t.Context())
+	if !slices.Equal(s.limits, []int{50}) {
+		t.Fatalf("limits %v: want one statement of cleanup_batch", s.limits)
+	}
+	s.unready = false
+	app.PurgeOnce(t.Context())
+	if s.left != 0 || !slices.Equal(s.limits, []int{50, 50}) {
+		t.Fatalf("once ready: %d left, limits %v: want cleanup_batch again", s.left, s.limits)
 	}
 }
 
