@@ -2,7 +2,6 @@ package icebergidempotency
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -297,10 +296,10 @@ func (a *App) PurgeOnce(ctx context.Context) {
 				// again at every run, and the table would only grow. (A
 				// transient error that came at once, such as a refused
 				// connection, says nothing about the limit, nor does a
-				// store not ready, whose statement never ran, however
-				// long its first contact hung.)
+				// call that got no connection, or a store not ready: no
+				// statement ran, however long the connect hung.)
 				took := time.Since(start)
-				if sqlstore.IsTransient(err) && !errors.Is(err, sqlstore.ErrNotReady) && took > purgeTarget && limit > 1 && inARow < maxPurgeFailures {
+				if sqlstore.IsTransient(err) && !sqlstore.NoConnection(err) && took > purgeTarget && limit > 1 && inARow < maxPurgeFailures {
 					inARow++
 					failures++
 					a.logger.Warn("purging expired records: retrying with a smaller batch",

@@ -102,6 +102,7 @@ type timingOutPurger struct {
 	slow       time.Duration
 	refusing   bool
 	unready    bool // fails slowly: its first contact with the database hangs
+	unplugged  bool // fails slowly: a ready store whose connect hangs
 	limits     []int
 }
 
@@ -110,6 +111,10 @@ func (s *timingOutPurger) PurgeExpired(_ context.Context, limit int) (int, error
 	if s.unready {
 		time.Sleep(s.slow)
 		return 0, sqlstore.MarkTransient(fmt.Errorf("postgres %w: postgres connect: %w", sqlstore.ErrNotReady, context.DeadlineExceeded))
+	}
+	if s.unplugged {
+		time.Sleep(s.slow)
+		return 0, sqlstore.MarkTransient(sqlstore.MarkNoConnection(fmt.Errorf("postgres purge: %w", context.DeadlineExceeded)))
 	}
 	if s.refusing {
 		return 0, sqlstore.MarkTransient(errors.New("postgres purge: dial tcp 127.0.0.1:5432: connection refused"))
@@ -175,28 +180,40 @@ func TestPurgeDoesNotShrinkOnARefusal(t *testing.T) {
 	}
 }
 
-// Nor does a store whose first contact with its database hangs (a server
-// that accepts connections and never answers): its error comes slowly,
-// but no statement ran. Until the build after d4fe47c it was taken for a
-// timed-out statement: each run halved its batch 3 times, logging
-// "retrying with a smaller batch" (which the runbook reads as a purge
-// too heavy for statement_timeout), and the smaller limit held back the
-// purges after the database came back.
-func TestPurgeDoesNotShrinkWhileTheStoreIsNotReady(t *testing.T) {
-	s := &timingOutPurger{Store: newMemoryStore(t), left: 10, fits: 100, unready: true, slow: 2 * purgeTarget}
-	app := &App{CleanupBatch: 50}
-	if err := app.Provision(newCaddyContext(t)); err != nil {
-		t.Fatal(err)
-	}
-	app.track("unready/test", s)
-	app.PurgeOnce(t.Context())
-	if !slices.Equal(s.limits, []int{50}) {
-		t.Fatalf("limits %v: want one statement of cleanup_batch", s.limits)
-	}
-	s.unready = false
-	app.PurgeOnce(t.Context())
-	if s.left != 0 || !slices.Equal(s.limits, []int{50, 50}) {
-		t.Fatalf("once ready: %d left, limits %v: want cleanup_batch again", s.left, s.limits)
+// Nor does a call that got no connection (a server that accepts
+// connections and never answers), before the store's first contact or
+// after it: its error comes slowly, but no statement ran. Until the build
+// after d4fe47c it was taken for a timed-out statement: each run halved
+// its batch, logging "retrying with a smaller batch" (which the runbook
+// reads as a purge too heavy for statement_timeout), and the smaller limit
+// held back the purges after the database came back. (The stores' marks:
+// TestCallWithoutAConnectionIsMarked.)
+func TestPurgeDoesNotShrinkWithoutAConnection(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		set  func(*timingOutPurger, bool)
+	}{
+		{"not ready", func(s *timingOutPurger, on bool) { s.unready = on }},
+		{"no connection", func(s *timingOutPurger, on bool) { s.unplugged = on }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := &timingOutPurger{Store: newMemoryStore(t), left: 10, fits: 100, slow: 2 * purgeTarget}
+			c.set(s, true)
+			app := &App{CleanupBatch: 50}
+			if err := app.Provision(newCaddyContext(t)); err != nil {
+				t.Fatal(err)
+			}
+			app.track("unplugged/test", s)
+			app.PurgeOnce(t.Context())
+			if !slices.Equal(s.limits, []int{50}) {
+				t.Fatalf("limits %v: want one statement of cleanup_batch", s.limits)
+			}
+			c.set(s, false)
+			app.PurgeOnce(t.Context())
+			if s.left != 0 || !slices.Equal(s.limits, []int{50, 50}) {
+				t.Fatalf("once connected: %d left, limits %v: want cleanup_batch again", s.left, s.limits)
+			}
+		})
 	}
 }
 

@@ -134,3 +134,9 @@ func proxiedDSN(t *testing.T) (*sqltest.Proxy, string) {
 	mc.Addr = proxy.Addr()
 	return proxy, mc.FormatDSN()
 }
+
+// dropIdle closes s's idle connections: the next call must connect.
+func dropIdle(s *Store) {
+	s.db.SetMaxIdleConns(0)
+	s.db.SetMaxIdleConns(2)
+}

@@ -400,6 +400,9 @@ func (s *Store) wrap(op string, err error) error {
 	if privilegeRefused(err) {
 		out = sqlstore.OperationRefused(out, fmt.Sprintf("grant the store's database user SELECT, INSERT, UPDATE and DELETE on %s and %s_schema", s.cfg.Table, s.cfg.Table))
 	}
+	if unhanded := (*unhandedError)(nil); errors.As(err, &unhanded) || sqlstore.DialFailed(err) {
+		out = sqlstore.MarkNoConnection(out)
+	}
 	if notSent(err) {
 		out = stores.MarkNotSent(out)
 	}

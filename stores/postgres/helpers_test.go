@@ -115,3 +115,6 @@ func proxiedDSN(t *testing.T) (*sqltest.Proxy, string) {
 	host, port, _ := net.SplitHostPort(proxy.Addr())
 	return proxy, fmt.Sprintf("postgres://%s@%s:%s/%s?sslmode=disable", cc.User, host, port, cc.Database)
 }
+
+// dropIdle closes s's idle connections: the next call must connect.
+func dropIdle(s *Store) { s.pool.Reset() }

@@ -330,6 +330,9 @@ func (s *Store) wrap(op string, err error) error {
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == insufficientPrivilege {
 		out = sqlstore.OperationRefused(out, fmt.Sprintf("grant the store's database user SELECT, INSERT, UPDATE and DELETE on %s and %s_schema", s.cfg.Table, s.cfg.Table))
 	}
+	if ae, ce := (acquireError{}), (*pgconn.ConnectError)(nil); errors.As(err, &ae) || errors.As(err, &ce) {
+		out = sqlstore.MarkNoConnection(out)
+	}
 	if notSent(err) {
 		out = stores.MarkNotSent(out)
 	}

@@ -76,3 +76,28 @@ func DialFailed(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
 }
+
+// MarkNoConnection returns err marked as a call's failure to get a
+// connection for its statement: the pool's wait, or a connect refused or
+// hung. No statement of it ran, so how long it took says nothing of what
+// the statement costs (the cleanup loop halves a batch only for a
+// statement that ran past its timeout). nil stays nil.
+func MarkNoConnection(err error) error {
+	if err == nil || NoConnection(err) {
+		return err
+	}
+	return &noConnectionError{err: err}
+}
+
+// NoConnection reports whether err, or an error it wraps, carries
+// MarkNoConnection's mark, or is a store's that is not ready (its first
+// contact with the database has not succeeded: no statement ran either).
+func NoConnection(err error) bool {
+	var n *noConnectionError
+	return errors.As(err, &n) || errors.Is(err, ErrNotReady)
+}
+
+type noConnectionError struct{ err error }
+
+func (e *noConnectionError) Error() string { return e.err.Error() }
+func (e *noConnectionError) Unwrap() error { return e.err }
