@@ -77,6 +77,14 @@ func TestAnswerCutShortCodings(t *testing.T) {
 	zw = zlib.NewWriter(&zlCut)
 	_, _ = zw.Write([]byte(cutText))
 	_ = zw.Close()
+	// Past maxCheckedDecode nothing is judged (a review found raw
+	// deflate judged cut there in the first version of the JSON check).
+	var huge bytes.Buffer
+	fw, _ = flate.NewWriter(&huge, flate.BestSpeed)
+	_, _ = fw.Write([]byte("["))
+	_, _ = fw.Write(make([]byte, maxCheckedDecode))
+	_ = fw.Close()
+	hugeRaw := huge.Bytes()
 	for _, c := range []struct {
 		name, coding string
 		body         []byte
@@ -86,7 +94,13 @@ func TestAnswerCutShortCodings(t *testing.T) {
 		{"gzip and a newline", "gzip", append(append([]byte{}, gz...), '\n'), false},
 		{"gzip in two members", "gzip", members, false},
 		{"gzip cut in its second member", "gzip", members[:len(members)-15], true},
+		// A member's header cut short reads as bytes after the body, as
+		// Java's GZIPInputStream takes them: what the members before it
+		// decode to is a JSON text cut short.
 		{"gzip cut in its second member's header", "gzip", members[:second+4], true},
+		{"gzip and a stray 0x1f", "gzip", append(append([]byte{}, gz...), 0x1f), false},
+		{"gzip and 0x1f 0x8b", "gzip", append(append([]byte{}, gz...), 0x1f, 0x8b), false},
+		{"raw deflate decoding to more than is checked", "deflate", hugeRaw, false},
 		{"gzip whole around JSON cut short", "gzip", gzipped(t, cutText), true},
 		{"zlib whole around JSON cut short", "deflate", zlCut.Bytes(), true},
 		{"raw deflate whole around JSON cut short", "deflate", rawCut.Bytes(), true},
