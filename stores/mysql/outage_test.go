@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
-	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore"
+	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/sqlstore/sqltest"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
 
@@ -95,33 +95,16 @@ func TestOutageAndRecovery(t *testing.T) {
 }
 
 // A call that gets no connection (a server that accepts connections and
-// never answers, once the store was ready) is marked so: no statement
-// ran, and the cleanup loop does not take its slow failure for a purge
-// statement too heavy for statement_timeout. Until the build after
-// d4fe47c it halved its batch 8 times in one run (a review: 1000 down to
-// 7, logged as "retrying with a smaller batch").
+// never answers, once the store was ready) is marked so: see
+// sqltest.CallWithoutAConnection.
 func TestCallWithoutAConnectionIsMarked(t *testing.T) {
 	proxy, dsn := proxiedDSN(t)
 	s, _ := openStore(t, func(c *Config) {
 		c.DSN = dsn
 		c.StatementTimeout = 300 * time.Millisecond
 	})
-	ctx := context.Background()
-	if _, err := s.PurgeExpired(ctx, 10); err != nil {
-		t.Fatal(err)
-	}
-	proxy.Stop()
-	proxy.Blackhole()
-	dropIdle(s)
-	_, err := s.PurgeExpired(ctx, 10)
-	if err == nil || !sqlstore.NoConnection(err) || !sqlstore.IsTransient(err) {
-		t.Fatalf("PurgeExpired without a connection: err = %v, NoConnection = %v, transient = %v; want both marks",
-			err, sqlstore.NoConnection(err), sqlstore.IsTransient(err))
-	}
-	proxy.Stop()
-	proxy.Start()
-	// A statement that ran is not marked, whatever its error.
-	if _, err := s.PurgeExpired(ctx, 10); err != nil {
-		t.Fatalf("PurgeExpired once the server answers again: %v", err)
-	}
+	sqltest.CallWithoutAConnection(t, proxy, func() error {
+		_, err := s.PurgeExpired(context.Background(), 10)
+		return err
+	}, func() { dropIdle(s) })
 }
