@@ -776,7 +776,7 @@ func unrewindableBody(r *http.Request) (swapped swappedBody) {
 	if r.ContentLength != 0 || !transportReplays(r) {
 		return swappedBody{}
 	}
-	swapped = swappedBody{r: r, body: r.Body, header: r.Header}
+	swapped = swappedBody{r: r, body: r.Body}
 	if v, ok := r.Header[incrementalHeader]; ok {
 		swapped.incremental = v
 		delete(r.Header, incrementalHeader)
@@ -793,7 +793,6 @@ const incrementalHeader = "Incremental"
 type swappedBody struct {
 	r           *http.Request
 	body        io.ReadCloser
-	header      http.Header // the map the header was taken from
 	incremental []string
 }
 
@@ -801,7 +800,7 @@ func (s swappedBody) restore() {
 	if s.r != nil {
 		s.r.Body, s.r.ContentLength = s.body, 0
 		if s.incremental != nil {
-			s.header[incrementalHeader] = s.incremental
+			s.r.Header[incrementalHeader] = s.incremental
 		}
 	}
 }

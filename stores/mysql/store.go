@@ -398,7 +398,7 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("mysql %s: %w", op, sqlstore.RedactError(err, s.dsn, s.password))
 	if privilegeRefused(err) {
-		out = sqlstore.OperationRefused(out, fmt.Sprintf("grant the store's database user SELECT, INSERT, UPDATE and DELETE on %s and %s_schema", s.cfg.Table, s.cfg.Table))
+		out = sqlstore.StatementRefused(out, s.cfg.Table)
 	}
 	if unhanded := (*unhandedError)(nil); errors.As(err, &unhanded) || sqlstore.DialFailed(err) {
 		out = sqlstore.MarkNoConnection(out)

@@ -328,7 +328,7 @@ func (s *Store) opCtx(ctx context.Context) (context.Context, context.CancelFunc)
 func (s *Store) wrap(op string, err error) error {
 	out := fmt.Errorf("postgres %s: %w%s", op, sqlstore.RedactError(err, s.dsn, s.password), preparedStatementHint(err))
 	if pe := (*pgconn.PgError)(nil); errors.As(err, &pe) && pe.Code == insufficientPrivilege {
-		out = sqlstore.OperationRefused(out, fmt.Sprintf("grant the store's database user SELECT, INSERT, UPDATE and DELETE on %s and %s_schema", s.cfg.Table, s.cfg.Table))
+		out = sqlstore.StatementRefused(out, s.cfg.Table)
 	}
 	if ae, ce := (acquireError{}), (*pgconn.ConnectError)(nil); errors.As(err, &ae) || errors.As(err, &ce) {
 		out = sqlstore.MarkNoConnection(out)

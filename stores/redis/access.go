@@ -122,12 +122,9 @@ func refusedAccess(err error) bool {
 	return err != nil && (replyStarts(err, "NOPERM ") || refusedByACL(err.Error()))
 }
 
-// recheckAccess asks for a check: an operation was refused by the ACL
-// (err), which the last check did not see.
-func (s *Store) recheckAccess(err error) {
-	if !refusedAccess(err) {
-		return
-	}
+// recheckAccess asks for a check: an operation was refused by the ACL,
+// which the last check did not see.
+func (s *Store) recheckAccess() {
 	s.access.mu.Lock()
 	s.access.checked.Store(false)
 	s.access.lastAt = time.Time{}

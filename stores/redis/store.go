@@ -196,10 +196,10 @@ func (s *Store) run(ctx context.Context, op string, script *goredis.Script, key 
 	defer cancel()
 	v, err := script.Run(ctx, s.client, []string{s.key(key)}, args...).Result()
 	if err != nil {
-		s.recheckAccess(err)
 		if refusedAccess(err) {
-			// Before the check's verdict: the operation's own refusal
-			// is as much the server's word (see sqlstore.OperationRefused).
+			// The operation's own refusal is as much the server's word
+			// as the check's verdict (see sqlstore.OperationRefused).
+			s.recheckAccess()
 			return nil, sqlstore.OperationRefused(s.wrap(op, err), s.grantHint())
 		}
 		return nil, s.wrap(op, err)

@@ -51,6 +51,12 @@ func OperationRefused(err error, grant string) error {
 	return &AccessError{Msg: fmt.Sprintf("%v: %s", err, grant), Err: err}
 }
 
+// StatementRefused is OperationRefused for a SQL store's statement on
+// table, naming the README's grant.
+func StatementRefused(err error, table string) error {
+	return OperationRefused(err, fmt.Sprintf("grant the store's database user SELECT, INSERT, UPDATE and DELETE on %s and %s_schema", table, table))
+}
+
 // Defaults of Lazy's retry timing.
 const (
 	DefaultRetryMin = 500 * time.Millisecond
