@@ -266,8 +266,17 @@ func (g *guarded) passGuarded() error {
 }
 
 // bodyTooLarge answers a keyed request whose body exceeds MaxRequestSize.
+// Plain reverse_proxy would have passed it on, so the operator is told
+// once which limit refused it: a catalog whose commits are that large needs
+// the limit raised, and the 413 alone reads as the catalog's.
 func (h *Handler) bodyTooLarge(w http.ResponseWriter, r *http.Request, op string) error {
 	decisionCounters.inc(op, outcomeRejected)
+	if atomic.CompareAndSwapInt32(&h.tooLargeWarned, 0, 1) {
+		h.logger.Warn("keyed request refused with 413: its body exceeds max_request_size; raise it if the catalog's "+
+			"requests are that large (counted in requests_total{outcome=\"rejected\"}; warned once per handler)",
+			zap.String("operation", op), zap.Int64("max_request_size", h.MaxRequestSize),
+			zap.Int64("content_length", r.ContentLength))
+	}
 	closeUnreadBody(w, r)
 	writeError(w, http.StatusRequestEntityTooLarge, typeTooLarge,
 		fmt.Sprintf("request body exceeds %d bytes, the largest accepted with an Idempotency-Key", h.MaxRequestSize), 0)

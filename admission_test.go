@@ -21,6 +21,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/requestbody"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -556,5 +558,28 @@ func TestMissingKeyIsCounted(t *testing.T) {
 	}
 	if got := value(t, decisions, "operation", "createNamespace", "outcome", outcomeMissingKey) - before; got != 1 {
 		t.Fatalf("requests_total{outcome=missing_key} rose by %v, want 1", got)
+	}
+}
+
+// A body refused for max_request_size is logged once per handler, naming
+// the limit: plain reverse_proxy would have passed it on, and the 413
+// alone, in an access log, reads as the catalog's.
+func TestBodyTooLargeIsWarnedOfOnce(t *testing.T) {
+	h := newTestHandler(t, newMemoryStore(t))
+	h.MaxRequestSize = 64
+	core, logs := observer.New(zap.WarnLevel)
+	h.logger = zap.New(core)
+	up := answering(http.StatusOK, `{}`)
+	for range 3 {
+		if res := serve(t, h, up, "POST", "/v1/namespaces", storetest.NewKey(t), strings.Repeat("x", 65)); res.code() != http.StatusRequestEntityTooLarge {
+			t.Fatalf("body over max_request_size = %d %s, want 413", res.code(), res.body)
+		}
+	}
+	lines := logs.FilterMessageSnippet("exceeds max_request_size").FilterField(zap.Int64("max_request_size", 64)).All()
+	if len(lines) != 1 {
+		t.Fatalf("413 logged %d times naming the limit, want once; logs: %v", len(lines), logs.All())
+	}
+	if up.calls.Load() != 0 {
+		t.Fatalf("catalog called %d times, want 0", up.calls.Load())
 	}
 }

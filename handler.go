@@ -231,6 +231,9 @@ type Handler struct {
 	// bodiesFullWarned is set (atomically) once a keyed request was
 	// refused because the held bodies filled max_buffered_bytes.
 	bodiesFullWarned int32
+	// tooLargeWarned is set (atomically) once a keyed request was refused
+	// because its body passed max_request_size.
+	tooLargeWarned int32
 	// unknownFullWarned is when (seconds since warnEpoch, plus one; 0:
 	// never) a keyed request was last warned of as refused because the
 	// memory store holds max_entries records whose outcome is unknown: see
