@@ -567,3 +567,94 @@ func TestForcedForgetKeepsARecordItCannotTellFromTheOneLookedUp(t *testing.T) {
 		})
 	}
 }
+
+// meetingStore is a memory store whose Inspect and Count return only once
+// every store of its meeting has been asked (or the admin call's deadline
+// passes): a stand-in for stores that are slow to answer, which the admin
+// API must ask at once rather than one after the other.
+type meetingStore struct {
+	*memory.Store
+	m *meeting
+}
+
+type meeting struct {
+	all   chan struct{}
+	size  int32
+	count atomic.Int32
+}
+
+func newMeeting(size int32) *meeting {
+	return &meeting{all: make(chan struct{}), size: size}
+}
+
+// attend waits until size calls have arrived.
+func (m *meeting) attend(ctx context.Context) error {
+	if m.count.Add(1) == m.size {
+		close(m.all)
+	}
+	select {
+	case <-m.all:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("asked alone: %w", ctx.Err())
+	}
+}
+
+func (s meetingStore) Inspect(ctx context.Context, key string) (*stores.Record, time.Duration, error) {
+	if err := s.m.attend(ctx); err != nil {
+		return nil, 0, err
+	}
+	return s.Store.Inspect(ctx, key)
+}
+
+func (s meetingStore) Count(ctx context.Context) (stores.Counts, error) {
+	if err := s.m.attend(ctx); err != nil {
+		return stores.Counts{}, err
+	}
+	return s.Store.Count(ctx)
+}
+
+// The admin API asks its stores at once, and answers in their order: one
+// after the other, each store that did not answer added its wait to the
+// next's (three unreachable stores made a forced forget take 13 s, until
+// the build after b35c62e).
+func TestAdminAsksStoresAtOnce(t *testing.T) {
+	held := map[string]stores.Store{}
+	var mems []*memory.Store
+	lookups := newMeeting(3)
+	for _, name := range []string{"memory/a", "memory/b", "memory/c"} {
+		mem := newMemory(t)
+		mems = append(mems, mem)
+		held[name] = meetingStore{Store: mem, m: lookups}
+	}
+	key := finalKey(t, mems[1], stores.Response{Status: 200})
+	h := adminFixture(t, held)
+	status, body := call(t, h, http.MethodGet, "/iceberg_idempotency/keys/"+key)
+	if status != http.StatusOK {
+		t.Fatalf("GET = %d %s, want 200", status, body)
+	}
+	if ans := decode(t, body); len(ans.Records) != 1 || ans.Records[0]["store"] != "memory/b" || len(ans.Errors) != 0 {
+		t.Fatalf("GET = %s, want the record of memory/b alone", body)
+	}
+
+	counts := newMeeting(3)
+	for name, s := range held {
+		held[name] = meetingStore{Store: s.(meetingStore).Store, m: counts}
+	}
+	h = adminFixture(t, held)
+	status, body = call(t, h, http.MethodGet, "/iceberg_idempotency/stats")
+	var out struct {
+		Stores []struct {
+			Store, Error string
+			Counts       json.RawMessage
+		}
+	}
+	if err := json.Unmarshal(body, &out); status != http.StatusOK || err != nil || len(out.Stores) != 3 {
+		t.Fatalf("stats = %d %s (%v)", status, body, err)
+	}
+	for i, want := range []string{"memory/a", "memory/b", "memory/c"} {
+		if s := out.Stores[i]; s.Store != want || s.Error != "" || string(s.Counts) == `"unavailable"` {
+			t.Errorf("stats line %d = %s %s %s, want %s counted", i, s.Store, s.Counts, s.Error, want)
+		}
+	}
+}
