@@ -253,6 +253,9 @@ func (h *Handler) parseDirective(d *caddyfile.Dispenser) (given givenOptions, di
 			if h.Secret == "" {
 				return nil, directive, emptyValue(d, opt)
 			}
+			if err := checkSecretPlaceholders(opt, h.Secret); err != nil {
+				return nil, directive, d.Err(err.Error())
+			}
 		case "previous_secrets":
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -260,6 +263,11 @@ func (h *Handler) parseDirective(d *caddyfile.Dispenser) (given givenOptions, di
 			}
 			if slices.Contains(args, "") {
 				return nil, directive, emptyValue(d, opt)
+			}
+			for i, raw := range args {
+				if err := checkSecretPlaceholders(fmt.Sprintf("%s[%d]", opt, i), raw); err != nil {
+					return nil, directive, d.Err(err.Error())
+				}
 			}
 			h.PreviousSecrets = args
 		case "require_secret":

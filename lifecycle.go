@@ -314,9 +314,26 @@ func (g *guarded) slowLeaseRenewed(took time.Duration) (held bool, err error) {
 // happened. Such a record gets the answer a duplicate of it would get: in
 // flight, the in-flight answer (at once: waiting would end in a record this
 // request cannot read either); abandoned, outcome unknown.
+//
+// A final record whose seal does not open under its own stored binding was
+// altered (its principal, fingerprint or path rewritten in the database):
+// the answer for a record that cannot be read too, as its own retry would
+// get, rather than a 422 that tells a commit client its commit failed
+// (until the build after b35c62e). The seal is opened only here, on the
+// path of a mismatch.
 func (g *guarded) refuse(rec *stores.Record, msg string) error {
-	if rec.State == stores.StateFinal && rec.Response != nil && rec.Response.KeyID != "" && g.h.keys.byID(rec.Response.KeyID) == nil {
-		return g.unreadable(rec.Response.KeyID, errors.New("no configured secret has this key id"))
+	if rec.State == stores.StateFinal && rec.Response != nil {
+		if id := rec.Response.KeyID; id != "" {
+			k := g.h.keys.byID(id)
+			if k == nil {
+				return g.unreadable(id, errors.New("no configured secret has this key id"))
+			}
+			if _, err := k.open(g.key, rec.Binding, rec.Response.Body); err != nil {
+				return g.unreadable(id, fmt.Errorf("%w: %w", errSealBroken, err))
+			}
+		} else if g.clearRefused() {
+			return g.unreadable("", errClearRefused)
+		}
 	}
 	if rec.State != stores.StateFinal && g.nothingMatches(rec.Binding) {
 		g.log(zapcore.WarnLevel, "the key's record matches this request under no configured secret: written under a secret no longer "+
@@ -333,6 +350,22 @@ func (g *guarded) refuse(rec *stores.Record, msg string) error {
 	g.count(outcomeMismatch)
 	writeError(g.w, http.StatusUnprocessableEntity, typeUnprocessable, msg, 0)
 	return nil
+}
+
+// errClearRefused is why a response in clear is not replayed under
+// require_secret.
+var errClearRefused = errors.New("a response in clear, where require_secret has every response sealed: the record was altered, " +
+	"or written before the secret was set (add require_secret only once such records have expired)")
+
+// clearRefused reports whether a stored response in clear is to be taken
+// for an altered one: with require_secret and a secret, every node seals
+// what it stores, so a clear response can only come from a writer of the
+// database without the secret, who knows a request's principal and body
+// and rewrote its sealed record as one stored before the secret was set.
+// Without require_secret such records still replay, so that turning a
+// secret on loses none.
+func (g *guarded) clearRefused() bool {
+	return g.h.RequireSecret && g.h.keys.current != nil
 }
 
 // nothingMatches reports whether stored differs from this request in both
@@ -1367,6 +1400,9 @@ func (g *guarded) replay(rec *stores.Record) error {
 		// binding was written by someone who cannot seal, into the row of
 		// a request that was: replaying it would hand out their body.
 		return g.unreadable("", errors.New("a response in clear under a binding keyed by a secret: the record was altered"))
+	}
+	if resp.KeyID == "" && g.clearRefused() {
+		return g.unreadable("", errClearRefused)
 	}
 	if resp.KeyID != "" {
 		k := g.h.keys.byID(resp.KeyID)

@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -136,6 +137,66 @@ func expandSecret(opt, raw string) (string, error) {
 	return v, nil
 }
 
+// checkSecretPlaceholders refuses a secret option whose placeholders would
+// not be read at start: anything but {env.*} and {file.*} (a request's
+// placeholder, a misspelt namespace, or {system.hostname}, known to anyone)
+// and a brace outside a placeholder (an unclosed {env.X). Each stayed in
+// the secret as written, or as what everyone can read, until the build
+// after b35c62e, and the records were sealed under a key derived from
+// text in the config, with a warning that read like the one for a secret
+// written literally. Names only placeholders, never raw: it may be a
+// literal secret.
+func checkSecretPlaceholders(opt, raw string) error {
+	var problem error
+	r := caddy.NewEmptyReplacer()
+	r.Map(func(key string) (any, bool) {
+		if problem != nil {
+			return "", true
+		}
+		switch {
+		case strings.HasPrefix(key, "http.request.uri.path.file."):
+			name := strings.TrimPrefix(key, "http.request.uri.path.file.")
+			problem = fmt.Errorf("%s: the Caddyfile reads {file.%s} (a name without \"/\" or \".\") as the request path's file name, "+
+				"not as a file to read at start; name the file by its path, e.g. {file./etc/caddy/%s}", opt, name, name)
+		case strings.HasPrefix(key, "env.") && len(key) > len("env."), strings.HasPrefix(key, "file.") && len(key) > len("file."):
+		default:
+			problem = fmt.Errorf("%s holds the placeholder {%s}, which is not read at start: a secret may hold only "+
+				"{env.NAME} and {file./path} placeholders", opt, key)
+		}
+		return "", true
+	})
+	rest := r.ReplaceAll(raw, "")
+	if problem != nil {
+		return problem
+	}
+	if strings.ContainsAny(rest, "{}") {
+		return fmt.Errorf("%s holds a brace outside a placeholder (a placeholder not closed, say): a secret may hold only "+
+			"{env.NAME} and {file./path} placeholders; put a secret that holds braces in a file", opt)
+	}
+	return nil
+}
+
+// expandSecretParts is expandSecret's check of each placeholder in a
+// composite value ({env.A}{env.B}): one expanding to nothing left the rest
+// as the secret, shorter than meant and without an error, until the build
+// after b35c62e.
+func expandSecretParts(opt, raw string) error {
+	known := caddy.NewReplacer()
+	var empty string
+	r := caddy.NewEmptyReplacer()
+	r.Map(func(key string) (any, bool) {
+		if v, ok := known.Get(key); ok && empty == "" && (v == nil || fmt.Sprint(v) == "") {
+			empty = key
+		}
+		return "", true
+	})
+	r.ReplaceAll(raw, "")
+	if empty != "" {
+		return fmt.Errorf("%s: {%s} expands to an empty value: is the variable or file it names set?", opt, empty)
+	}
+	return nil
+}
+
 // withoutKnownPlaceholders is raw with the placeholders that expandSecret
 // expands taken out, and those it leaves as written (unknown ones) kept.
 func withoutKnownPlaceholders(raw string) string {
@@ -155,8 +216,14 @@ func (h *Handler) prepareKeys() (keyring, []string, error) {
 	var warnings []string
 	seen := map[string]string{}
 	add := func(opt, raw string) (*secretKeys, error) {
+		if err := checkSecretPlaceholders(opt, raw); err != nil {
+			return nil, err
+		}
 		secret, err := expandSecret(opt, raw)
 		if err != nil {
+			return nil, err
+		}
+		if err := expandSecretParts(opt, raw); err != nil {
 			return nil, err
 		}
 		if len(secret) < minSecretLen {

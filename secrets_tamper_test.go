@@ -2,6 +2,7 @@ package icebergidempotency
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -228,4 +229,103 @@ func abandonedUnder(t *testing.T, s stores.Store, secret, auth string) string {
 		t.Fatal(err)
 	}
 	return key
+}
+
+// A sealed final record whose stored binding was rewritten in the database
+// (its principal, fingerprint or path) no longer opens: its AEAD's
+// associated data is the binding as stored. Its retry now hears the answer
+// for a record that cannot be read, as for any altered record, where the
+// binding's comparison came first and told it 422 ("another principal",
+// "different request body"), which a commit client reads as a failed
+// commit (until the build after b35c62e). A request that does differ from
+// an intact record is still told 422.
+func TestSealedRecordWithAlteredBindingIsUnreadable(t *testing.T) {
+	secret := "secret-A-" + randomHex(t, 16)
+	_, auth, up := vendedCredentials(t)
+	first := newSecretHandler(t, newMemoryStore(t), secret)
+	key := storetest.NewKey(t)
+	serve(t, first, up, "POST", commitPath, key, commitBody, "Authorization", auth)
+	rec, err := first.store.Load(context.Background(), key)
+	if err != nil || rec == nil || rec.Response == nil || rec.Response.KeyID == "" {
+		t.Fatalf("sealed record = %+v, %v", rec, err)
+	}
+	other := bindingUnder(t, secret, "Bearer someone-else")
+	for _, tt := range []struct {
+		name  string
+		alter func(*stores.Binding)
+	}{
+		{"principal", func(b *stores.Binding) { b.Principal = other.Principal }},
+		{"fingerprint", func(b *stores.Binding) { b.Fingerprint = strings.Repeat("0", len(b.Fingerprint)) }},
+		{"path", func(b *stores.Binding) { b.Path += "x" }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newMemoryStore(t)
+			b := rec.Binding
+			tt.alter(&b)
+			ctx := context.Background()
+			if res, err := s.Reserve(ctx, stores.Reservation{Key: key, Binding: b, Owner: "o", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
+				t.Fatal(res, err)
+			}
+			if err := s.Finalize(ctx, key, "o", *rec.Response); err != nil {
+				t.Fatal(err)
+			}
+			h := newSecretHandler(t, s, secret)
+			res := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth)
+			if res.code() != http.StatusInternalServerError || res.errorType() != typeCommitStateUnknown {
+				t.Fatalf("retry on a record whose %s was altered = %d %s, want 500 CommitStateUnknownException", tt.name, res.code(), res.body)
+			}
+		})
+	}
+	// Intact, the record still tells another principal 422.
+	if res := serve(t, first, up, "POST", commitPath, key, commitBody, "Authorization", "Bearer someone-else"); res.code() != http.StatusUnprocessableEntity {
+		t.Fatalf("another principal on an intact sealed record = %d %s, want 422", res.code(), res.body)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("the catalog was called %d times, want 1", n)
+	}
+}
+
+// With require_secret and a secret, every node seals what it stores, so a
+// response in clear can only be a writer of the database's: one who knows
+// a request's principal and body can rewrite its sealed record as one
+// stored before the secret was set (the unkeyed binding, no key id, a body
+// of their own). It is not replayed: its retry, and a request that differs
+// from it, hear the answer for a record that cannot be read. Until the
+// build after b35c62e it replayed the forged body. Without require_secret
+// such a record still replays, so that turning a secret on loses none.
+func TestRequireSecretRefusesResponsesInClear(t *testing.T) {
+	secret := "secret-A-" + randomHex(t, 16)
+	_, auth, up := vendedCredentials(t)
+	forged := `{"metadata-location":"s3://attacker/evil.json"}`
+	for _, require := range []bool{false, true} {
+		t.Run(fmt.Sprint("require_secret=", require), func(t *testing.T) {
+			s := newMemoryStore(t)
+			key := storetest.NewKey(t)
+			ctx := context.Background()
+			if res, err := s.Reserve(ctx, stores.Reservation{Key: key, Binding: bindingUnder(t, "", auth), Owner: "o", Lease: time.Minute, TTL: time.Hour}); err != nil || !res.Reserved {
+				t.Fatal(res, err)
+			}
+			if err := s.Finalize(ctx, key, "o", stores.Response{Status: 200, Body: []byte(forged)}); err != nil {
+				t.Fatal(err)
+			}
+			h := newSecretHandler(t, s, secret)
+			h.RequireSecret = require
+			retry := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth)
+			differs := serve(t, h, up, "POST", commitPath, key, `{"other":1}`, "Authorization", auth)
+			if !require {
+				if retry.body != forged || differs.code() != http.StatusUnprocessableEntity {
+					t.Fatalf("without require_secret: retry %d %s, other body %d; want the record in clear replayed, 422", retry.code(), retry.body, differs.code())
+				}
+				return
+			}
+			for name, res := range map[string]result{"retry": retry, "other body": differs} {
+				if res.code() != http.StatusInternalServerError || res.errorType() != typeCommitStateUnknown || strings.Contains(res.body, "attacker") {
+					t.Fatalf("%s under require_secret = %d %s, want 500 CommitStateUnknownException", name, res.code(), res.body)
+				}
+			}
+		})
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("the catalog was called %d times, want 0", n)
+	}
 }

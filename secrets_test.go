@@ -272,6 +272,15 @@ func TestSecretPlaceholders(t *testing.T) {
 		{"{env.ICEBERG_IDEMPOTENCY_TEST_EMPTY}", nil, `secret "{env.ICEBERG_IDEMPOTENCY_TEST_EMPTY}" expands to an empty value`},
 		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}", []string{"{env.ICEBERG_IDEMPOTENCY_TEST_UNSET}"}, `previous_secrets[0] "{env.ICEBERG_IDEMPOTENCY_TEST_UNSET}" expands to an empty value`},
 		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}", []string{"{env.ICEBERG_IDEMPOTENCY_TEST_SAME}"}, "secret and previous_secrets[0] derive the same key id"},
+		// One part of a composite value expanding to nothing left the
+		// rest as the secret, until the build after b35c62e.
+		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}{env.ICEBERG_IDEMPOTENCY_TEST_UNSET}", nil, "secret: {env.ICEBERG_IDEMPOTENCY_TEST_UNSET} expands to an empty value"},
+		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}", []string{"{file./nonexistent/iceberg-idempotency-secret}{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}"}, "previous_secrets[0]: {file./nonexistent/iceberg-idempotency-secret} expands to an empty value"},
+		// In JSON too: placeholders not read at start, and stray braces.
+		{"{http.request.header.X-Secret}", nil, "secret holds the placeholder {http.request.header.X-Secret}, which is not read at start"},
+		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET", nil, "secret holds a brace outside a placeholder"},
+		// Kept as written, it was taken for 21 literal bytes of the secret.
+		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}{unknown.placeholder}", nil, "secret holds the placeholder {unknown.placeholder}"},
 	} {
 		h := &Handler{Secret: tt.secret, PreviousSecrets: tt.previous}
 		err := h.prepare()
@@ -359,6 +368,14 @@ func TestSecretCaddyfile(t *testing.T) {
 		{"previous without value", "iceberg_idempotency {\n\t\tprevious_secrets\n\t}", "previous_secrets needs at least one secret", "at Caddyfile:3"},
 		{"require_secret argument", "iceberg_idempotency {\n\t\trequire_secret yes\n\t}", `require_secret must be on or off, got "yes"`, "at Caddyfile:3"},
 		{"previous repeats secret", "iceberg_idempotency {\n\t\tsecret {env.S}\n\t\tprevious_secrets {env.S}\n\t}", "previous_secrets[0] repeats secret", "at Caddyfile:4"},
+		// A secret kept as written, or as what anyone can read, until the
+		// build after b35c62e, with a warning only: a relative file name
+		// (the Caddyfile's shorthand for the request path's file), a
+		// misspelt or unclosed placeholder, one not read at start.
+		{"relative file", "iceberg_idempotency {\n\t\tsecret {file.idem_secret}\n\t}", "reads {file.idem_secret} (a name without", "at Caddyfile:3"},
+		{"misspelt namespace", "iceberg_idempotency {\n\t\tsecret {evn.S}\n\t}", "holds the placeholder {evn.S}, which is not read at start", "at Caddyfile:3"},
+		{"unclosed", "iceberg_idempotency {\n\t\tsecret {env.S\n\t}", "holds a brace outside a placeholder", "at Caddyfile:3"},
+		{"previous not read at start", "iceberg_idempotency {\n\t\tsecret {env.S}\n\t\tprevious_secrets {env.P} {system.hostname}\n\t}", "previous_secrets[1] holds the placeholder {system.hostname}", "at Caddyfile:4"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := adapt(t, ":8080 {\n\t"+tt.block+"\n\treverse_proxy 127.0.0.1:1\n}\n")
@@ -585,8 +602,6 @@ func TestSecretWrittenLiterallyWarning(t *testing.T) {
 		{"{env.ICEBERG_TEST_SECRET}", ""},
 		{"secret-" + randomHex(t, 16), "secret is written literally"},
 		{"prefix-{env.ICEBERG_TEST_SECRET}", "7 bytes of secret are written literally"},
-		// An unknown placeholder is kept as written, so it is literal.
-		{"{env.ICEBERG_TEST_SECRET}{unknown.placeholder}", "21 bytes of secret are written literally"},
 	} {
 		h := &Handler{Secret: tt.raw}
 		_, warnings, err := h.prepareKeys()
