@@ -69,7 +69,7 @@ func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		doc = plain
 	}
-	body, err := setTopLevelField(doc, LifetimeField, isoDuration(time.Duration(h.Lifetime)))
+	body, err := setTopLevelField(doc, LifetimeField, isoDuration(h.advertisedLifetime()))
 	if err != nil {
 		h.logger.Warn("config response is not a JSON object: idempotency-key-lifetime not advertised", zap.Error(err))
 		cw.deliver()
@@ -94,6 +94,18 @@ func (h *Handler) advertise(w http.ResponseWriter, r *http.Request, next caddyht
 		hdr[name] = vals // net/http sends them after the body
 	}
 	return nil
+}
+
+// advertisedLifetime is the lifetime GET /v1/config advertises: the
+// shortest of the config's handlers (see App.noteLifetime).
+func (h *Handler) advertisedLifetime() time.Duration {
+	d := time.Duration(h.Lifetime)
+	if h.advertised != nil {
+		if shortest := time.Duration(h.advertised.Load()); shortest > 0 {
+			d = min(d, shortest)
+		}
+	}
+	return d
 }
 
 // setTopLevelField sets name to the JSON string value in the object doc,

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -199,5 +200,57 @@ func TestOversizeConfigIsLogged(t *testing.T) {
 	}
 	if logs.FilterMessageSnippet("not advertised").Len() != 1 {
 		t.Fatalf("log = %v; want one warning that the lifetime was not advertised", logs.All())
+	}
+}
+
+// Every handler of a config advertises the shortest lifetime among them: a
+// client may read /v1/config through one handler and send its commits
+// through another whose records live less (nested directives on two
+// stores, a handle block for /v1/config beside one for the rest). Until the
+// build after b35c62e each advertised its own, and the outer of two nested
+// ones wrote its own over the inner's: measured by an audit on two nodes,
+// PT30M advertised, records on PostgreSQL kept 3.3 s, a retry at 15 s
+// executed the commit again. A config whose lifetimes differ is warned of
+// once, at start.
+func TestConfigAdvertisesItsShortestLifetime(t *testing.T) {
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"defaults":{},"overrides":{}}`)
+	})
+	proxy := newReverseProxy(t, catalog.addr())
+	for _, tt := range []struct {
+		name      string
+		lifetimes []time.Duration
+		want      string
+		warned    bool
+	}{
+		{"one handler", []time.Duration{30 * time.Minute}, "PT30M", false},
+		{"the same lifetime", []time.Duration{30 * time.Minute, 30 * time.Minute}, "PT30M", false},
+		{"a shorter one after", []time.Duration{30 * time.Minute, 10 * time.Minute}, "PT10M", true},
+		{"a shorter one before", []time.Duration{10 * time.Minute, 2 * time.Hour}, "PT10M", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.WarnLevel)
+			app := &App{logger: zap.New(core)}
+			var handlers []*Handler
+			for _, d := range tt.lifetimes {
+				h := newTestHandler(t, newMemoryStore(t))
+				h.Lifetime = caddy.Duration(d)
+				app.noteLifetime(d)
+				h.advertised = &app.advertised
+				handlers = append(handlers, h)
+			}
+			app.warnLifetimes()
+			for i, h := range handlers {
+				res := serve(t, h, proxy, "GET", "/v1/config", "", "")
+				var doc map[string]any
+				if err := json.Unmarshal([]byte(res.body), &doc); err != nil || doc[LifetimeField] != tt.want {
+					t.Errorf("handler %d (lifetime %s) advertised %v, want %s: %s", i, tt.lifetimes[i], doc[LifetimeField], tt.want, res.body)
+				}
+			}
+			if warned := logs.FilterMessageSnippet("have different lifetimes").Len(); warned != map[bool]int{false: 0, true: 1}[tt.warned] {
+				t.Errorf("%d warnings of different lifetimes, want warned=%v", warned, tt.warned)
+			}
+		})
 	}
 }

@@ -58,6 +58,12 @@ type App struct {
 
 	bodies bodyBudget
 
+	// advertised is the shortest lifetime of the config's handlers, in
+	// nanoseconds, which every handler advertises in GET /v1/config (see
+	// noteLifetime); longestLifetime is the longest, under mu.
+	advertised      atomic.Int64
+	longestLifetime time.Duration
+
 	mu     sync.Mutex
 	stores map[string]stores.Store
 	// selfExpiringNoted remembers the stores already reported as left
@@ -165,6 +171,36 @@ func (a *App) track(key string, s stores.Store) {
 	}
 }
 
+// noteLifetime counts a handler's lifetime among the config's. Every
+// handler advertises the shortest: a client may read /v1/config through one
+// handler and send its commits through another (nested directives on two
+// stores, or a handle block for /v1/config beside one for the rest), and a
+// handler advertising a lifetime longer than another's records are kept
+// let a retry within it execute again (until the build after b35c62e, the
+// outer of two nested handlers wrote its own over the inner's).
+// Advertising less than a record is kept is what the spec allows.
+func (a *App) noteLifetime(d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if cur := time.Duration(a.advertised.Load()); cur == 0 || d < cur {
+		a.advertised.Store(int64(d))
+	}
+	a.longestLifetime = max(a.longestLifetime, d)
+}
+
+// warnLifetimes warns, at start, of a config whose handlers' lifetimes
+// differ: each of them advertises the shortest.
+func (a *App) warnLifetimes() {
+	a.mu.Lock()
+	shortest, longest := time.Duration(a.advertised.Load()), a.longestLifetime
+	a.mu.Unlock()
+	if shortest != longest {
+		a.logger.Warn("the config's iceberg_idempotency handlers have different lifetimes: GET /v1/config advertises the shortest "+
+			"through every one of them, since a client may send its commits through another handler than the one its config came through",
+			zap.Duration("advertised", shortest), zap.Duration("longest", longest))
+	}
+}
+
 // warmable returns the store under s's pool wrapper if it is a Warmer.
 func warmable(s stores.Store) (Warmer, bool) {
 	w, ok := unpooled(s).(Warmer)
@@ -193,6 +229,7 @@ func (a *App) Start() error {
 	a.done = make(chan struct{})
 	go a.purgeLoop(ctx)
 	a.prev.Store(running.Swap(a))
+	a.warnLifetimes()
 	// Every app of the config is provisioned by now, the http app's
 	// routes with their handlers.
 	if http, err := a.ctx.AppIfConfigured("http"); err == nil {

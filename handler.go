@@ -231,6 +231,10 @@ type Handler struct {
 	// bodiesFullWarned is set (atomically) once a keyed request was
 	// refused because the held bodies filled max_buffered_bytes.
 	bodiesFullWarned int32
+	// advertised is the config's shortest lifetime (App.noteLifetime),
+	// which GET /v1/config advertises; nil in tests that build a handler
+	// without an app, which advertise their own.
+	advertised *atomic.Int64
 	// tooLargeWarned is set (atomically) once a keyed request was refused
 	// because its body passed max_request_size.
 	tooLargeWarned int32
@@ -299,6 +303,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	app := appIface.(*App)
 	h.bodies = &app.bodies
+	app.noteLifetime(time.Duration(h.Lifetime))
+	h.advertised = &app.advertised
 	if err := checkBufferedBytes(app.MaxBufferedBytes, h.MaxRequestSize); err != nil {
 		return err
 	}

@@ -597,6 +597,20 @@ func TestCoreAdvertiseLifetime(t *testing.T) {
 		b.Script(path, caddyproc.Reply{Header: jsonHdr, Body: []byte(withOwn)})
 		checkAdvertised(t, send(t, "GET", c.URL()+path, ""), withOwn, "PT30M")
 	})
+	// A client reads /v1/config through one directive and may send its
+	// commits through another: every directive of the config advertises
+	// the shortest lifetime (until the build after b35c62e the outer of two
+	// nested ones advertised its own, longer than the inner's records).
+	for _, layout := range []struct{ name, routes string }{
+		{"nested, the shorter inside", "iceberg_idempotency\nhandle {\niceberg_idempotency {\nlifetime 10m\n}\nreverse_proxy " + b.Addr() + "\n}"},
+		{"siblings, the shorter for commits", "handle /v1/config {\niceberg_idempotency\nreverse_proxy " + b.Addr() + "\n}\nhandle {\niceberg_idempotency {\nlifetime 10m\n}\nreverse_proxy " + b.Addr() + "\n}"},
+	} {
+		t.Run(layout.name, func(t *testing.T) {
+			mixed := caddyproc.Start(t, caddyproc.Caddyfile("", layout.routes))
+			b.Script(path, caddyproc.Reply{Header: jsonHdr, Body: []byte(cfg)})
+			checkAdvertised(t, send(t, "GET", mixed.URL()+path, ""), cfg, "PT10M")
+		})
+	}
 	t.Run("error passes through", func(t *testing.T) {
 		errBody := `{"error":{"message":"unavailable","type":"ServiceUnavailableException","code":503}}`
 		b.Script(path, caddyproc.Reply{Status: 503, Header: jsonHdr, Body: []byte(errBody)})
