@@ -262,6 +262,10 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"principal per attempt", "iceberg_idempotency {\n\t\tprincipal {http.auth.user.id}/{http.request.uuid}\n\t}", `{http.request.uuid} changes with every request`, "at Caddyfile:3"},
 		{"principal with the time", "iceberg_idempotency {\n\t\tprincipal {http.auth.user.id}/{time.now.unix}\n\t}", `{time.now.unix} changes with the time`, "at Caddyfile:3"},
 		{"principal process-wide", "iceberg_idempotency {\n\t\tprincipal {env.TENANT}\n\t}", `principal "{env.TENANT}" has no placeholder that differs`, "at Caddyfile:3"},
+		// Accepted until the build after b35c62e: a second caller replayed
+		// the first one's answer.
+		{"principal the request's method", "iceberg_idempotency {\n\t\tprincipal {method}\n\t}", `tells no caller from another: {http.request.method} is the same for every caller`, "at Caddyfile:3"},
+		{"principal host and path", "iceberg_idempotency {\n\t\tprincipal {host}{path.1}{env.TENANT}\n\t}", `tells no caller from another: {http.request.host}`, "at Caddyfile:3"},
 		{"list option twice", "iceberg_idempotency {\n\t\tsecret {env.A}\n\t\tprevious_secrets {env.B}\n\t\tprevious_secrets {env.C}\n\t}", `previous_secrets given twice (first on line 4): it takes several values, give them all on one line`, "at Caddyfile:5"},
 		{"replay Set-Cookie", "iceberg_idempotency {\n\t\treplay_headers Content-Type set-cookie\n\t}", `replay_headers cannot hold set-cookie: it would keep session credentials in the store`, "at Caddyfile:3"},
 		{"replay Content-Length", "iceberg_idempotency {\n\t\treplay_headers Content-Length\n\t}", `replay_headers cannot hold Content-Length: it is computed from the stored body`, "at Caddyfile:3"},

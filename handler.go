@@ -574,6 +574,13 @@ func (h *Handler) validateOption(opt string) error {
 		if h.Principal != "" && !perRequestPlaceholder(h.Principal) {
 			return fmt.Errorf("principal %q has no placeholder that differs from request to request, so every caller would be one principal and could replay another's answers: write one such as {http.auth.user.id} or {http.request.header.Authorization}", h.Principal)
 		}
+		// Nor one made only of what the request says about itself, which
+		// every caller sending that request says alike: accepted until
+		// the build after b35c62e, {http.request.method} let a second
+		// caller replay the first one's answer.
+		if name := notACaller(h.Principal); name != "" {
+			return fmt.Errorf("principal %q tells no caller from another: {%s} is the same for every caller sending the same request, so they could replay each other's answers: write one such as {http.auth.user.id} or {http.request.header.Authorization}", h.Principal, name)
+		}
 		// A retry after a lost answer comes on a new connection, and is
 		// another request: a principal that changes with either refuses
 		// it 422 as another caller's, which a commit client takes for a
@@ -633,6 +640,43 @@ func perRequestPlaceholder(expr string) bool {
 		}
 	}
 	return false
+}
+
+// sameForEveryCaller are request placeholders that the request's own
+// method, address and connection settle, whoever sends it; with a
+// placeholder prefix, each name under it too.
+var sameForEveryCaller = []string{
+	"http.request.method", "http.request.orig_method", "http.request.scheme", "http.request.proto",
+	"http.request.host", "http.request.hostport", "http.request.port", "http.request.host.labels.",
+	"http.request.uri.path", "http.request.uri.path.", "http.request.orig_uri.path", "http.request.orig_uri.path.",
+	"http.request.local", "http.request.local.", "http.request.body", "http.request.body_base64",
+	"http.request.tls.version", "http.request.tls.cipher_suite", "http.request.tls.proto",
+	"http.request.tls.proto_mutual", "http.request.tls.server_name",
+}
+
+// notACaller returns a placeholder of expr when every placeholder in it is
+// process-wide or in sameForEveryCaller, so that it names no caller; ""
+// when one of them can tell callers apart (or expr has none, which
+// perRequestPlaceholder refuses).
+func notACaller(expr string) string {
+	var first string
+	for _, m := range placeholderPattern.FindAllStringSubmatch(expr, -1) {
+		name := m[1]
+		switch {
+		case strings.HasPrefix(name, "env."), strings.HasPrefix(name, "file."),
+			strings.HasPrefix(name, "system."), strings.HasPrefix(name, "time."):
+			continue
+		}
+		if !slices.ContainsFunc(sameForEveryCaller, func(p string) bool {
+			return name == p || strings.HasSuffix(p, ".") && strings.HasPrefix(name, p)
+		}) {
+			return ""
+		}
+		if first == "" {
+			first = name
+		}
+	}
+	return first
 }
 
 // perAttemptPlaceholders are Caddy placeholders that differ between a
