@@ -474,3 +474,35 @@ func TestUnknownRecordsBoundedByMaxEntries(t *testing.T) {
 		t.Fatalf("%d records held after the count, want 2 (late and next)", n)
 	}
 }
+
+// Under KeepUnexpired (when_full refuse), a store full by max_bytes refuses
+// a new key before it executes, rather than admitting it for an answer that
+// then finds no room: requests one after the other, each answered the same
+// 10 KB, never end in ErrResponseTooLarge. Until the build after b35c62e a
+// reservation asked for one byte of room, and an audit saw 21 of 30 such
+// requests executed and left unknown, none refused.
+func TestKeepUnexpiredRefusesKeysByBytesBeforeTheyExecute(t *testing.T) {
+	s, err := New(Options{MaxEntries: 1000, MaxBytes: 100 << 10, KeepUnexpired: true, Now: storetest.NewFakeClock().Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, refused := 0, 0
+	for range 30 {
+		r := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
+		res, err := s.Reserve(t.Context(), r)
+		if errors.Is(err, ErrFull) {
+			refused++
+			continue
+		}
+		if err != nil || !res.Reserved {
+			t.Fatalf("Reserve = %+v, %v", res, err)
+		}
+		if err := s.Finalize(t.Context(), r.Key, r.Owner, stores.Response{Status: 200, Body: make([]byte, 10<<10)}); err != nil {
+			t.Fatalf("after %d stored: Finalize of a reserved key = %v, want room (refused at Reserve instead)", stored, err)
+		}
+		stored++
+	}
+	if stored == 0 || refused == 0 || stored+refused != 30 {
+		t.Fatalf("%d stored, %d refused; want both", stored, refused)
+	}
+}

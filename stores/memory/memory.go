@@ -256,12 +256,7 @@ func (s *Store) Reserve(_ context.Context, r stores.Reservation) (stores.Reserve
 		// execute again. Nothing was reserved.
 		return stores.ReserveResult{}, stores.MarkNotSent(ErrTooManyUnknown)
 	}
-	if s.limits.KeepUnexpired && !s.makeRoom(1, now) {
-		// Nothing was reserved: the request may be retried, or passed
-		// on by fail_open.
-		return stores.ReserveResult{}, stores.MarkNotSent(ErrFull)
-	}
-	s.inflight[r.Key] = &entry{
+	e := &entry{
 		rec: stores.Record{
 			Key:       r.Key,
 			Binding:   r.Binding,
@@ -272,7 +267,29 @@ func (s *Store) Reserve(_ context.Context, r stores.Reservation) (stores.Reserve
 		},
 		leaseUntil: now.Add(r.Lease),
 	}
+	if s.limits.KeepUnexpired && !s.makeRoom(s.roomFor(&e.rec), now) {
+		// Nothing was reserved: the request may be retried, or passed
+		// on by fail_open.
+		return stores.ReserveResult{}, stores.MarkNotSent(ErrFull)
+	}
+	s.inflight[r.Key] = e
 	return stores.ReserveResult{Reserved: true}, nil
+}
+
+// roomFor is the room a reservation asks for under KeepUnexpired (when_full
+// refuse): its record with an answer as large as the final records' on
+// average, and never less than the record without one. Asking for a byte,
+// as until the build after b35c62e, admitted keys into a store full by
+// max_bytes: each executed, and its answer found no room at Finalize (the
+// key's outcome unknown, its retry answered 500) where the request should
+// have been refused before it executed. Requests executing at once can
+// still find the room taken by the time they finalize. s.mu is held.
+func (s *Store) roomFor(rec *stores.Record) int64 {
+	need := recordSize(rec)
+	if n := int64(len(s.final)); n > 0 {
+		need = max(need, s.bytes/n)
+	}
+	return need
 }
 
 // tooManyUnknown reports whether the records whose outcome is unknown
