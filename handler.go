@@ -363,8 +363,11 @@ func (h *Handler) prepare() error {
 	if h.releaseSet, err = parseStatusSet(h.ReleaseStatuses); err != nil {
 		return fmt.Errorf("release_statuses: %w", err)
 	}
-	// Content-Encoding is always kept: the stored body is unreadable without it.
-	h.replayHdrs = []string{"Content-Encoding"}
+	// Content-Encoding is always kept: the stored body is unreadable
+	// without it. So is Content-Type: without it Go's server types a replay
+	// from its bytes (text/plain for JSON), which a replay_headers that
+	// left it out (JSON's [] too) did until the build after b35c62e.
+	h.replayHdrs = []string{"Content-Encoding", "Content-Type"}
 	for _, name := range h.ReplayHeaders {
 		if name = http.CanonicalHeaderKey(name); !slices.Contains(h.replayHdrs, name) {
 			h.replayHdrs = append(h.replayHdrs, name)

@@ -788,3 +788,24 @@ func TestInFlightWaitEndsBeforeTheWriteTimeout(t *testing.T) {
 		t.Fatal("the duplicate still waits 20s on, past a write_timeout of 1s (in_flight_wait is a minute)")
 	}
 }
+
+// Content-Type is replayed whatever replay_headers lists, as
+// Content-Encoding is: left out (replay_headers ETag, or JSON's []), a
+// replay of a JSON answer went out typed by Go's server from its bytes,
+// text/plain, until the build after b35c62e.
+func TestReplayKeepsContentType(t *testing.T) {
+	for _, list := range [][]string{{"ETag"}, {}} {
+		h := newTestHandler(t, newMemoryStore(t))
+		h.ReplayHeaders = list
+		if err := h.prepare(); err != nil {
+			t.Fatal(err)
+		}
+		up := answering(200, `{"namespace":["ns"]}`, "Content-Type", "application/json", "ETag", `"e1"`)
+		key := storetest.NewKey(t)
+		serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+		res := serve(t, h, up, "POST", "/v1/namespaces", key, nsBody)
+		if res.header.Get(ReplayedHeader) != "true" || res.header.Get("Content-Type") != "application/json" {
+			t.Fatalf("replay_headers %q: replay Content-Type %q (replayed %q), want application/json", list, res.header.Get("Content-Type"), res.header.Get(ReplayedHeader))
+		}
+	}
+}
