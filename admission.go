@@ -140,7 +140,8 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// another's response (vended credentials included). The request
 		// is refused, not executed: a 4xx tells the client so.
 		h.logger.Error("the configured principal expanded to nothing for a keyed request: refused. "+
-			"Does it name something this route sets (forward_auth sets no {http.auth.user.id}: use the header its copy_headers copies)?",
+			"Does it name something this route sets (forward_auth sets no {http.auth.user.id}: use the header its copy_headers copies), "+
+			"and does the authentication run before the directive (basic_auth in a handle block after a site-level directive does not)?",
 			zap.String("principal", h.Principal), zap.String("operation", op))
 		decisionCounters.inc(op, outcomeNoPrincipal)
 		writeError(w, http.StatusForbidden, typeForbidden,

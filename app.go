@@ -236,6 +236,7 @@ func (a *App) Start() error {
 		if http, ok := http.(*caddyhttp.App); ok {
 			warnShadowedHandlers(http, a.logger)
 			warnBypassableHandlers(http, a.logger)
+			warnAuthenticationAfterGuards(http, a.logger)
 		}
 	}
 	return nil

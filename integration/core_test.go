@@ -1078,6 +1078,23 @@ func checkStartWarning(t *testing.T, warning string, cases []startWarningCase) {
 	}
 }
 
+// basic_auth after a directive whose principal is {http.auth.user.id}
+// leaves the principal empty when the directive runs: every keyed request
+// is refused 403, where the same request without a key is served. Warned
+// of at start since the build after b35c62e (found by an audit of real
+// clients through a handle_path layout); the working layout is not.
+func TestCoreAuthenticationAfterTheDirectiveIsWarnedOf(t *testing.T) {
+	t.Parallel()
+	b := caddyproc.NewBackend(t)
+	const warning = "an authentication handler (basic_auth) runs after an iceberg_idempotency directive"
+	const auth = "basic_auth {\nalice $2a$14$K3LbTnYuUbg8FiKnyCroa.m0g94OZHUAluGlEWWYJQef/gd/xT.s.\n}\n"
+	const byUser = "iceberg_idempotency {\nprincipal {http.auth.user.id}\nbase_path /api/catalog\n}\n"
+	checkStartWarning(t, warning, []startWarningCase{
+		{"basic_auth in handle_path", "", byUser + "handle_path /api/catalog/* {\n" + auth + "reverse_proxy " + b.Addr() + "\n}", true},
+		{"basic_auth at site level", "", auth + byUser + "handle_path /api/catalog/* {\nreverse_proxy " + b.Addr() + "\n}", false},
+	})
+}
+
 // A reverse_proxy that answers before the directive leaves every request it
 // answers unguarded, which nothing told: a global "order
 // iceberg_idempotency before reverse_proxy" line (what most plugins ask
