@@ -90,11 +90,23 @@ func (m *MemoryStore) Provision(ctx caddy.Context) error {
 	if m.MaxBytes > maxSize { // as the Caddyfile's sizes
 		return fmt.Errorf("memory store: max_bytes must be at most 1TiB, got %d", m.MaxBytes)
 	}
+	if m.MaxBytes < minMemoryBytes {
+		return fmt.Errorf("memory store: %s, got %d", minMemoryBytesRule, m.MaxBytes)
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("registering metrics: %w", err)
 	}
 	return nil
 }
+
+// minMemoryBytes is the smallest max_bytes: a record takes about 1 KiB
+// besides its answer, and a store that holds no answer stores none. Until
+// the build after b35c62e any positive size loaded (max_bytes 256, a unit
+// left out), and every keyed answer was delivered unstored, its key's
+// outcome unknown, its retry answered 500.
+const minMemoryBytes = 64 << 10
+
+const minMemoryBytesRule = "max_bytes must be at least 64KiB: each record takes about 1KiB besides its answer"
 
 // The values of MemoryStore.WhenFull.
 const (
@@ -374,6 +386,9 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "max_bytes":
 			if err := parseSize(d, &m.MaxBytes); err != nil {
 				return err
+			}
+			if m.MaxBytes < minMemoryBytes {
+				return d.Errf("%s, got %d bytes (a unit left out?)", minMemoryBytesRule, m.MaxBytes)
 			}
 		case "when_full":
 			arg, err := singleArg(d)

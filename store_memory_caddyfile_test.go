@@ -12,7 +12,7 @@ func TestMemoryStoreCaddyfileBounds(t *testing.T) {
 	for _, tc := range []struct {
 		size string
 		want int64
-	}{{"64MiB", 64 << 20}, {"1GB", 1_000_000_000}, {"4096", 4096}} {
+	}{{"64MiB", 64 << 20}, {"1GB", 1_000_000_000}, {"65536", 65536}} {
 		out, err := adapt(t, ":8080 {\n\ticeberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_bytes "+tc.size+"\n\t\t}\n\t}\n}\n")
 		if err != nil {
 			t.Fatalf("%s: %v", tc.size, err)
@@ -45,6 +45,8 @@ func TestMemoryStoreCaddyfileErrors(t *testing.T) {
 	for _, tc := range []struct{ line, want string }{
 		{"max_bytes lots", `max_bytes must be a positive size of at most 1TiB, like 16MiB, got "lots"`},
 		{"max_bytes 0", `max_bytes must be a positive size`},
+		{"max_bytes 256", `max_bytes must be at least 64KiB: each record takes about 1KiB besides its answer, got 256 bytes (a unit left out?)`},
+		{"max_bytes 63KiB", `max_bytes must be at least 64KiB`},
 		{"max_bytes", `max_bytes needs a value`},
 		{"max_bytes 1MiB 2MiB", `max_bytes takes a single value`},
 		{"max_entries -5", `max_entries must be a positive integer up to 9007199254740992, got "-5"`},
