@@ -214,7 +214,8 @@ func TestCaddyfileErrors(t *testing.T) {
 		{"redis address repeated", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1\n\t\t\taddress b:1 a:1\n\t\t}\n\t}", `address 3 of 3 repeats address 1`, "at Caddyfile:5"},
 		{"redis cluster off", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\taddress a:1 b:1\n\t\t\tcluster off\n\t\t\tdb 0\n\t\t}\n\t}", `cluster off with 2 addresses`, "at Caddyfile:5"},
 		{"memory store size", "iceberg_idempotency {\n\t\tstore memory {\n\t\t\tmax_entries 0\n\t\t}\n\t}", `max_entries must be a positive integer`, "at Caddyfile:4"},
-		{"postgres without dsn", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable t\n\t\t}\n\t}", `postgres store needs a dsn`, "at Caddyfile:5"},
+		{"redis without address", "iceberg_idempotency {\n\t\tstore redis {\n\t\t\tkey_prefix p\n\t\t}\n\t}", `redis store needs an address`, "at Caddyfile:3"},
+		{"postgres without dsn", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable t\n\t\t}\n\t}", `postgres store needs a dsn`, "at Caddyfile:3"}, // the store's line: the closing brace's (5) until the build after b35c62e
 		{"postgres bad table", "iceberg_idempotency {\n\t\tstore postgres {\n\t\t\ttable Bad-Name\n\t\t}\n\t}", `table: `, "at Caddyfile:4"},
 		// PostgreSQL counts it in whole milliseconds: 500µs was sent as 0,
 		// no limit at all.

@@ -227,6 +227,7 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) {
 // add to each other; every other option may be given once.
 func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type name
+	storeLine := d.Line()
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -322,7 +323,8 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	if len(r.Addresses) == 0 {
-		return d.Errf("redis store needs an address")
+		// On the store's line, not the block's closing brace.
+		return fmt.Errorf("redis store needs an address, at %s:%d", d.File(), storeLine)
 	}
 	for i, a := range r.Addresses {
 		if j := slices.Index(r.Addresses[:i], a); j >= 0 {

@@ -240,6 +240,7 @@ func parseOnOff(d *caddyfile.Dispenser) (bool, error) {
 
 func unmarshalSQLStore(d *caddyfile.Dispenser, backend string, c *SQLStoreConfig, more func(*caddyfile.Dispenser) (bool, error)) error {
 	d.Next() // store type name
+	storeLine := d.Line()
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -260,7 +261,8 @@ func unmarshalSQLStore(d *caddyfile.Dispenser, backend string, c *SQLStoreConfig
 		}
 	}
 	if c.DSN == "" {
-		return d.Errf("%s store needs a dsn", backend)
+		// On the store's line, not the block's closing brace.
+		return fmt.Errorf("%s store needs a dsn, at %s:%d", backend, d.File(), storeLine)
 	}
 	return nil
 }
