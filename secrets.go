@@ -181,18 +181,8 @@ func checkSecretPlaceholders(opt, raw string) error {
 // as the secret, shorter than meant and without an error, until the build
 // after b35c62e.
 func expandSecretParts(opt, raw string) error {
-	known := caddy.NewReplacer()
-	var empty string
-	r := caddy.NewEmptyReplacer()
-	r.Map(func(key string) (any, bool) {
-		if v, ok := known.Get(key); ok && empty == "" && (v == nil || fmt.Sprint(v) == "") {
-			empty = key
-		}
-		return "", true
-	})
-	r.ReplaceAll(raw, "")
-	if empty != "" {
-		return fmt.Errorf("%s: {%s} expands to an empty value: is the variable or file it names set?", opt, empty)
+	if name, why := emptyPlaceholder(raw); name != "" {
+		return fmt.Errorf("%s: {%s} expands to an empty value: it %s", opt, name, why)
 	}
 	return nil
 }

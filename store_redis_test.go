@@ -80,6 +80,12 @@ func TestRedisStoreProvisionAndKey(t *testing.T) {
 			t.Errorf("%s expanded to nothing: %v, want %q", name, err, want)
 		}
 	}
+	// A file that cannot be read says so: it read as "empty" alone, until
+	// the build after b35c62e.
+	missing := &RedisStore{Addresses: []string{"r1:6379"}, Password: "{file./nonexistent/iceberg-idempotency-redis-pw}"}
+	if err := missing.Provision(newCaddyContext(t)); err == nil || !strings.Contains(err.Error(), "names a file that cannot be read (open /nonexistent/iceberg-idempotency-redis-pw") {
+		t.Errorf("password from a missing file: %v", err)
+	}
 	// go-redis panicked past an int32; JSON reaches the store unparsed.
 	for want, r := range map[string]*RedisStore{
 		"redis: pool_size must be at most 100000": {Addresses: []string{"r1:6379"}, PoolSize: 3_000_000_000},

@@ -102,6 +102,13 @@ func (c *SQLStoreConfig) provision(backend string, combinedWrites int) error {
 	if c.dsn == "" {
 		return emptyDSNError(backend, c.DSN)
 	}
+	// A part that expands to nothing (a password from an unset
+	// variable) left a DSN that still parsed: the store connected without
+	// it, or failed to authenticate at each attempt, until the build after
+	// b35c62e. Redis's password is refused the same way.
+	if name, why := emptyPlaceholder(c.DSN); name != "" {
+		return fmt.Errorf("%s store: dsn: {%s} %s; leave the placeholder out if that part is meant to be empty", backend, name, why)
+	}
 	if c.AutoMigrate == nil {
 		on := true
 		c.AutoMigrate = &on
@@ -127,6 +134,43 @@ func emptyDSNError(backend, raw string) error {
 	return emptyAfterPlaceholders(fmt.Sprintf("%s store: dsn is required, and dsn %q is empty after replacing placeholders", backend, raw), raw)
 }
 
+// emptyPlaceholder returns the first placeholder of raw that Caddy knows at
+// start and that expands to nothing, and why: an environment variable unset
+// or empty, a file that cannot be read or is empty. "" when there is none.
+func emptyPlaceholder(raw string) (name, why string) {
+	known := caddy.NewReplacer()
+	r := caddy.NewEmptyReplacer()
+	r.Map(func(key string) (any, bool) {
+		if name != "" {
+			return "", true
+		}
+		v, ok := known.Get(key)
+		if !ok || v != nil && fmt.Sprint(v) != "" {
+			return "", true
+		}
+		name = key
+		switch {
+		case strings.HasPrefix(key, "env."):
+			if _, set := os.LookupEnv(strings.TrimPrefix(key, "env.")); set {
+				why = "is an empty environment variable"
+			} else {
+				why = "is an environment variable that is not set"
+			}
+		case strings.HasPrefix(key, "file."):
+			if _, err := os.ReadFile(strings.TrimPrefix(key, "file.")); err != nil {
+				why = fmt.Sprintf("names a file that cannot be read (%v)", err)
+			} else {
+				why = "names an empty file"
+			}
+		default:
+			why = "expands to an empty value"
+		}
+		return "", true
+	})
+	r.ReplaceAll(raw, "")
+	return name, why
+}
+
 // emptyAfterPlaceholders returns msg, which says that raw, a value given,
 // expanded to nothing, naming the environment variables to check.
 func emptyAfterPlaceholders(msg, raw string) error {
@@ -138,6 +182,9 @@ func emptyAfterPlaceholders(msg, raw string) error {
 	}
 	switch len(unset) {
 	case 0:
+		if name, why := emptyPlaceholder(raw); name != "" {
+			return fmt.Errorf("%s: {%s} %s", msg, name, why)
+		}
 		return errors.New(msg)
 	case 1:
 		return fmt.Errorf("%s: is the environment variable %s set?", msg, unset[0])

@@ -27,6 +27,14 @@ func TestSQLStoreEmptyDSNNamesThePlaceholder(t *testing.T) {
 			`are the environment variables ICEBERG_TEST_UNSET_A, ICEBERG_TEST_UNSET_B set?`,
 		}, nil},
 		{"", []string{"postgres store: dsn is required"}, []string{"placeholder"}},
+		// A part expanding to nothing, the password from an unset variable,
+		// left a DSN that still parsed, until the build after b35c62e.
+		{"postgres://caddy:{env.ICEBERG_TEST_UNSET_PW}@127.0.0.1:1/db", []string{
+			`postgres store: dsn: {env.ICEBERG_TEST_UNSET_PW} is an environment variable that is not set`,
+		}, nil},
+		{"postgres://caddy:{file./nonexistent/iceberg-idempotency-pw}@127.0.0.1:1/db", []string{
+			`dsn: {file./nonexistent/iceberg-idempotency-pw} names a file that cannot be read (open /nonexistent/iceberg-idempotency-pw: no such file or directory)`,
+		}, nil},
 	}
 	for _, c := range cases {
 		p := &PostgresStore{SQLStoreConfig: SQLStoreConfig{DSN: c.dsn}}
