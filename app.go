@@ -201,6 +201,46 @@ func (a *App) warnLifetimes() {
 	}
 }
 
+// warnDroppedPlaces warns, at a reload, of each place where the config in
+// force kept records (a memory store, a SQL table, a Redis prefix) that the
+// new config does not use: the new config's handlers do not read those
+// records, and a retry of a key answered, or still executing, under the old
+// config executes again. The README says so ("a reload that changes where
+// records live starts from an empty store"); until the build after b35c62e
+// nothing at the reload did. A memory store's live records are counted.
+func (a *App) warnDroppedPlaces(prev *App) {
+	if prev == nil || prev == a {
+		return
+	}
+	a.mu.Lock()
+	kept := map[string]bool{}
+	for key := range a.stores {
+		kept[placeOf(key)] = true
+	}
+	a.mu.Unlock()
+	prev.mu.Lock()
+	dropped := map[string]stores.Store{}
+	for key, s := range prev.stores {
+		if place := placeOf(key); !kept[place] {
+			dropped[place] = s
+		}
+	}
+	prev.mu.Unlock()
+	for place, s := range dropped {
+		fields := []zap.Field{zap.String("place", place)}
+		if c, ok := unpooled(s).(stores.Counter); ok && backendName(place) == "memory" {
+			counts, err := c.Count(context.Background())
+			if err != nil || counts == (stores.Counts{}) {
+				continue
+			}
+			fields = append(fields, zap.Int("in_flight", counts.InFlight), zap.Int("abandoned", counts.Abandoned),
+				zap.Int("final", counts.Final))
+		}
+		a.logger.Warn("the new config keeps records elsewhere than the one it replaces: the keys answered or executing "+
+			"under the old one execute again on retry through the new one", fields...)
+	}
+}
+
 // warmable returns the store under s's pool wrapper if it is a Warmer.
 func warmable(s stores.Store) (Warmer, bool) {
 	w, ok := unpooled(s).(Warmer)
@@ -228,8 +268,10 @@ func (a *App) Start() error {
 	a.cancel = cancel
 	a.done = make(chan struct{})
 	go a.purgeLoop(ctx)
-	a.prev.Store(running.Swap(a))
+	prev := running.Swap(a)
+	a.prev.Store(prev)
 	a.warnLifetimes()
+	a.warnDroppedPlaces(prev)
 	// Every app of the config is provisioned by now, the http app's
 	// routes with their handlers.
 	if http, err := a.ctx.AppIfConfigured("http"); err == nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
@@ -325,5 +326,46 @@ func TestReplacedAppIsNotKept(t *testing.T) {
 	}
 	if running.Load() != b {
 		t.Fatal("the admin API does not answer for the running app")
+	}
+}
+
+// A reload to a config that keeps records elsewhere is warned of, with the
+// dropped memory store's live records counted: their keys execute again on
+// retry through the new config. An audit switched memory → postgres with 4
+// keys in flight, each then executed twice, and nothing at the reload said
+// so (until the build after b35c62e). A pool whose options alone changed
+// keeps its place, and an empty memory store loses nothing.
+func TestReloadToAnotherPlaceIsWarnedOf(t *testing.T) {
+	full := newMemoryStore(t)
+	if res, err := full.Reserve(t.Context(), storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)); err != nil || !res.Reserved {
+		t.Fatal(res, err)
+	}
+	for _, tt := range []struct {
+		name      string
+		old, next string
+		oldStore  stores.Store
+		warned    bool
+	}{
+		{"memory to postgres", "memory", "postgres/t/1a2b", full, true},
+		{"memory kept", "memory", "memory", full, false},
+		{"an empty memory store", "memory", "postgres/t/1a2b", newMemoryStore(t), false},
+		{"a pool option changed", "postgres/t/1a2b", "postgres/t/3c4d", newMemoryStore(t), false},
+		{"another table", "postgres/t/1a2b", "postgres/u/3c4d", newMemoryStore(t), true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			core, logs := observer.New(zapcore.WarnLevel)
+			prev := &App{stores: map[string]stores.Store{tt.old: newPooledStore(tt.oldStore)}}
+			next := &App{logger: zap.New(core), stores: map[string]stores.Store{tt.next: newPooledStore(newMemoryStore(t))}}
+			next.warnDroppedPlaces(prev)
+			lines := logs.FilterMessageSnippet("keeps records elsewhere").All()
+			if warned := len(lines) == 1; warned != tt.warned || len(lines) > 1 {
+				t.Fatalf("%d warnings, want warned=%v: %v", len(lines), tt.warned, logs.All())
+			}
+			if tt.warned && tt.old == "memory" {
+				if got := lines[0].ContextMap()["in_flight"]; got != int64(1) {
+					t.Fatalf("in_flight = %v, want 1: %v", got, lines[0].ContextMap())
+				}
+			}
+		})
 	}
 }
