@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"testing"
@@ -504,5 +505,32 @@ func TestKeepUnexpiredRefusesKeysByBytesBeforeTheyExecute(t *testing.T) {
 	}
 	if stored == 0 || refused == 0 || stored+refused != 30 {
 		t.Fatalf("%d stored, %d refused; want both", stored, refused)
+	}
+}
+
+// One large record does not close a store under KeepUnexpired that is
+// mostly free: the room a key asks for is capped at an eighth of max_bytes.
+// A review of the first version, which asked for the average alone, saw a
+// 55 KiB record in a 100 KiB store refuse every key with a 100-byte answer.
+func TestKeepUnexpiredAdmitsKeysBesideOneLargeRecord(t *testing.T) {
+	s, err := New(Options{MaxEntries: 1000, MaxBytes: 100 << 10, KeepUnexpired: true, Now: storetest.NewFakeClock().Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := func(size int) error {
+		r := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
+		res, err := s.Reserve(t.Context(), r)
+		if err != nil || !res.Reserved {
+			return fmt.Errorf("Reserve = %+v, %w", res, err)
+		}
+		return s.Finalize(t.Context(), r.Key, r.Owner, stores.Response{Status: 200, Body: make([]byte, size)})
+	}
+	if err := answer(55 << 10); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if err := answer(100); err != nil {
+			t.Fatalf("key %d with a 100-byte answer beside one 55 KiB record: %v", i, err)
+		}
 	}
 }
