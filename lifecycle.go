@@ -1521,6 +1521,10 @@ func (g *guarded) unreadable(keyID string, cause error) error {
 	switch {
 	case errors.Is(cause, stores.ErrUnreadableRecord):
 		msg = "the key's record cannot be read by this build (written by a newer build, or altered): answering outcome unknown"
+	case keyID == "" && !errors.Is(cause, stores.ErrUnreadableRecord):
+		// Nothing to decrypt: a response in clear where it must be sealed.
+		msg = "stored response is in clear where this handler takes only sealed ones: answering outcome unknown; " +
+			"the record was altered in the store, or stored by a node without secret"
 	case errors.Is(cause, errSealBroken):
 		msg = "stored response does not open under the secret its key id names: answering outcome unknown; " +
 			"the record was altered or moved onto another key, or sealed by a build whose layout this one does not read"

@@ -21,6 +21,7 @@ import (
 	"hash"
 	"maps"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,31 +138,38 @@ func expandSecret(opt, raw string) (string, error) {
 	return v, nil
 }
 
-// checkSecretPlaceholders refuses a secret option whose placeholders would
-// not be read at start: anything but {env.*} and {file.*} (a request's
-// placeholder, a misspelt namespace, or {system.hostname}, known to anyone)
-// and a brace outside a placeholder (an unclosed {env.X). Each stayed in
-// the secret as written, or as what everyone can read, until the build
-// after b35c62e, and the records were sealed under a key derived from
-// text in the config, with a warning that read like the one for a secret
-// written literally. Names only placeholders, never raw: it may be a
-// literal secret.
+// checkSecretPlaceholders refuses a secret option that holds a
+// placeholder not read at start: one in a namespace Caddy fills per
+// request ({http.*}), or with what anyone can read ({system.*}, {time.*}),
+// one in a namespace Caddy does not know ({evn.X}, {ENV.X}: a misspelt
+// {env.X}), and one left open ({env.X). Each stayed in the secret as
+// written, or as what everyone can read, until the build after b35c62e,
+// and the records were sealed under a key derived from text in the config,
+// with a warning that read like the one for a secret written literally.
+// Braces that make no placeholder name (no "word." after the brace), as a
+// literal secret may hold, are the secret's own text, as before. A name in
+// an unknown namespace may be a piece of a literal secret: the error gives
+// its place in the value, never its text.
 func checkSecretPlaceholders(opt, raw string) error {
 	var problem error
 	r := caddy.NewEmptyReplacer()
 	r.Map(func(key string) (any, bool) {
-		if problem != nil {
-			return "", true
-		}
+		ns, _, dotted := strings.Cut(key, ".")
 		switch {
+		case problem != nil || !dotted || !placeholderNamespace.MatchString(ns):
+			return nil, false // not a placeholder name: the secret's own text
+		case ns == "env" || ns == "file":
 		case strings.HasPrefix(key, "http.request.uri.path.file."):
 			name := strings.TrimPrefix(key, "http.request.uri.path.file.")
 			problem = fmt.Errorf("%s: the Caddyfile reads {file.%s} (a name without \"/\" or \".\") as the request path's file name, "+
 				"not as a file to read at start; name the file by its path, e.g. {file./etc/caddy/%s}", opt, name, name)
-		case strings.HasPrefix(key, "env.") && len(key) > len("env."), strings.HasPrefix(key, "file.") && len(key) > len("file."):
-		default:
+		case ns == "http" || ns == "system" || ns == "time":
 			problem = fmt.Errorf("%s holds the placeholder {%s}, which is not read at start: a secret may hold only "+
 				"{env.NAME} and {file./path} placeholders", opt, key)
+		default:
+			problem = fmt.Errorf("%s holds a placeholder in a namespace Caddy does not know (a misspelt {env.NAME}?) at byte %d of its value: "+
+				"a secret may hold only {env.NAME} and {file./path} placeholders; put a secret that holds braces in a file",
+				opt, strings.Index(raw, "{"+key+"}"))
 		}
 		return "", true
 	})
@@ -169,12 +177,19 @@ func checkSecretPlaceholders(opt, raw string) error {
 	if problem != nil {
 		return problem
 	}
-	if strings.ContainsAny(rest, "{}") {
-		return fmt.Errorf("%s holds a brace outside a placeholder (a placeholder not closed, say): a secret may hold only "+
+	if loc := unclosedPlaceholder.FindStringIndex(rest); loc != nil {
+		return fmt.Errorf("%s holds a placeholder that is not closed (a { with no }): a secret may hold only "+
 			"{env.NAME} and {file./path} placeholders; put a secret that holds braces in a file", opt)
 	}
 	return nil
 }
+
+// placeholderNamespace is what the first part of a placeholder's name
+// looks like; unclosedPlaceholder, a brace opening one that never closes.
+var (
+	placeholderNamespace = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_]*$`)
+	unclosedPlaceholder  = regexp.MustCompile(`\{[A-Za-z][A-Za-z0-9_]*\.[^{}]*$`)
+)
 
 // expandSecretParts is expandSecret's check of each placeholder in a
 // composite value ({env.A}{env.B}): one expanding to nothing left the rest

@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores"
 	"github.com/caddy-iceberg/caddy-iceberg-idempotency/stores/storetest"
 )
@@ -310,6 +314,8 @@ func TestRequireSecretRefusesResponsesInClear(t *testing.T) {
 			}
 			h := newSecretHandler(t, s, secret)
 			h.RequireSecret = require
+			core, logs := observer.New(zapcore.ErrorLevel)
+			h.logger = zap.New(core)
 			retry := serve(t, h, up, "POST", commitPath, key, commitBody, "Authorization", auth)
 			differs := serve(t, h, up, "POST", commitPath, key, `{"other":1}`, "Authorization", auth)
 			if !require {
@@ -322,6 +328,10 @@ func TestRequireSecretRefusesResponsesInClear(t *testing.T) {
 				if res.code() != http.StatusInternalServerError || res.errorType() != typeCommitStateUnknown || strings.Contains(res.body, "attacker") {
 					t.Fatalf("%s under require_secret = %d %s, want 500 CommitStateUnknownException", name, res.code(), res.body)
 				}
+			}
+			// The log says what it is, not that a secret is missing.
+			if n := logs.FilterMessageSnippet("in clear where this handler takes only sealed ones").Len(); n != 2 {
+				t.Fatalf("%d log lines name a response in clear, want 2: %v", n, logs.All())
 			}
 		})
 	}

@@ -278,9 +278,9 @@ func TestSecretPlaceholders(t *testing.T) {
 		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}", []string{"{file./nonexistent/iceberg-idempotency-secret}{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}"}, "previous_secrets[0]: {file./nonexistent/iceberg-idempotency-secret} expands to an empty value"},
 		// In JSON too: placeholders not read at start, and stray braces.
 		{"{http.request.header.X-Secret}", nil, "secret holds the placeholder {http.request.header.X-Secret}, which is not read at start"},
-		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET", nil, "secret holds a brace outside a placeholder"},
+		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET", nil, "secret holds a placeholder that is not closed"},
 		// Kept as written, it was taken for 21 literal bytes of the secret.
-		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}{unknown.placeholder}", nil, "secret holds the placeholder {unknown.placeholder}"},
+		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}{unknown.placeholder}", nil, "secret holds a placeholder in a namespace Caddy does not know (a misspelt {env.NAME}?) at byte 37"},
 	} {
 		h := &Handler{Secret: tt.secret, PreviousSecrets: tt.previous}
 		err := h.prepare()
@@ -373,8 +373,8 @@ func TestSecretCaddyfile(t *testing.T) {
 		// (the Caddyfile's shorthand for the request path's file), a
 		// misspelt or unclosed placeholder, one not read at start.
 		{"relative file", "iceberg_idempotency {\n\t\tsecret {file.idem_secret}\n\t}", "reads {file.idem_secret} (a name without", "at Caddyfile:3"},
-		{"misspelt namespace", "iceberg_idempotency {\n\t\tsecret {evn.S}\n\t}", "holds the placeholder {evn.S}, which is not read at start", "at Caddyfile:3"},
-		{"unclosed", "iceberg_idempotency {\n\t\tsecret {env.S\n\t}", "holds a brace outside a placeholder", "at Caddyfile:3"},
+		{"misspelt namespace", "iceberg_idempotency {\n\t\tsecret {evn.S}\n\t}", "holds a placeholder in a namespace Caddy does not know (a misspelt {env.NAME}?) at byte 0", "at Caddyfile:3"},
+		{"unclosed", "iceberg_idempotency {\n\t\tsecret {env.S\n\t}", "holds a placeholder that is not closed", "at Caddyfile:3"},
 		{"previous not read at start", "iceberg_idempotency {\n\t\tsecret {env.S}\n\t\tprevious_secrets {env.P} {system.hostname}\n\t}", "previous_secrets[1] holds the placeholder {system.hostname}", "at Caddyfile:4"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -383,6 +383,23 @@ func TestSecretCaddyfile(t *testing.T) {
 				t.Fatalf("error = %v, want it to contain %q and end with %q, without the value", err, tt.want, tt.at)
 			}
 		})
+	}
+}
+
+// A literal secret may hold braces that make no placeholder name, as
+// before the placeholder checks (which at first refused them, and quoted the
+// piece between them in the error); one that looks like a placeholder in an
+// unknown namespace is refused without its text.
+func TestLiteralSecretWithBraces(t *testing.T) {
+	for _, raw := range []string{"Xy7q{pa55-w0rd}Zr9Lm2Nb4Vc6", "Ab3}cD9{eF7-gH5iJ1kL", "a\\{b\\}c-" + randomHex(t, 16)} {
+		h := &Handler{Secret: raw}
+		if err := h.prepare(); err != nil || h.keys.current == nil {
+			t.Errorf("literal secret with braces: prepare = %v", err)
+		}
+	}
+	h := &Handler{Secret: "Xy7q{pa55.w0rd}Zr9Lm2Nb4Vc6"}
+	if err := h.prepare(); err == nil || strings.Contains(err.Error(), "pa55") || strings.Contains(err.Error(), "w0rd") {
+		t.Errorf("a secret holding {pa55.w0rd}: prepare = %v, want an error that does not quote it", err)
 	}
 }
 
