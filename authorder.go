@@ -43,8 +43,10 @@ type authOrderWalk struct {
 // walk goes through routes in the order they run; guarded is whether a
 // directive that needs the authentication's user ran before them. It
 // returns whether one has run by their end, and how many authentication
-// handlers run after one. A later route of the same group (exclusive
-// handle blocks) does not follow an earlier one.
+// handlers run after one. A later route does not follow an earlier one of
+// the same group (exclusive handle blocks) nor a terminal one (a site of
+// its own on a shared port: a review saw two sites laid out as the README
+// says warned of).
 func (w *authOrderWalk) walk(routes caddyhttp.RouteList, guarded bool) (bool, int) {
 	n := 0
 	ends := make([]bool, len(routes))
@@ -52,7 +54,7 @@ func (w *authOrderWalk) walk(routes caddyhttp.RouteList, guarded bool) (bool, in
 	for i, route := range routes {
 		cur := guarded
 		for j, earlier := range routes[:i] {
-			if ends[j] && (earlier.Group == "" || earlier.Group != route.Group) {
+			if ends[j] && !earlier.Terminal && (earlier.Group == "" || earlier.Group != route.Group) {
 				cur = true
 			}
 		}

@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"strings"
 	"testing"
 
 	"go.uber.org/zap"
@@ -25,11 +26,18 @@ func TestAuthenticationAfterTheDirectiveIsWarnedOf(t *testing.T) {
 		{"basic_auth at site level", auth + byUser + "handle_path /api/catalog/* {\nreverse_proxy 127.0.0.1:2\n}\n", false},
 		{"the directive in the block after basic_auth", "handle_path /api/catalog/* {\n" + auth + "iceberg_idempotency {\n\t\tprincipal {http.auth.user.id}\n\t}\nreverse_proxy 127.0.0.1:2\n}\n", false},
 		{"the default principal", "iceberg_idempotency\nhandle {\n" + auth + "reverse_proxy 127.0.0.1:2\n}\n", false},
+		// Each site a terminal route on one server: the first site's
+		// directive does not run before the second's basic_auth.
+		{"two sites on one port, each in order", "http://a.example:8089 {\n" + auth + byUser + "reverse_proxy 127.0.0.1:2\n}\nhttp://b.example:8089 {\n" + auth + byUser + "reverse_proxy 127.0.0.1:3\n}\n", false},
 		{"another handle block of the group", "handle /v1/* {\n" + byUser + "reverse_proxy 127.0.0.1:2\n}\nhandle {\n" + auth + "reverse_proxy 127.0.0.1:3\n}\n", false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			core, logs := observer.New(zapcore.WarnLevel)
-			warnAuthenticationAfterGuards(provisionedHTTPApp(t, ":8089 {\n"+tt.site+"}\n"), zap.New(core))
+			caddyfile := ":8089 {\n" + tt.site + "}\n"
+			if strings.HasPrefix(tt.site, "http://") {
+				caddyfile = tt.site
+			}
+			warnAuthenticationAfterGuards(provisionedHTTPApp(t, caddyfile), zap.New(core))
 			if warned := logs.FilterMessageSnippet("runs after an iceberg_idempotency directive").Len() > 0; warned != tt.warned {
 				t.Fatalf("warned %v, want %v: %v", warned, tt.warned, logs.All())
 			}

@@ -266,6 +266,7 @@ func TestCaddyfileErrors(t *testing.T) {
 		// Accepted until the build after b35c62e: a second caller replayed
 		// the first one's answer.
 		{"principal the request's method", "iceberg_idempotency {\n\t\tprincipal {method}\n\t}", `tells no caller from another: {http.request.method} is the same for every caller`, "at Caddyfile:3"},
+		{"principal the key itself", "iceberg_idempotency {\n\t\tprincipal {header.idempotency-key}\n\t}", `tells no caller from another: {http.request.header.idempotency-key}`, "at Caddyfile:3"},
 		{"principal host and path", "iceberg_idempotency {\n\t\tprincipal {host}{path.1}{env.TENANT}\n\t}", `tells no caller from another: {http.request.host}`, "at Caddyfile:3"},
 		{"list option twice", "iceberg_idempotency {\n\t\tsecret {env.A}\n\t\tprevious_secrets {env.B}\n\t\tprevious_secrets {env.C}\n\t}", `previous_secrets given twice (first on line 4): it takes several values, give them all on one line`, "at Caddyfile:5"},
 		{"replay Set-Cookie", "iceberg_idempotency {\n\t\treplay_headers Content-Type set-cookie\n\t}", `replay_headers cannot hold set-cookie: it would keep session credentials in the store`, "at Caddyfile:3"},

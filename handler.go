@@ -647,7 +647,9 @@ func perRequestPlaceholder(expr string) bool {
 
 // sameForEveryCaller are request placeholders that the request's own
 // method, address and connection settle, whoever sends it; with a
-// placeholder prefix, each name under it too.
+// placeholder prefix, each name under it too. (So does its Idempotency-Key
+// header, in any letter case; not the URI or query, which may carry a
+// token.)
 var sameForEveryCaller = []string{
 	"http.request.method", "http.request.orig_method", "http.request.scheme", "http.request.proto",
 	"http.request.host", "http.request.hostport", "http.request.port", "http.request.host.labels.",
@@ -672,7 +674,7 @@ func notACaller(expr string) string {
 		}
 		if !slices.ContainsFunc(sameForEveryCaller, func(p string) bool {
 			return name == p || strings.HasSuffix(p, ".") && strings.HasPrefix(name, p)
-		}) {
+		}) && !strings.EqualFold(name, "http.request.header."+IdempotencyKeyHeader) {
 			return ""
 		}
 		if first == "" {
