@@ -1,6 +1,7 @@
 package icebergidempotency
 
 import (
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -998,5 +999,46 @@ func TestOverriddenGetRetriedByLBRetries(t *testing.T) {
 				t.Fatalf("%d warnings naming lb_retries, want %d; logs: %v", warned, want, logs.All())
 			}
 		})
+	}
+}
+
+// The module's own error goes out without the catalog's representation
+// headers that a handle_response route's copy_response_headers put on the
+// answer: a route that copies them and writes nothing leaves the module to
+// answer 502 unknown, and with the catalog's Content-Encoding: gzip on
+// that plain JSON body a client's decoder failed ("gzip: invalid header"),
+// its ETag naming bytes it never sent (found by an audit; until the build
+// after b35c62e). Other headers the route copied stay.
+func TestModuleErrorDropsCopiedRepresentationHeaders(t *testing.T) {
+	catalog := newCountingCatalog(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("ETag", `"gz"`)
+		w.Header().Set("X-Request-Id", "r1")
+		zw := gzip.NewWriter(w)
+		_, _ = io.WriteString(zw, `{"metadata-location":"s3://w/t/metadata/00001.json"}`)
+		_ = zw.Close()
+	})
+	copyAndWriteNothing := func(rp *reverseproxy.Handler) {
+		rp.HandleResponse = []caddyhttp.ResponseHandler{{
+			Match: &caddyhttp.ResponseMatcher{StatusCode: []int{2}},
+			Routes: caddyhttp.RouteList{{HandlersRaw: []json.RawMessage{
+				json.RawMessage(`{"handler":"copy_response_headers"}`),
+			}}},
+		}}
+	}
+	h := newTestHandler(t, newMemoryStore(t))
+	proxy := newReverseProxy(t, catalog.addr(), copyAndWriteNothing)
+	res := serve(t, h, proxy, http.MethodPost, commitPath, storetest.NewKey(t), commitBody, "Accept-Encoding", "gzip")
+	if res.code() != http.StatusBadGateway || res.errorType() != typeCommitStateUnknown {
+		t.Fatalf("answer = %d %q, want 502 %s", res.code(), res.body, typeCommitStateUnknown)
+	}
+	for _, name := range []string{"Content-Encoding", "Etag"} {
+		if v := res.header.Get(name); v != "" {
+			t.Errorf("the module's error carries the catalog's %s: %q", name, v)
+		}
+	}
+	if res.header.Get("X-Request-Id") != "r1" {
+		t.Errorf("X-Request-Id = %q, want the copied header kept", res.header.Get("X-Request-Id"))
 	}
 }
