@@ -278,18 +278,22 @@ func (s *Store) Reserve(_ context.Context, r stores.Reservation) (stores.Reserve
 
 // roomFor is the room a reservation asks for under KeepUnexpired (when_full
 // refuse): its record with an answer as large as the final records' on
-// average, but no more than an eighth of max_bytes, and never less than the
-// record without one. Asking for a byte, as until the build after b35c62e,
-// admitted keys into a store full by max_bytes: each executed, and its
-// answer found no room at Finalize (the key's outcome unknown, its retry
-// answered 500) where the request should have been refused before it
-// executed. The cap keeps one large record from closing a store that is
-// mostly free. Requests executing at once can still find the room taken by
-// the time they finalize. s.mu is held.
+// average, and never less than the record without one. Asking for a byte,
+// as until the build after b35c62e, admitted keys into a store full by
+// max_bytes: each executed, and its answer found no room at Finalize (the
+// key's outcome unknown, its retry answered 500) where the request should
+// have been refused before it executed. The average is not capped: a cap
+// (an eighth of max_bytes, tried) admitted keys whose answers, as large as
+// the stored ones, could not fit, and refusing a key that would have fit
+// costs a retry, where admitting one that does not costs an unknown
+// outcome. A few records much larger than the rest thus ask much of each
+// new key in a store not many times larger than them. Requests executing
+// at once can still find the room taken by the time they finalize. s.mu is
+// held.
 func (s *Store) roomFor(rec *stores.Record) int64 {
 	need := recordSize(rec)
 	if n := int64(len(s.final)); n > 0 {
-		need = max(need, min(s.bytes/n, s.limits.MaxBytes/8))
+		need = max(need, s.bytes/n)
 	}
 	return need
 }
