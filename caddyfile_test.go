@@ -445,3 +445,19 @@ func TestReadmeCaddyfilesAdapt(t *testing.T) {
 		t.Fatalf("found %d caddyfile blocks in README.md, want the README's snippets", n)
 	}
 }
+
+// A store block without its dsn or address, in an imported snippet, names
+// the store's line and the import: made at the block's end, the error
+// named its closing brace and no import chain (until the build after
+// b35c62e), and a snippet imported twice did not say which import.
+func TestStoreWithoutDSNInASnippetNamesTheImport(t *testing.T) {
+	for backend, block := range map[string]string{
+		"postgres store needs a dsn":   "store postgres {\n\t\ttable recs\n\t}",
+		"redis store needs an address": "store redis {\n\t\tkey_prefix idem:\n\t}",
+	} {
+		_, err := adapt(t, "(idem) {\n\ticeberg_idempotency {\n\t"+block+"\n\t}\n}\n:8080 {\n\timport idem\n\treverse_proxy 127.0.0.1:1\n}\n")
+		if err == nil || !strings.Contains(err.Error(), backend+", at Caddyfile:3 import chain") {
+			t.Errorf("%s: error = %v, want it on the store's line (3) with the import chain", backend, err)
+		}
+	}
+}

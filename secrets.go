@@ -147,9 +147,9 @@ func expandSecret(opt, raw string) (string, error) {
 // and the records were sealed under a key derived from text in the config,
 // with a warning that read like the one for a secret written literally.
 // Braces that make no placeholder name (no "word." after the brace), as a
-// literal secret may hold, are the secret's own text, as before. A name in
-// an unknown namespace may be a piece of a literal secret: the error gives
-// its place in the value, never its text.
+// literal secret may hold, are the secret's own text, as before. A name may
+// be a piece of a literal secret: the error gives its namespace and its
+// place in the value, never the rest of its text.
 func checkSecretPlaceholders(opt, raw string) error {
 	var problem error
 	r := caddy.NewEmptyReplacer()
@@ -164,8 +164,8 @@ func checkSecretPlaceholders(opt, raw string) error {
 			problem = fmt.Errorf("%s: the Caddyfile reads {file.%s} (a name without \"/\" or \".\") as the request path's file name, "+
 				"not as a file to read at start; name the file by its path, e.g. {file./etc/caddy/%s}", opt, name, name)
 		case ns == "http" || ns == "system" || ns == "time":
-			problem = fmt.Errorf("%s holds the placeholder {%s}, which is not read at start: a secret may hold only "+
-				"{env.NAME} and {file./path} placeholders", opt, key)
+			problem = fmt.Errorf("%s holds a {%s.…} placeholder at byte %d of its value, which is not read at start: a secret may hold only "+
+				"{env.NAME} and {file./path} placeholders", opt, ns, strings.Index(raw, "{"+key+"}"))
 		default:
 			problem = fmt.Errorf("%s holds a placeholder in a namespace Caddy does not know (a misspelt {env.NAME}?) at byte %d of its value: "+
 				"a secret may hold only {env.NAME} and {file./path} placeholders; put a secret that holds braces in a file",

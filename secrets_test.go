@@ -277,7 +277,7 @@ func TestSecretPlaceholders(t *testing.T) {
 		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}{env.ICEBERG_IDEMPOTENCY_TEST_UNSET}", nil, "secret: {env.ICEBERG_IDEMPOTENCY_TEST_UNSET} expands to an empty value"},
 		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}", []string{"{file./nonexistent/iceberg-idempotency-secret}{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}"}, "previous_secrets[0]: {file./nonexistent/iceberg-idempotency-secret} expands to an empty value"},
 		// In JSON too: placeholders not read at start, and stray braces.
-		{"{http.request.header.X-Secret}", nil, "secret holds the placeholder {http.request.header.X-Secret}, which is not read at start"},
+		{"{http.request.header.X-Secret}", nil, "secret holds a {http.…} placeholder at byte 0 of its value, which is not read at start"},
 		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET", nil, "secret holds a placeholder that is not closed"},
 		// Kept as written, it was taken for 21 literal bytes of the secret.
 		{"{env.ICEBERG_IDEMPOTENCY_TEST_SECRET}{unknown.placeholder}", nil, "secret holds a placeholder in a namespace Caddy does not know (a misspelt {env.NAME}?) at byte 37"},
@@ -375,7 +375,7 @@ func TestSecretCaddyfile(t *testing.T) {
 		{"relative file", "iceberg_idempotency {\n\t\tsecret {file.idem_secret}\n\t}", "reads {file.idem_secret} (a name without", "at Caddyfile:3"},
 		{"misspelt namespace", "iceberg_idempotency {\n\t\tsecret {evn.S}\n\t}", "holds a placeholder in a namespace Caddy does not know (a misspelt {env.NAME}?) at byte 0", "at Caddyfile:3"},
 		{"unclosed", "iceberg_idempotency {\n\t\tsecret {env.S\n\t}", "holds a placeholder that is not closed", "at Caddyfile:3"},
-		{"previous not read at start", "iceberg_idempotency {\n\t\tsecret {env.S}\n\t\tprevious_secrets {env.P} {system.hostname}\n\t}", "previous_secrets[1] holds the placeholder {system.hostname}", "at Caddyfile:4"},
+		{"previous not read at start", "iceberg_idempotency {\n\t\tsecret {env.S}\n\t\tprevious_secrets {env.P} {system.hostname}\n\t}", "previous_secrets[1] holds a {system.…} placeholder at byte 0 of its value", "at Caddyfile:4"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := adapt(t, ":8080 {\n\t"+tt.block+"\n\treverse_proxy 127.0.0.1:1\n}\n")
@@ -397,9 +397,11 @@ func TestLiteralSecretWithBraces(t *testing.T) {
 			t.Errorf("literal secret with braces: prepare = %v", err)
 		}
 	}
-	h := &Handler{Secret: "Xy7q{pa55.w0rd}Zr9Lm2Nb4Vc6"}
-	if err := h.prepare(); err == nil || strings.Contains(err.Error(), "pa55") || strings.Contains(err.Error(), "w0rd") {
-		t.Errorf("a secret holding {pa55.w0rd}: prepare = %v, want an error that does not quote it", err)
+	for _, raw := range []string{"Xy7q{pa55.w0rd}Zr9Lm2Nb4Vc6", "Kx7{http.vars.w0rdpa55}q"} {
+		h := &Handler{Secret: raw}
+		if err := h.prepare(); err == nil || strings.Contains(err.Error(), "pa55") || strings.Contains(err.Error(), "w0rd") {
+			t.Errorf("a secret holding %s: prepare = %v, want an error that does not quote it", raw, err)
+		}
 	}
 }
 

@@ -90,9 +90,16 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 func (r *RedisStore) Provision(caddy.Context) error {
 	repl := caddy.NewReplacer()
 	var addrs []string
-	for _, a := range r.Addresses {
+	for i, a := range r.Addresses {
 		// A placeholder may hold several addresses, space-separated.
-		addrs = append(addrs, strings.Fields(repl.ReplaceKnown(a, ""))...)
+		expanded := strings.Fields(repl.ReplaceKnown(a, ""))
+		// One part expanding to nothing ({env.HOST}:6379 with HOST
+		// unset) left ":6379", the local server (until the build after
+		// b35c62e).
+		if name, why := emptyPlaceholder(a); name != "" && len(expanded) > 0 {
+			return fmt.Errorf("redis store: address %d: {%s} %s", i+1, name, why)
+		}
+		addrs = append(addrs, expanded...)
 	}
 	// A value given that expands to nothing fell back to no
 	// authentication, or to the default prefix another catalog's store
@@ -105,6 +112,10 @@ func (r *RedisStore) Provision(caddy.Context) error {
 		*o.into = repl.ReplaceKnown(o.raw, "")
 		if o.raw != "" && *o.into == "" {
 			return emptyAfterPlaceholders(fmt.Sprintf("redis store: %s %q is empty after replacing placeholders", o.name, o.raw), o.raw)
+		}
+		// So is a part of one ({env.A}{env.B} with B unset).
+		if name, why := emptyPlaceholder(o.raw); name != "" {
+			return fmt.Errorf("redis store: %s: {%s} %s", o.name, name, why)
 		}
 	}
 	cfg, err := redis.Config{
@@ -226,8 +237,8 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) {
 // given on its own wins over it, whichever line comes first. address lines
 // add to each other; every other option may be given once.
 func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next() // store type name
-	storeLine := d.Line()
+	d.Next()                                           // store type name
+	noAddress := d.Err("redis store needs an address") // on the store's line: see unmarshalSQLStore
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -323,8 +334,7 @@ func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	if len(r.Addresses) == 0 {
-		// On the store's line, not the block's closing brace.
-		return fmt.Errorf("redis store needs an address, at %s:%d", d.File(), storeLine)
+		return noAddress
 	}
 	for i, a := range r.Addresses {
 		if j := slices.Index(r.Addresses[:i], a); j >= 0 {

@@ -86,6 +86,18 @@ func TestRedisStoreProvisionAndKey(t *testing.T) {
 	if err := missing.Provision(newCaddyContext(t)); err == nil || !strings.Contains(err.Error(), "names a file that cannot be read (open /nonexistent/iceberg-idempotency-redis-pw") {
 		t.Errorf("password from a missing file: %v", err)
 	}
+	// A part that expands to nothing, until the build after b35c62e: the
+	// local server, a prefix shared with others, a shorter password.
+	t.Setenv("ICEBERG_TEST_SET_REDIS", "abc")
+	for want, r := range map[string]*RedisStore{
+		"redis store: address 1: {env.ICEBERG_TEST_UNSET_REDIS} is an environment variable that is not set":  {Addresses: []string{"{env.ICEBERG_TEST_UNSET_REDIS}:6379"}},
+		"redis store: key_prefix: {env.ICEBERG_TEST_UNSET_REDIS} is an environment variable that is not set": {Addresses: []string{"r1:6379"}, KeyPrefix: "{env.ICEBERG_TEST_UNSET_REDIS}:idem:"},
+		"redis store: password: {env.ICEBERG_TEST_UNSET_REDIS} is an environment variable that is not set":   {Addresses: []string{"r1:6379"}, Password: "{env.ICEBERG_TEST_SET_REDIS}{env.ICEBERG_TEST_UNSET_REDIS}"},
+	} {
+		if err := r.Provision(newCaddyContext(t)); err == nil || err.Error() != want {
+			t.Errorf("%+v provisioned: %v, want %q", r, err, want)
+		}
+	}
 	// go-redis panicked past an int32; JSON reaches the store unparsed.
 	for want, r := range map[string]*RedisStore{
 		"redis: pool_size must be at most 100000": {Addresses: []string{"r1:6379"}, PoolSize: 3_000_000_000},

@@ -105,7 +105,7 @@ func (c *SQLStoreConfig) provision(backend string, combinedWrites int) error {
 	// A part that expands to nothing (a password from an unset
 	// variable) left a DSN that still parsed: the store connected without
 	// it, or failed to authenticate at each attempt, until the build after
-	// b35c62e. Redis's password is refused the same way.
+	// b35c62e. The Redis store's options are refused the same way.
 	if name, why := emptyPlaceholder(c.DSN); name != "" {
 		return fmt.Errorf("%s store: dsn: {%s} %s; leave the placeholder out if that part is meant to be empty", backend, name, why)
 	}
@@ -287,7 +287,10 @@ func parseOnOff(d *caddyfile.Dispenser) (bool, error) {
 
 func unmarshalSQLStore(d *caddyfile.Dispenser, backend string, c *SQLStoreConfig, more func(*caddyfile.Dispenser) (bool, error)) error {
 	d.Next() // store type name
-	storeLine := d.Line()
+	// Made here, on the store's line and with any import chain, and
+	// returned if the block gives no dsn: made at the end, it named the
+	// block's closing brace (until the build after b35c62e).
+	noDSN := d.Errf("%s store needs a dsn", backend)
 	if d.NextArg() {
 		return d.ArgErr()
 	}
@@ -308,8 +311,7 @@ func unmarshalSQLStore(d *caddyfile.Dispenser, backend string, c *SQLStoreConfig
 		}
 	}
 	if c.DSN == "" {
-		// On the store's line, not the block's closing brace.
-		return fmt.Errorf("%s store needs a dsn, at %s:%d", backend, d.File(), storeLine)
+		return noDSN
 	}
 	return nil
 }
