@@ -237,8 +237,9 @@ func (r redisLog) Printf(_ context.Context, format string, v ...any) {
 // given on its own wins over it, whichever line comes first. address lines
 // add to each other; every other option may be given once.
 func (r *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
-	d.Next()                                           // store type name
-	noAddress := d.Err("redis store needs an address") // on the store's line: see unmarshalSQLStore
+	d.Next() // store type name
+	// On the store's line, with any import chain: see unmarshalSQLStore.
+	noAddress := d.Err("redis store needs an address")
 	if d.NextArg() {
 		return d.ArgErr()
 	}
