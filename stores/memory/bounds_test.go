@@ -475,19 +475,17 @@ func TestUnknownRecordsBoundedByMaxEntries(t *testing.T) {
 	}
 }
 
-// Under KeepUnexpired (when_full refuse), a store full by max_bytes refuses
-// a new key before it executes, rather than admitting it for an answer that
-// then finds no room: requests one after the other, each answered the same
-// 10 KB, never end in ErrResponseTooLarge. Until the build after b35c62e a
-// reservation asked for one byte of room, and an audit saw 21 of 30 such
-// requests executed and left unknown, none refused.
-func TestKeepUnexpiredRefusesKeysByBytesBeforeTheyExecute(t *testing.T) {
-	s, err := New(Options{MaxEntries: 1000, MaxBytes: 100 << 10, KeepUnexpired: true, Now: storetest.NewFakeClock().Now})
+// answerInTurn sends n keys one after the other to a store under
+// KeepUnexpired, each answered size bytes, and counts those stored and
+// those refused at Reserve; a key admitted whose answer then finds no room
+// (executed, its outcome unknown) fails the test.
+func answerInTurn(t *testing.T, maxBytes int64, n, size int) (stored, refused int) {
+	t.Helper()
+	s, err := New(Options{MaxEntries: 1000, MaxBytes: maxBytes, KeepUnexpired: true, Now: storetest.NewFakeClock().Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored, refused := 0, 0
-	for range 30 {
+	for range n {
 		r := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
 		res, err := s.Reserve(t.Context(), r)
 		if errors.Is(err, ErrFull) {
@@ -497,12 +495,22 @@ func TestKeepUnexpiredRefusesKeysByBytesBeforeTheyExecute(t *testing.T) {
 		if err != nil || !res.Reserved {
 			t.Fatalf("Reserve = %+v, %v", res, err)
 		}
-		if err := s.Finalize(t.Context(), r.Key, r.Owner, stores.Response{Status: 200, Body: make([]byte, 10<<10)}); err != nil {
-			t.Fatalf("after %d stored: Finalize of a reserved key = %v, want room (refused at Reserve instead)", stored, err)
+		if err := s.Finalize(t.Context(), r.Key, r.Owner, stores.Response{Status: 200, Body: make([]byte, size)}); err != nil {
+			t.Fatalf("after %d stored: Finalize of a reserved key = %v, want it refused at Reserve instead", stored, err)
 		}
 		stored++
 	}
-	if stored == 0 || refused == 0 || stored+refused != 30 {
+	return stored, refused
+}
+
+// Under KeepUnexpired (when_full refuse), a store full by max_bytes refuses
+// a new key before it executes, rather than admitting it for an answer that
+// then finds no room: requests one after the other, each answered the same
+// 10 KB, never end in ErrResponseTooLarge. Until the build after b35c62e a
+// reservation asked for one byte of room, and an audit saw 21 of 30 such
+// requests executed and left unknown, none refused.
+func TestKeepUnexpiredRefusesKeysByBytesBeforeTheyExecute(t *testing.T) {
+	if stored, refused := answerInTurn(t, 100<<10, 30, 10<<10); stored == 0 || refused == 0 || stored+refused != 30 {
 		t.Fatalf("%d stored, %d refused; want both", stored, refused)
 	}
 }
@@ -513,27 +521,7 @@ func TestKeepUnexpiredRefusesKeysByBytesBeforeTheyExecute(t *testing.T) {
 // found) admitted 18 of 20 such keys into a 1 MiB store with two 350 KiB
 // answers, each executed and left unknown.
 func TestKeepUnexpiredRefusesLargeAnswersBeforeTheyExecute(t *testing.T) {
-	s, err := New(Options{MaxEntries: 1000, MaxBytes: 1 << 20, KeepUnexpired: true, Now: storetest.NewFakeClock().Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stored, refused := 0, 0
-	for range 20 {
-		r := storetest.Reservation(storetest.NewKey(t), time.Minute, time.Hour)
-		res, err := s.Reserve(t.Context(), r)
-		if errors.Is(err, ErrFull) {
-			refused++
-			continue
-		}
-		if err != nil || !res.Reserved {
-			t.Fatalf("Reserve = %+v, %v", res, err)
-		}
-		if err := s.Finalize(t.Context(), r.Key, r.Owner, stores.Response{Status: 200, Body: make([]byte, 350<<10)}); err != nil {
-			t.Fatalf("after %d stored: Finalize of a reserved key = %v, want it refused at Reserve instead", stored, err)
-		}
-		stored++
-	}
-	if stored != 2 || refused != 18 {
+	if stored, refused := answerInTurn(t, 1<<20, 20, 350<<10); stored != 2 || refused != 18 {
 		t.Fatalf("%d stored, %d refused; want 2 and 18", stored, refused)
 	}
 }
