@@ -635,14 +635,18 @@ var placeholderPattern = regexp.MustCompile(`\{([^{}\s]+)\}`)
 // and not a brace left unclosed.
 func perRequestPlaceholder(expr string) bool {
 	for _, m := range placeholderPattern.FindAllStringSubmatch(expr, -1) {
-		switch name := m[1]; {
-		case strings.HasPrefix(name, "env."), strings.HasPrefix(name, "file."),
-			strings.HasPrefix(name, "system."), strings.HasPrefix(name, "time."):
-		default:
+		if !processWide(m[1]) {
 			return true
 		}
 	}
 	return false
+}
+
+// processWide reports whether the placeholder name is the same for every
+// request of the process: {env.*}, {file.*}, {system.*}, {time.*}.
+func processWide(name string) bool {
+	return strings.HasPrefix(name, "env.") || strings.HasPrefix(name, "file.") ||
+		strings.HasPrefix(name, "system.") || strings.HasPrefix(name, "time.")
 }
 
 // sameForEveryCaller are request placeholders that the request's own
@@ -667,9 +671,7 @@ func notACaller(expr string) string {
 	var first string
 	for _, m := range placeholderPattern.FindAllStringSubmatch(expr, -1) {
 		name := m[1]
-		switch {
-		case strings.HasPrefix(name, "env."), strings.HasPrefix(name, "file."),
-			strings.HasPrefix(name, "system."), strings.HasPrefix(name, "time."):
+		if processWide(name) {
 			continue
 		}
 		if !slices.ContainsFunc(sameForEveryCaller, func(p string) bool {
